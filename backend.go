@@ -1,0 +1,54 @@
+package netlock
+
+import (
+	"context"
+	"crypto/sha1"
+	_ "embed"
+	"encoding/hex"
+)
+
+// A Backend is one independent Redis deployment: a single server, a primary
+// with replicas, or a Redis Cluster. A NetMutex over one Backend is a plain
+// lock; over several it is a quorum lock.
+//
+// Implementations must be safe for concurrent use. NewRedigo and NewRueidis
+// are the ones netlock provides; another client library needs only this one
+// method.
+type Backend interface {
+	// Eval runs s with EVALSHA, falling back to EVAL when the server answers
+	// NOSCRIPT, and returns its reply: every netlock script returns an array
+	// of integers. It returns ctx's error if ctx ends first.
+	Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error)
+}
+
+// A Script is one of netlock's Lua scripts, with its SHA1 computed once.
+type Script struct {
+	name, src, sha string
+}
+
+func newScript(name, src string) *Script {
+	sum := sha1.Sum([]byte(src))
+	return &Script{name: name, src: src, sha: hex.EncodeToString(sum[:])}
+}
+
+// Name returns the script's name, such as "acquire".
+func (s *Script) Name() string { return s.name }
+
+// Source returns the Lua source, for EVAL.
+func (s *Script) Source() string { return s.src }
+
+// SHA1 returns the hex SHA1 of the source, for EVALSHA.
+func (s *Script) SHA1() string { return s.sha }
+
+var (
+	//go:embed lua/acquire.lua
+	acquireLua string
+	//go:embed lua/release.lua
+	releaseLua string
+	//go:embed lua/extend.lua
+	extendLua string
+
+	acquireScript = newScript("acquire", acquireLua)
+	releaseScript = newScript("release", releaseLua)
+	extendScript  = newScript("extend", extendLua)
+)

@@ -1,0 +1,83 @@
+package netlock
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Sentinel errors. Every error netlock returns wraps one of these (or a
+// context error), so callers test them with errors.Is.
+var (
+	// ErrNotObtained means the lock could not be obtained: it was held by
+	// someone else (TryLock, TryLockCtx) or the caller's context ended while
+	// waiting (LockCtx, Do). In the second case the error also matches the
+	// context's error.
+	ErrNotObtained = errors.New("netlock: not obtained")
+
+	// ErrNotHeld means Unlock, UnlockCtx or ExtendCtx was called on a NetMutex
+	// that is not locked.
+	ErrNotHeld = errors.New("netlock: not held")
+
+	// ErrLockLost means the hold ended without Unlock: it expired, was
+	// deleted, or was taken by another client, as seen by a failed extend or
+	// release, or by the local deadline passing without a successful extend.
+	ErrLockLost = errors.New("netlock: lock lost")
+
+	// ErrQuorum means too few nodes answered (errors, timeouts, refused
+	// connections) for the operation to succeed. The error also carries each
+	// failed node's error, prefixed with the node's index.
+	ErrQuorum = errors.New("netlock: quorum not reached")
+)
+
+// errUnlockUnlocked is the panic value of Unlock on an unlocked NetMutex, in
+// the words sync.Mutex uses.
+var errUnlockUnlocked = &wrapError{msg: "netlock: unlock of unlocked mutex", err: ErrNotHeld}
+
+// wrapError is an error with its own message that still matches a sentinel.
+type wrapError struct {
+	msg string
+	err error
+}
+
+func (e *wrapError) Error() string { return e.msg }
+func (e *wrapError) Unwrap() error { return e.err }
+
+// notObtained returns the error for a context that ended while acquiring:
+// both errors.Is(err, ErrNotObtained) and errors.Is(err, cause) hold.
+func notObtained(cause error) error {
+	return errors.Join(ErrNotObtained, cause)
+}
+
+// nodeError names the node an error came from.
+func nodeError(i int, err error) error {
+	if strings.Contains(err.Error(), "WRONGTYPE") {
+		return fmt.Errorf("netlock: node %d: a key of this lock holds a value of another type, nothing was changed: %w", i, err)
+	}
+	return fmt.Errorf("netlock: node %d: %w", i, err)
+}
+
+// quorumError reports that too few nodes answered. It matches ErrQuorum and
+// each node's error.
+type quorumError struct {
+	nodes, answered, need int
+	errs                  []error // one per failed node, already named by nodeError
+}
+
+func (e *quorumError) Error() string {
+	var b strings.Builder
+	if e.nodes == 1 {
+		b.WriteString(e.errs[0].Error())
+		return b.String()
+	}
+	fmt.Fprintf(&b, "netlock: quorum not reached: %d of %d nodes answered, %d needed", e.answered, e.nodes, e.need)
+	for _, err := range e.errs {
+		b.WriteString("; ")
+		b.WriteString(err.Error())
+	}
+	return b.String()
+}
+
+func (e *quorumError) Unwrap() []error {
+	return append([]error{ErrQuorum}, e.errs...)
+}

@@ -1,0 +1,182 @@
+package netlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// A NetMutex is a mutual exclusion lock shared across processes and machines
+// through Redis. Its Lock and Unlock methods make it a drop-in sync.Locker;
+// the ctx methods (LockCtx, TryLockCtx, UnlockCtx, ExtendCtx) return errors
+// instead of panicking and honour deadlines and cancellation.
+//
+// A NetMutex is safe for concurrent use by many goroutines, like sync.Mutex:
+// goroutines of one process that share a NetMutex exclude each other locally,
+// in order of arrival, and only one of them at a time talks to Redis to
+// acquire. Unlock may be called from a goroutine other than the one that
+// locked.
+//
+// A NetMutex must be created with New and must not be copied after first use.
+type NetMutex struct {
+	name        string
+	cfg         config
+	nodes       []Backend
+	quorum      int
+	keys        keys
+	acquireKeys []string // lock and, with fencing, fence counter
+	lockKeys    []string // lock only
+	expiryMS    string   // cfg.expiry in ms, as the scripts take it
+	driftTerm   time.Duration
+
+	// sem is the local queue: a goroutine owns the NetMutex in this process
+	// from its send on sem until the matching receive in UnlockCtx (or in a
+	// failed acquire). Blocked senders are woken in the order they arrived.
+	sem chan struct{}
+
+	mu   sync.Mutex
+	hold *hold // guarded by mu: set by a successful acquire, cleared by UnlockCtx
+
+	// seen is the highest fence counter learned from any node: the next
+	// quorum ballot proposes seen+1.
+	seen atomic.Uint64
+}
+
+var _ sync.Locker = (*NetMutex)(nil)
+
+// New returns a NetMutex for the lock called name on backends: one backend is
+// a plain lock, several independent ones a quorum lock. It validates name and
+// options and returns an error naming what is wrong; it does not contact
+// Redis.
+//
+// Every NetMutex with the same name, prefix and backends, in any process,
+// excludes every other.
+func New(name string, backends []Backend, opts ...Option) (*NetMutex, error) {
+	switch {
+	case name == "":
+		return nil, errors.New("netlock: empty lock name")
+	case name[0] == '}':
+		// The lock key p{}...} would have an empty hash tag, so its release
+		// channel could fall in another cluster slot.
+		return nil, fmt.Errorf("netlock: lock name %q starts with '}'", name)
+	case len(backends) == 0:
+		return nil, errors.New("netlock: no backends")
+	case len(backends) > 1:
+		return nil, fmt.Errorf("netlock: %d backends: a quorum over several backends is not supported yet; pass one", len(backends))
+	}
+	for i, b := range backends {
+		if b == nil {
+			return nil, fmt.Errorf("netlock: backend %d is nil", i)
+		}
+	}
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	m := &NetMutex{
+		name:      name,
+		cfg:       cfg,
+		nodes:     append([]Backend(nil), backends...),
+		quorum:    len(backends)/2 + 1,
+		keys:      newKeys(cfg.prefix, name, cfg.fencing),
+		expiryMS:  strconv.FormatInt(cfg.expiry.Milliseconds(), 10),
+		driftTerm: cfg.driftTerm(),
+		sem:       make(chan struct{}, 1),
+	}
+	m.lockKeys = []string{m.keys.lock}
+	m.acquireKeys = m.lockKeys
+	if cfg.fencing {
+		m.acquireKeys = []string{m.keys.lock, m.keys.fence}
+	}
+	return m, nil
+}
+
+// Name returns the lock's name, as given to New.
+func (m *NetMutex) Name() string { return m.name }
+
+// Lock locks m, blocking until the lock is acquired, however long that takes.
+// It panics with the error if acquiring fails for any other reason than
+// contention: Redis unreachable, a quorum not answering, a key of the wrong
+// type. Use LockCtx to bound the wait and get the error instead.
+func (m *NetMutex) Lock() {
+	if err := m.LockCtx(context.Background()); err != nil {
+		panic(err)
+	}
+}
+
+// TryLock tries to lock m once, without waiting, and reports whether it
+// succeeded, like sync.Mutex.TryLock. It returns false if another goroutine
+// of this process holds m or another client holds the lock. It panics with
+// the error if Redis could not be asked.
+func (m *NetMutex) TryLock() bool {
+	ok, err := m.TryLockCtx(context.Background())
+	if err != nil {
+		panic(err)
+	}
+	return ok
+}
+
+// Unlock unlocks m. Like sync.Mutex.Unlock, it is a run-time error, a panic
+// whose value matches ErrNotHeld, if m is not locked. It also panics if the
+// hold was lost (ErrLockLost) or the release failed; use UnlockCtx to get
+// these as errors. Whether it panics or not, m is unlocked afterwards.
+func (m *NetMutex) Unlock() {
+	err := m.UnlockCtx(context.Background())
+	switch {
+	case errors.Is(err, ErrNotHeld):
+		panic(errUnlockUnlocked)
+	case err != nil:
+		panic(err)
+	}
+}
+
+// Token returns the fencing token of the current hold: a number that strictly
+// increases with every acquisition of this lock name, across all clients.
+// Pass it to the resource the lock protects, which must reject a write whose
+// token is below the highest it has seen. It returns 0 when m is not locked
+// or fencing is off. After the hold is lost, it returns the lost hold's token
+// until Unlock.
+func (m *NetMutex) Token() uint64 {
+	if h := m.current(); h != nil {
+		return h.token
+	}
+	return 0
+}
+
+// Lost returns a channel that is closed when the current hold ends without
+// this client's say: its local deadline passed without a successful extend,
+// or an extend found the key gone or taken. The channel is also closed when
+// the hold is released by Unlock, so a goroutine watching it never outlives
+// the hold. When m is not locked, Lost returns a closed channel.
+func (m *NetMutex) Lost() <-chan struct{} {
+	if h := m.current(); h != nil {
+		return h.ended
+	}
+	return closedChan
+}
+
+var closedChan = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
+
+func (m *NetMutex) current() *hold {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.hold
+}
+
+// errZero is returned by a NetMutex that was not made by New.
+var errZero = errors.New("netlock: NetMutex not created by New (the zero value is not usable)")
+
+func (m *NetMutex) check() error {
+	if m == nil || m.sem == nil {
+		return errZero
+	}
+	return nil
+}

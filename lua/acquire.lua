@@ -1,0 +1,49 @@
+-- acquire: take the lock if it is free, or confirm a hold that is already ours.
+--
+-- KEYS[1]  lock key, p{name}
+-- KEYS[2]  fence counter, p{tag}:fence, same slot as KEYS[1]; absent when fencing is off
+-- ARGV[1]  our lock value (random, fresh for every acquisition)
+-- ARGV[2]  expiry in milliseconds (relative: PX, never an absolute time)
+-- ARGV[3]  proposed fencing token; "0" asks the node to increment its counter
+--          (single node), any other value is a ballot (quorum)
+--
+-- Reply, always an array of three integers:
+--   { 1, token,   0    }  acquired; or the key already held our value (a retry
+--                         of our own request): its TTL is refreshed and the
+--                         token it was granted with is returned
+--   {-1, counter, pttl }  held by another value; pttl is its remaining TTL in
+--                         ms (-1: the key has no TTL)
+--   {-2, counter, 0    }  free, but the proposed token is not above the counter
+--
+-- A key of another type makes GET fail with WRONGTYPE before anything is written.
+local fenced = #KEYS > 1
+local cur = redis.call('GET', KEYS[1])
+local counter = 0
+if fenced then
+  counter = tonumber(redis.call('GET', KEYS[2]) or '0')
+end
+
+if cur == ARGV[1] then
+  -- Our own value: no grant can have happened since ours (grants need the key
+  -- to be absent), so the counter still holds our token.
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, counter, 0}
+end
+if cur then
+  return {-1, counter, redis.call('PTTL', KEYS[1])}
+end
+
+local token = 0
+if fenced then
+  local proposed = tonumber(ARGV[3])
+  if proposed == 0 then
+    token = redis.call('INCR', KEYS[2])
+  elseif proposed <= counter then
+    return {-2, counter, 0}
+  else
+    redis.call('SET', KEYS[2], ARGV[3])
+    token = proposed
+  end
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return {1, token, 0}

@@ -1,0 +1,20 @@
+-- extend: reset the lock's TTL only if the key holds exactly our value. Never
+-- re-creates an absent key: a hold that lapsed stays lapsed.
+--
+-- KEYS[1]  lock key, p{name}
+-- ARGV[1]  our lock value
+-- ARGV[2]  expiry in milliseconds (relative: PEXPIRE)
+--
+-- Reply, an array of one integer:
+--   { 1}  extended
+--   { 0}  absent: the key expired or was deleted
+--   {-1}  held by another value: not ours, left untouched
+local cur = redis.call('GET', KEYS[1])
+if cur == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1}
+end
+if cur then
+  return {-1}
+end
+return {0}

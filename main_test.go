@@ -1,0 +1,162 @@
+package netlock
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/gomodule/redigo/redis"
+	"github.com/redis/rueidis"
+	"go.uber.org/goleak"
+
+	"github.com/netlock-go/netlock/internal/redistest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// env is one place tests run: a server (miniredis or a real redis-server)
+// and a client library (redigo or rueidis).
+type env struct {
+	mini   *miniredis.Miniredis // nil on a real server
+	server *redistest.Server    // nil on miniredis
+	client string               // "redigo" or "rueidis"
+	addr   string
+}
+
+// envKinds selects where forEachEnv runs a test.
+type envKinds int
+
+const (
+	allEnvs  envKinds = iota // miniredis and real redis-server
+	miniOnly                 // tests that move time with FastForward
+)
+
+// forEachEnv runs fn as a subtest on miniredis and, unless kinds is
+// miniOnly, on a real redis-server, each with both client libraries. The real
+// server subtests are skipped when redis-server is missing, and fail instead
+// when NETLOCK_REQUIRE_REDIS=1.
+func forEachEnv(t *testing.T, kinds envKinds, fn func(t *testing.T, e *env)) {
+	t.Helper()
+	for _, client := range []string{"redigo", "rueidis"} {
+		t.Run("miniredis/"+client, func(t *testing.T) {
+			mini := miniredis.RunT(t)
+			fn(t, &env{mini: mini, client: client, addr: mini.Addr()})
+		})
+	}
+	if kinds == miniOnly {
+		return
+	}
+	for _, client := range []string{"redigo", "rueidis"} {
+		t.Run("redis/"+client, func(t *testing.T) {
+			s := redistest.Start(t)
+			fn(t, &env{server: s, client: client, addr: s.Addr()})
+		})
+	}
+}
+
+// backend returns a Backend on a client of its own, as another process
+// would have; the client is closed when the test ends.
+func (e *env) backend(t testing.TB) Backend {
+	t.Helper()
+	return newBackend(t, e.client, e.addr)
+}
+
+func newBackend(t testing.TB, client, addr string) Backend {
+	t.Helper()
+	switch client {
+	case "redigo":
+		pool := &redis.Pool{
+			MaxIdle: 16,
+			DialContext: func(ctx context.Context) (redis.Conn, error) {
+				return redis.DialContext(ctx, "tcp", addr)
+			},
+		}
+		t.Cleanup(func() { pool.Close() })
+		return NewRedigo(pool)
+	case "rueidis":
+		c, err := rueidis.NewClient(rueidis.ClientOption{
+			InitAddress:  []string{addr},
+			DisableCache: true, // netlock never reads through the cache; miniredis has no CLIENT TRACKING
+		})
+		if err != nil {
+			t.Fatalf("rueidis.NewClient(%s): %v", addr, err)
+		}
+		t.Cleanup(c.Close)
+		return NewRueidis(c)
+	}
+	t.Fatalf("unknown client %q", client)
+	return nil
+}
+
+// newMutex returns a NetMutex on a backend of its own.
+func (e *env) newMutex(t testing.TB, name string, opts ...Option) *NetMutex {
+	t.Helper()
+	m, err := New(name, []Backend{e.backend(t)}, opts...)
+	if err != nil {
+		t.Fatalf("New(%q): %v", name, err)
+	}
+	return m
+}
+
+// do runs one command on the server, for a test to look at or change keys
+// behind netlock's back.
+func (e *env) do(t testing.TB, args ...any) any {
+	t.Helper()
+	c, err := redis.Dial("tcp", e.addr, redis.DialReadTimeout(5*time.Second))
+	if err != nil {
+		t.Fatalf("dial %s: %v", e.addr, err)
+	}
+	defer c.Close()
+	cmd, _ := args[0].(string)
+	reply, err := c.Do(cmd, args[1:]...)
+	if err != nil {
+		t.Fatalf("%v: %v", args, err)
+	}
+	return reply
+}
+
+// exists reports whether key exists on the server.
+func (e *env) exists(t testing.TB, key string) bool {
+	t.Helper()
+	n, _ := redis.Int(e.do(t, "EXISTS", key), nil)
+	return n == 1
+}
+
+// mustLock locks m with a bound, failing the test rather than hanging.
+func mustLock(t testing.TB, m *NetMutex) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := m.LockCtx(ctx); err != nil {
+		t.Fatalf("LockCtx: %v", err)
+	}
+}
+
+// mustUnlock unlocks m and fails the test on error.
+func mustUnlock(t testing.TB, m *NetMutex) {
+	t.Helper()
+	if err := m.UnlockCtx(context.Background()); err != nil {
+		t.Fatalf("UnlockCtx: %v", err)
+	}
+}
+
+// within fails the test if fn does not return within d: a hang becomes a
+// failure instead of a test timeout.
+func within(t testing.TB, d time.Duration, what string, fn func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		fn()
+	}()
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-done:
+	case <-timer.C:
+		t.Fatalf("%s did not return within %v", what, d)
+	}
+}

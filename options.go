@@ -1,0 +1,132 @@
+package netlock
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Defaults of the options.
+const (
+	DefaultExpiry        = 8 * time.Second
+	DefaultDriftFactor   = 0.01
+	DefaultPrefix        = "netlock:"
+	DefaultMinRetryDelay = 1 * time.Millisecond
+	DefaultMaxRetryDelay = 50 * time.Millisecond
+	// DefaultNodeTimeout bounds one call to one node, unless the expiry is
+	// short: then the bound is a tenth of the expiry.
+	DefaultNodeTimeout = 500 * time.Millisecond
+)
+
+// An Option configures a NetMutex. Options are applied and validated once, by
+// New; the resolved configuration never changes afterwards.
+type Option func(*config)
+
+// config is the resolved, validated configuration of a NetMutex.
+type config struct {
+	expiry        time.Duration
+	autoExtend    bool
+	minRetryDelay time.Duration
+	maxRetryDelay time.Duration
+	driftFactor   float64
+	nodeTimeout   time.Duration // 0 until resolved
+	prefix        string
+	fencing       bool
+}
+
+func defaultConfig() config {
+	return config{
+		expiry:        DefaultExpiry,
+		autoExtend:    true,
+		minRetryDelay: DefaultMinRetryDelay,
+		maxRetryDelay: DefaultMaxRetryDelay,
+		driftFactor:   DefaultDriftFactor,
+		prefix:        DefaultPrefix,
+		fencing:       true,
+	}
+}
+
+// WithExpiry sets the TTL of the lock key (default 8s). With auto-extend on,
+// it is how long a hold survives its process dying; with it off, how long a
+// hold lasts unless ExtendCtx is called.
+func WithExpiry(d time.Duration) Option { return func(c *config) { c.expiry = d } }
+
+// WithAutoExtend turns the watchdog on or off (default on). While on, a held
+// NetMutex extends its key every third of the expiry, so it does not expire
+// while its process lives; Lost is closed if an extend cannot succeed before
+// the hold's local deadline.
+func WithAutoExtend(on bool) Option { return func(c *config) { c.autoExtend = on } }
+
+// WithRetryDelay bounds the jittered wait between acquire attempts of a
+// waiting LockCtx (defaults 1ms and 50ms). The wait grows from min towards max
+// with each failed attempt and never exceeds the holder's remaining TTL.
+func WithRetryDelay(min, max time.Duration) Option {
+	return func(c *config) { c.minRetryDelay, c.maxRetryDelay = min, max }
+}
+
+// WithDriftFactor sets the clock drift allowance, as a fraction of the expiry
+// (default 0.01), subtracted from every hold's validity.
+func WithDriftFactor(f float64) Option { return func(c *config) { c.driftFactor = f } }
+
+// WithNodeTimeout bounds each call to one node (default 500ms, or a tenth of
+// the expiry if that is smaller). It must be below the expiry.
+func WithNodeTimeout(d time.Duration) Option { return func(c *config) { c.nodeTimeout = d } }
+
+// WithPrefix sets the prefix of every Redis key and channel the NetMutex uses
+// (default "netlock:"). It must not contain '{' or '}', which netlock uses as
+// the Redis Cluster hash tag around the name.
+func WithPrefix(p string) Option { return func(c *config) { c.prefix = p } }
+
+// WithFencing turns fencing tokens on or off (default on). With fencing off,
+// Token returns 0 and no counter key is kept.
+func WithFencing(on bool) Option { return func(c *config) { c.fencing = on } }
+
+// newConfig applies opts over the defaults and validates the result.
+func newConfig(opts []Option) (config, error) {
+	c := defaultConfig()
+	for i, o := range opts {
+		if o == nil {
+			return c, fmt.Errorf("netlock: option %d is nil", i)
+		}
+		o(&c)
+	}
+	var errs []string
+	if c.expiry <= 0 {
+		errs = append(errs, fmt.Sprintf("expiry %v is not positive", c.expiry))
+	} else if c.expiry < time.Millisecond {
+		errs = append(errs, fmt.Sprintf("expiry %v is below Redis's 1ms resolution", c.expiry))
+	}
+	if !(c.driftFactor >= 0 && c.driftFactor < 0.5) { // also rejects NaN
+		errs = append(errs, fmt.Sprintf("drift factor %v is outside [0, 0.5)", c.driftFactor))
+	}
+	if c.minRetryDelay <= 0 {
+		errs = append(errs, fmt.Sprintf("minimum retry delay %v is not positive", c.minRetryDelay))
+	}
+	if c.maxRetryDelay < c.minRetryDelay {
+		errs = append(errs, fmt.Sprintf("maximum retry delay %v is below the minimum %v", c.maxRetryDelay, c.minRetryDelay))
+	}
+	if c.nodeTimeout == 0 {
+		c.nodeTimeout = min(DefaultNodeTimeout, c.expiry/10)
+	} else if c.nodeTimeout < 0 {
+		errs = append(errs, fmt.Sprintf("node timeout %v is not positive", c.nodeTimeout))
+	} else if c.nodeTimeout >= c.expiry {
+		errs = append(errs, fmt.Sprintf("node timeout %v is not below the expiry %v", c.nodeTimeout, c.expiry))
+	}
+	if len(errs) == 0 && c.expiry-c.driftTerm() <= c.nodeTimeout {
+		errs = append(errs, fmt.Sprintf("expiry %v leaves no validity after the drift allowance %v and the node timeout %v", c.expiry, c.driftTerm(), c.nodeTimeout))
+	}
+	if strings.ContainsAny(c.prefix, "{}") {
+		errs = append(errs, fmt.Sprintf("prefix %q contains '{' or '}', which would break the Redis Cluster hash tag", c.prefix))
+	}
+	if len(errs) > 0 {
+		return c, errors.New("netlock: bad options: " + strings.Join(errs, "; "))
+	}
+	return c, nil
+}
+
+// driftTerm is what every validity loses to clock drift: a fraction of the
+// expiry, plus 2ms for Redis's own expiry resolution.
+func (c *config) driftTerm() time.Duration {
+	return time.Duration(float64(c.expiry)*c.driftFactor) + 2*time.Millisecond
+}

@@ -1,0 +1,190 @@
+package netlock
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// Script reply statuses (see lua/*.lua).
+const (
+	statusOK     = 1  // acquired, extended or released
+	statusAbsent = 0  // release, extend: the key does not exist
+	statusOther  = -1 // the key holds another value
+	statusFenced = -2 // acquire: the proposed token is not above the counter
+)
+
+// nodeReply is one node's answer to one script call.
+type nodeReply struct {
+	vals []int64
+	err  error
+}
+
+// fanout runs s on the nodes selected by targets (all when targets is nil),
+// in parallel, each call bounded by the node timeout, and returns one reply
+// per node. It joins every per-node goroutine before returning, so no call
+// outlives it. With one node it calls inline.
+func (m *NetMutex) fanout(ctx context.Context, s *Script, keys, args []string, targets []bool) []nodeReply {
+	replies := make([]nodeReply, len(m.nodes))
+	if len(m.nodes) == 1 {
+		if targets == nil || targets[0] {
+			replies[0] = m.call(ctx, 0, s, keys, args)
+		}
+		return replies
+	}
+	var wg sync.WaitGroup
+	for i := range m.nodes {
+		if targets == nil || targets[i] {
+			wg.Go(func() { replies[i] = m.call(ctx, i, s, keys, args) })
+		}
+	}
+	wg.Wait()
+	return replies
+}
+
+// call runs s on node i, bounded by the node timeout, and checks the shape of
+// the reply: want integers.
+func (m *NetMutex) call(ctx context.Context, i int, s *Script, keys, args []string) nodeReply {
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.nodeTimeout)
+	defer cancel()
+	vals, err := m.nodes[i].Eval(ctx, s, keys, args)
+	if err == nil && (len(vals) == 0 || (s == acquireScript && len(vals) != 3)) {
+		err = fmt.Errorf("%s script: unexpected reply %v", s.Name(), vals)
+	}
+	if err != nil {
+		return nodeReply{err: nodeError(i, err)}
+	}
+	return nodeReply{vals: vals}
+}
+
+// acquireRound makes one attempt to acquire the lock on every node with
+// value. On success it returns the token and the hold's local deadline. On
+// contention it returns ErrNotObtained and the shortest remaining TTL of a
+// holder seen (-1 if unknown), which bounds how long waiting can be useful.
+// Any other error means too few nodes answered, or ctx ended.
+//
+// On any failure it releases value on every node that did not answer
+// definitively "held by another", under a context detached from ctx: a node
+// that granted, or that may have applied our SET without our seeing the
+// reply, must not keep the key until its TTL runs out.
+func (m *NetMutex) acquireRound(ctx context.Context, value string) (token uint64, until time.Time, busy time.Duration, err error) {
+	proposal := "0" // single node: the script increments its counter
+	if len(m.nodes) > 1 {
+		proposal = strconv.FormatUint(m.seen.Load()+1, 10)
+	}
+	// The monotonic start is taken before anything is sent: each node's TTL
+	// starts after it, so start+validity is before any node's key expires
+	// (up to the drift allowance).
+	start := time.Now()
+	replies := m.fanout(ctx, acquireScript, m.acquireKeys, []string{value, m.expiryMS, proposal}, nil)
+	validity := m.cfg.expiry - time.Since(start) - m.driftTerm
+
+	busy = -1
+	var errs []error
+	answered := 0
+	granted := make([]bool, len(replies)) // granted, for the token in vals[1]
+	cleanup := make([]bool, len(replies)) // may hold our value
+	for i, r := range replies {
+		if r.err != nil {
+			errs = append(errs, r.err)
+			cleanup[i] = true
+			continue
+		}
+		answered++
+		status, counter := r.vals[0], r.vals[1]
+		m.learn(counter)
+		switch status {
+		case statusOK:
+			granted[i], cleanup[i] = true, true
+		case statusOther:
+			if pttl := time.Duration(r.vals[2]) * time.Millisecond; pttl >= 0 && (busy < 0 || pttl < busy) {
+				busy = pttl
+			}
+		case statusFenced:
+			if busy < 0 {
+				busy = 0 // the key is free: try again at once, with a higher ballot
+			}
+		default:
+			errs = append(errs, nodeError(i, fmt.Errorf("acquire script: unknown status %d", status)))
+			cleanup[i] = true
+			answered--
+		}
+	}
+	if validity > 0 && ctx.Err() == nil {
+		// A hold needs a quorum granting the same token.
+		for i := range replies {
+			if !granted[i] {
+				continue
+			}
+			n := 0
+			for j := i; j < len(replies); j++ {
+				if granted[j] && replies[j].vals[1] == replies[i].vals[1] {
+					n++
+				}
+			}
+			if n >= m.quorum {
+				return uint64(replies[i].vals[1]), start.Add(validity), 0, nil
+			}
+		}
+	}
+
+	m.releaseDetached(ctx, value, cleanup)
+	switch {
+	case ctx.Err() != nil:
+		return 0, time.Time{}, 0, notObtained(context.Cause(ctx))
+	case answered < m.quorum:
+		return 0, time.Time{}, 0, &quorumError{nodes: len(m.nodes), answered: answered, need: m.quorum, errs: errs}
+	}
+	return 0, time.Time{}, busy, ErrNotObtained
+}
+
+// learn records a fence counter seen on a node, so the next ballot is above
+// it.
+func (m *NetMutex) learn(counter int64) {
+	for {
+		seen := m.seen.Load()
+		if uint64(counter) <= seen || m.seen.CompareAndSwap(seen, uint64(counter)) {
+			return
+		}
+	}
+}
+
+// releaseDetached releases value on the targeted nodes under a context that
+// ctx's cancellation does not reach (the caller may have given up; the key
+// must go anyway), each call still bounded by the node timeout.
+func (m *NetMutex) releaseDetached(ctx context.Context, value string, targets []bool) {
+	any := false
+	for _, t := range targets {
+		any = any || t
+	}
+	if any {
+		m.fanout(context.WithoutCancel(ctx), releaseScript, m.lockKeys, []string{value, m.keys.channel}, targets)
+	}
+}
+
+// settle counts the replies of a release or extend: nil when a quorum did
+// it, ErrLockLost when so many nodes no longer hold our value that a quorum
+// never can, and a quorum error otherwise.
+func (m *NetMutex) settle(replies []nodeReply) error {
+	ok, gone := 0, 0
+	var errs []error
+	for _, r := range replies {
+		switch {
+		case r.err != nil:
+			errs = append(errs, r.err)
+		case r.vals[0] == statusOK:
+			ok++
+		default:
+			gone++
+		}
+	}
+	switch {
+	case ok >= m.quorum:
+		return nil
+	case gone > len(m.nodes)-m.quorum:
+		return ErrLockLost
+	}
+	return &quorumError{nodes: len(m.nodes), answered: ok + gone, need: m.quorum, errs: errs}
+}

@@ -1,0 +1,31 @@
+package netlock
+
+import (
+	"math/rand/v2"
+	"time"
+)
+
+// backoff is the retry state of one waiting call: never shared between calls.
+type backoff struct {
+	min, max time.Duration
+	n        int // failed attempts so far
+}
+
+// next returns the wait before the next attempt: a random duration between
+// min and a ceiling that doubles with each attempt up to max (jitter keeps
+// waiters that started together from retrying together). It is capped by
+// busy, the holder's remaining TTL when known (busy >= 0): once the key has
+// expired there is nothing left to wait for.
+func (b *backoff) next(busy time.Duration) time.Duration {
+	ceiling := b.max
+	if b.n < 20 && b.min<<b.n < b.max {
+		ceiling = b.min << b.n
+	}
+	b.n++
+	d := b.min + rand.N(ceiling-b.min+1)
+	if busy >= 0 && d > busy {
+		// Just past the expiry: Redis expires keys with 1ms resolution.
+		d = busy + rand.N(b.min+1)
+	}
+	return d
+}
