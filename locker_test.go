@@ -191,10 +191,7 @@ func TestRedisDown(t *testing.T) {
 }
 
 func TestRedisStalled(t *testing.T) {
-	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
-		if e.server == nil {
-			t.Skip("needs a real server to pause") // covered by the redis/ subtests
-		}
+	forEachEnv(t, realOnly, func(t *testing.T, e *env) {
 		m := e.newMutex(t, "stalled", WithNodeTimeout(200*time.Millisecond))
 		e.server.Pause()
 		defer e.server.Resume()

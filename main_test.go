@@ -32,15 +32,19 @@ type envKinds int
 const (
 	allEnvs  envKinds = iota // miniredis and real redis-server
 	miniOnly                 // tests that move time with FastForward
+	realOnly                 // tests that stop or kill the server process
 )
 
 // forEachEnv runs fn as a subtest on miniredis and, unless kinds is
-// miniOnly, on a real redis-server, each with both client libraries. The real
+// miniOnly, on a real redis-server (realOnly: only there), each with both client libraries. The real
 // server subtests are skipped when redis-server is missing, and fail instead
 // when NETLOCK_REQUIRE_REDIS=1.
 func forEachEnv(t *testing.T, kinds envKinds, fn func(t *testing.T, e *env)) {
 	t.Helper()
 	for _, client := range []string{"redigo", "rueidis"} {
+		if kinds == realOnly {
+			break
+		}
 		t.Run("miniredis/"+client, func(t *testing.T) {
 			mini := miniredis.RunT(t)
 			fn(t, &env{mini: mini, client: client, addr: mini.Addr()})

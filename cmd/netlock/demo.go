@@ -1,0 +1,615 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/gomodule/redigo/redis"
+	"github.com/redis/rueidis"
+
+	"github.com/netlock-go/netlock"
+)
+
+// Limits of the demo's flags: generous, but they keep a typo from starting
+// millions of goroutines or an hour-long pause.
+const (
+	maxWorkers    = 10000
+	maxIncrements = 100000
+	maxPause      = 10 * time.Second
+)
+
+// opTimeout bounds every GET, SET, DEL and SCAN the demo sends itself (the
+// NetMutex bounds its own calls).
+const opTimeout = 5 * time.Second
+
+// Progress on stderr: a phase that runs longer than progressAfter shows how
+// far it got, every progressEvery on a terminal (one line, rewritten) and
+// every progressEveryPlain otherwise (one line each time). Variables, so that
+// tests can shorten them.
+var (
+	progressAfter      = time.Second
+	progressEvery      = 500 * time.Millisecond
+	progressEveryPlain = 2 * time.Second
+)
+
+// demoConfig is the demo's validated flags.
+type demoConfig struct {
+	redisAddr  string // "" for the embedded server
+	workers    int
+	procs      int
+	increments int
+	pause      time.Duration
+	backend    string
+}
+
+const demoHelp = `Usage: netlock demo [flags]
+
+Runs one read-modify-write race twice on a counter in Redis. --workers
+goroutines, spread over --procs simulated processes (each with its own Redis
+client and its own NetMutex on one lock name), each do --increments times:
+GET counter, pause, SET counter to the value read plus one.
+
+  1. without a lock: increments overwrite each other and updates are lost;
+  2. with NetMutex:  each increment runs under the worker's process's
+                     NetMutex, and no update may be lost.
+
+By default Redis is embedded in the demo (miniredis): nothing to set up.
+With --redis the demo uses a real server, under keys unique to the run that
+it deletes afterwards.
+
+Exit status: 0 when the locked phase counted every update, 1 when it did not
+or Redis failed, 2 for bad flags.
+
+Flags:
+`
+
+// runDemo runs "netlock demo" with args (the arguments after "demo") and
+// returns the exit code.
+func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cfg, code, ok := parseDemoFlags(args, stdout, stderr)
+	if !ok {
+		return code
+	}
+	return demo(ctx, cfg, stdout, stderr)
+}
+
+// parseDemoFlags parses and validates args. When ok is false, the caller
+// should exit with code: help was shown (0) or the flags are bad (2, the
+// message already on stderr).
+func parseDemoFlags(args []string, stdout, stderr io.Writer) (cfg demoConfig, code int, ok bool) {
+	fs := flag.NewFlagSet("netlock demo", flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // errors and help are printed below
+	fs.StringVar(&cfg.redisAddr, "redis", "", "use the Redis server at `host:port` instead of the embedded one")
+	fs.IntVar(&cfg.workers, "workers", 100, "number of worker goroutines, 1 to "+strconv.Itoa(maxWorkers))
+	fs.IntVar(&cfg.procs, "procs", 4, "number of simulated processes the workers are spread over, 1 to --workers;\neach has its own Redis client and its own NetMutex")
+	fs.IntVar(&cfg.increments, "increments", 5, "increments each worker makes, 1 to "+strconv.Itoa(maxIncrements))
+	fs.DurationVar(&cfg.pause, "pause", time.Millisecond, "pause between GET and SET, 0 to "+maxPause.String())
+	fs.StringVar(&cfg.backend, "backend", "redigo", "Redis client library: redigo or rueidis")
+	printHelp := func(w io.Writer) {
+		fmt.Fprint(w, demoHelp)
+		fs.SetOutput(w)
+		fs.PrintDefaults()
+		fs.SetOutput(io.Discard)
+	}
+	bad := func(format string, a ...any) (demoConfig, int, bool) {
+		fmt.Fprintf(stderr, "netlock demo: "+format+"\n", a...)
+		fmt.Fprintln(stderr, `Run "netlock demo --help" for usage.`)
+		return cfg, exitUsage, false
+	}
+
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			printHelp(stdout)
+			return cfg, exitOK, false
+		}
+		return bad("%v", err)
+	}
+	if fs.NArg() > 0 {
+		return bad("unexpected argument %q: demo takes only flags", fs.Arg(0))
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+
+	switch {
+	case cfg.workers < 1 || cfg.workers > maxWorkers:
+		return bad("--workers must be between 1 and %d, not %d", maxWorkers, cfg.workers)
+	case cfg.increments < 1 || cfg.increments > maxIncrements:
+		return bad("--increments must be between 1 and %d, not %d", maxIncrements, cfg.increments)
+	case cfg.pause < 0 || cfg.pause > maxPause:
+		return bad("--pause must be between 0 and %v, not %v", maxPause, cfg.pause)
+	case cfg.backend != "redigo" && cfg.backend != "rueidis":
+		return bad("--backend must be redigo or rueidis, not %q", cfg.backend)
+	}
+	if !set["procs"] {
+		cfg.procs = min(cfg.procs, cfg.workers) // the default fits any --workers
+	}
+	if cfg.procs < 1 || cfg.procs > cfg.workers {
+		return bad("--procs must be between 1 and --workers (%d), not %d", cfg.workers, cfg.procs)
+	}
+	if set["redis"] {
+		if _, port, err := net.SplitHostPort(cfg.redisAddr); err != nil || port == "" {
+			return bad("--redis must be host:port, such as 127.0.0.1:6379, not %q", cfg.redisAddr)
+		}
+	}
+	return cfg, exitOK, true
+}
+
+// demo runs both phases and prints the report.
+func demo(ctx context.Context, cfg demoConfig, stdout, stderr io.Writer) (code int) {
+	fail := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "netlock demo: "+format+"\n", a...)
+		if ctx.Err() != nil {
+			return 130 // interrupted: the conventional 128+SIGINT
+		}
+		return exitFail
+	}
+
+	where := "Redis at " + cfg.redisAddr
+	addr := cfg.redisAddr
+	if addr == "" {
+		mr, err := miniredis.Run()
+		if err != nil {
+			return fail("start embedded Redis: %v", err)
+		}
+		defer mr.Close()
+		addr, where = mr.Addr(), "embedded Redis"
+	}
+
+	// Every key of the run starts with prefix: the counter, and, through
+	// WithPrefix, the lock and its fence counter. On a shared server this
+	// keeps runs apart, and the cleanup deletes exactly the run's keys.
+	id := make([]byte, 6)
+	rand.Read(id)
+	prefix := "netlock-demo:" + hex.EncodeToString(id) + ":"
+	counterKey := prefix + "counter"
+
+	procs := make([]*process, 0, cfg.procs)
+	defer func() {
+		for _, p := range procs {
+			p.client.close()
+		}
+	}()
+	perProc := (cfg.workers + cfg.procs - 1) / cfg.procs
+	for range cfg.procs {
+		c, err := dial(cfg.backend, addr, perProc)
+		if err != nil {
+			return fail("connect to %s: %v", where, err)
+		}
+		p := &process{client: c}
+		procs = append(procs, p)
+		p.mu, err = netlock.New("demo", []netlock.Backend{c.backend()}, netlock.WithPrefix(prefix))
+		if err != nil {
+			return fail("%v", err)
+		}
+	}
+	admin := procs[0].client
+	defer func() {
+		// Delete the run's keys even when interrupted; the clients are
+		// closed after this (deferred earlier, so run later).
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
+		defer cancel()
+		if err := admin.deleteMatching(cctx, prefix+"*"); err != nil {
+			fmt.Fprintf(stderr, "netlock demo: delete the demo's keys %s*: %v\n", prefix, err)
+			if code == exitOK {
+				code = exitFail
+			}
+		}
+	}()
+	if err := admin.del(ctx, counterKey); err != nil {
+		return fail("%s does not answer: %v", where, err)
+	}
+
+	fmt.Fprintf(stdout, "netlock demo: %s in %s, %s each, %v pause inside (%s, %s client)\n\n",
+		plural(cfg.workers, "worker"), plural(cfg.procs, "process"), plural(cfg.increments, "increment"),
+		cfg.pause, where, cfg.backend)
+
+	total := int64(cfg.workers) * int64(cfg.increments)
+	width := len(strconv.FormatInt(total, 10))
+	line := func(label string, r phaseResult, extra string) {
+		lost := r.expected - r.counted
+		fmt.Fprintf(stdout, "%-16s %*d expected, %*d counted, %*d %s   (%s, %.0f increments/s%s)\n",
+			label+":", width, r.expected, width, r.counted, width, lost, lostWord(lost),
+			seconds(r.wall), float64(r.expected)/r.wall.Seconds(), extra)
+	}
+
+	free, err := runPhase(ctx, "without a lock", cfg, procs, counterKey, false, stderr)
+	if err != nil {
+		return fail("phase without a lock: %v", err)
+	}
+	line("without a lock", free, "")
+
+	locked, err := runPhase(ctx, "with NetMutex", cfg, procs, counterKey, true, stderr)
+	if err != nil {
+		return fail("phase with NetMutex: %v", err)
+	}
+	line("with NetMutex", locked, fmt.Sprintf(", last fencing token %d", locked.lastToken))
+
+	if err := admin.del(ctx, counterKey); err != nil {
+		return fail("delete %s: %v", counterKey, err)
+	}
+
+	var problems []string
+	if lost := locked.expected - locked.counted; lost != 0 {
+		problems = append(problems, fmt.Sprintf("%d expected but %d counted", locked.expected, locked.counted))
+	}
+	if locked.overlaps > 0 {
+		problems = append(problems, fmt.Sprintf("%s, a worker entered the critical section while another was in it", plural(int(locked.overlaps), "time")))
+	}
+	if locked.backwards > 0 {
+		problems = append(problems, fmt.Sprintf("%s not above the one before", plural(int(locked.backwards), "fencing token")))
+	}
+	if len(problems) > 0 {
+		fmt.Fprintf(stderr, "\nnetlock demo: FAIL: with NetMutex, %s\n", strings.Join(problems, "; "))
+		return exitFail
+	}
+	if free.counted == free.expected && cfg.workers > 1 {
+		fmt.Fprintln(stdout, "\n(no update was lost without a lock this time: more --workers or a longer --pause make the race likelier)")
+	}
+	return exitOK
+}
+
+// A process stands for one process of an application: its own Redis client
+// (its own connections) and its own NetMutex on the shared lock name.
+type process struct {
+	client client
+	mu     *netlock.NetMutex
+}
+
+// phaseResult is what one phase measured.
+type phaseResult struct {
+	expected, counted int64
+	wall              time.Duration
+	lastToken         uint64 // highest fencing token seen (locked phase)
+	overlaps          int64  // times a worker was in the critical section with another (locked phase)
+	backwards         int64  // tokens not above the previous holder's (locked phase)
+}
+
+// runPhase resets the counter, runs every worker's increments, each under its
+// process's NetMutex when locked, and reads the counter back. It fails on
+// the first error of any worker, after stopping the others.
+func runPhase(ctx context.Context, label string, cfg demoConfig, procs []*process, key string, locked bool, stderr io.Writer) (phaseResult, error) {
+	r := phaseResult{expected: int64(cfg.workers) * int64(cfg.increments)}
+	admin := procs[0].client
+	if err := admin.del(ctx, key); err != nil {
+		return r, fmt.Errorf("reset %s: %w", key, err)
+	}
+
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var (
+		done, inside, overlaps, backwards atomic.Int64
+		last                              atomic.Uint64
+		firstErr                          error
+		errOnce                           sync.Once
+	)
+	failed := func(err error) {
+		errOnce.Do(func() { firstErr = err; cancel(err) })
+	}
+	step := func(p *process) error {
+		if !locked {
+			return increment(ctx, p.client, key, cfg.pause)
+		}
+		if err := p.mu.LockCtx(ctx); err != nil {
+			return fmt.Errorf("lock: %w", err)
+		}
+		// Checks independent of the counter: nobody else is inside, and
+		// tokens grow from one holder to the next.
+		if inside.Add(1) > 1 {
+			overlaps.Add(1)
+		}
+		tok := p.mu.Token()
+		if prev := last.Swap(tok); tok <= prev {
+			backwards.Add(1)
+		}
+		err := increment(ctx, p.client, key, cfg.pause)
+		inside.Add(-1)
+		if uerr := p.mu.UnlockCtx(ctx); uerr != nil {
+			err = errors.Join(err, fmt.Errorf("unlock: %w", uerr))
+		}
+		return err
+	}
+
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range cfg.workers {
+		p := procs[w%len(procs)]
+		wg.Go(func() {
+			<-start
+			for range cfg.increments {
+				if ctx.Err() != nil {
+					return
+				}
+				if err := step(p); err != nil {
+					failed(err)
+					return
+				}
+				done.Add(1)
+			}
+		})
+	}
+
+	stopProgress := showProgress(stderr, label, r.expected, &done)
+	t0 := time.Now()
+	close(start)
+	wg.Wait()
+	r.wall = time.Since(t0)
+	stopProgress()
+
+	if firstErr != nil {
+		return r, firstErr
+	}
+	if err := context.Cause(ctx); err != nil {
+		return r, err // interrupted
+	}
+	n, err := admin.get(ctx, key)
+	if err != nil {
+		return r, fmt.Errorf("read %s: %w", key, err)
+	}
+	r.counted = n
+	r.lastToken = last.Load()
+	r.overlaps = overlaps.Load()
+	r.backwards = backwards.Load()
+	return r, nil
+}
+
+// increment is the racy read-modify-write: GET, pause, SET value+1.
+func increment(ctx context.Context, c client, key string, pause time.Duration) error {
+	v, err := c.get(ctx, key)
+	if err != nil {
+		return fmt.Errorf("GET %s: %w", key, err)
+	}
+	if pause > 0 {
+		t := time.NewTimer(pause)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return context.Cause(ctx)
+		}
+	}
+	if err := c.set(ctx, key, v+1); err != nil {
+		return fmt.Errorf("SET %s: %w", key, err)
+	}
+	return nil
+}
+
+// showProgress reports done/total on stderr while a phase runs, once it has
+// run for progressAfter. The returned function stops it and, on a terminal,
+// clears the line; it returns when nothing more will be written.
+func showProgress(stderr io.Writer, label string, total int64, done *atomic.Int64) (stop func()) {
+	tty := isTerminal(stderr)
+	every := progressEveryPlain
+	if tty {
+		every = progressEvery
+	}
+	quit, exited := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(exited)
+		wait := time.NewTimer(progressAfter)
+		defer wait.Stop()
+		select {
+		case <-quit:
+			return
+		case <-wait.C:
+		}
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for {
+			n := done.Load()
+			msg := fmt.Sprintf("%s: %d/%d increments (%d%%)", label, n, total, n*100/total)
+			if tty {
+				fmt.Fprintf(stderr, "\r%s\x1b[K", msg)
+			} else {
+				fmt.Fprintln(stderr, msg)
+			}
+			select {
+			case <-quit:
+				if tty {
+					fmt.Fprint(stderr, "\r\x1b[K")
+				}
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() {
+		close(quit)
+		<-exited
+	}
+}
+
+// isTerminal reports whether w is a terminal.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+func plural(n int, word string) string {
+	if n == 1 {
+		return "1 " + word
+	}
+	if strings.HasSuffix(word, "s") {
+		return strconv.Itoa(n) + " " + word + "es"
+	}
+	return strconv.Itoa(n) + " " + word + "s"
+}
+
+func lostWord(n int64) string {
+	if n == 1 || n == -1 {
+		return "update lost "
+	}
+	return "updates lost"
+}
+
+func seconds(d time.Duration) string {
+	if d < 10*time.Millisecond {
+		return fmt.Sprintf("%.1fms", float64(d)/float64(time.Millisecond))
+	}
+	return fmt.Sprintf("%.2fs", d.Seconds())
+}
+
+// A client is one simulated process's connection to Redis, through either
+// client library: the NetMutex backend and the demo's own counter commands.
+type client interface {
+	backend() netlock.Backend
+	get(ctx context.Context, key string) (int64, error) // 0 when the key is absent
+	set(ctx context.Context, key string, v int64) error
+	del(ctx context.Context, key string) error
+	deleteMatching(ctx context.Context, pattern string) error
+	close()
+}
+
+// dial connects to addr with the named library. A redigo pool keeps up to
+// idle connections open between uses.
+func dial(lib, addr string, idle int) (client, error) {
+	switch lib {
+	case "rueidis":
+		c, err := rueidis.NewClient(rueidis.ClientOption{
+			InitAddress:  []string{addr},
+			DisableCache: true, // miniredis does not support client tracking
+		})
+		if err != nil {
+			return nil, err
+		}
+		return rueidisClient{c}, nil
+	default:
+		pool := &redis.Pool{
+			DialContext: func(ctx context.Context) (redis.Conn, error) {
+				return redis.DialContext(ctx, "tcp", addr, redis.DialConnectTimeout(opTimeout))
+			},
+			MaxIdle: idle + 1, // workers plus the lock's own calls, without redialling
+		}
+		// Dial once now, so that an unreachable server is reported at once.
+		ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+		defer cancel()
+		conn, err := pool.GetContext(ctx)
+		if err == nil {
+			_, err = redis.DoContext(conn, ctx, "PING")
+			conn.Close()
+		}
+		if err != nil {
+			pool.Close()
+			return nil, err
+		}
+		return redigoClient{pool}, nil
+	}
+}
+
+type redigoClient struct{ pool *redis.Pool }
+
+func (c redigoClient) backend() netlock.Backend { return netlock.NewRedigo(c.pool) }
+func (c redigoClient) close()                   { c.pool.Close() }
+
+func (c redigoClient) do(ctx context.Context, cmd string, args ...any) (any, error) {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	conn, err := c.pool.GetContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	return redis.DoContext(conn, ctx, cmd, args...)
+}
+
+func (c redigoClient) get(ctx context.Context, key string) (int64, error) {
+	v, err := redis.Int64(c.do(ctx, "GET", key))
+	if errors.Is(err, redis.ErrNil) {
+		return 0, nil
+	}
+	return v, err
+}
+
+func (c redigoClient) set(ctx context.Context, key string, v int64) error {
+	_, err := c.do(ctx, "SET", key, v)
+	return err
+}
+
+func (c redigoClient) del(ctx context.Context, key string) error {
+	_, err := c.do(ctx, "DEL", key)
+	return err
+}
+
+func (c redigoClient) deleteMatching(ctx context.Context, pattern string) error {
+	cursor := "0"
+	for {
+		reply, err := redis.Values(c.do(ctx, "SCAN", cursor, "MATCH", pattern, "COUNT", 100))
+		if err != nil {
+			return err
+		}
+		var keys []string
+		if _, err := redis.Scan(reply, &cursor, &keys); err != nil {
+			return err
+		}
+		if len(keys) > 0 {
+			if _, err := c.do(ctx, "DEL", redis.Args{}.AddFlat(keys)...); err != nil {
+				return err
+			}
+		}
+		if cursor == "0" {
+			return nil
+		}
+	}
+}
+
+type rueidisClient struct{ c rueidis.Client }
+
+func (c rueidisClient) backend() netlock.Backend { return netlock.NewRueidis(c.c) }
+func (c rueidisClient) close()                   { c.c.Close() }
+
+func (c rueidisClient) get(ctx context.Context, key string) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	v, err := c.c.Do(ctx, c.c.B().Get().Key(key).Build()).AsInt64()
+	if rueidis.IsRedisNil(err) {
+		return 0, nil
+	}
+	return v, err
+}
+
+func (c rueidisClient) set(ctx context.Context, key string, v int64) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	return c.c.Do(ctx, c.c.B().Set().Key(key).Value(strconv.FormatInt(v, 10)).Build()).Error()
+}
+
+func (c rueidisClient) del(ctx context.Context, key string) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	return c.c.Do(ctx, c.c.B().Del().Key(key).Build()).Error()
+}
+
+func (c rueidisClient) deleteMatching(ctx context.Context, pattern string) error {
+	var cursor uint64
+	for {
+		e, err := c.c.Do(ctx, c.c.B().Scan().Cursor(cursor).Match(pattern).Count(100).Build()).AsScanEntry()
+		if err != nil {
+			return err
+		}
+		if len(e.Elements) > 0 {
+			if err := c.c.Do(ctx, c.c.B().Del().Key(e.Elements...).Build()).Error(); err != nil {
+				return err
+			}
+		}
+		if e.Cursor == 0 {
+			return nil
+		}
+		cursor = e.Cursor
+	}
+}

@@ -1,0 +1,98 @@
+// Command netlock shows and exercises the netlock distributed lock.
+//
+// Usage:
+//
+//	netlock <command> [flags]
+//
+// Commands:
+//
+//	demo    run a lost-update race on a Redis counter, without and with a NetMutex
+//	help    show help for netlock or for one command
+//
+// Run "netlock <command> --help" for the flags of a command.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// A command is one sub-command of netlock. run gets the arguments after the
+// command's name and returns the process exit code: 0 success, 1 failure,
+// 2 bad usage.
+type command struct {
+	name    string
+	summary string
+	run     func(ctx context.Context, args []string, stdout, stderr io.Writer) int
+}
+
+// commands lists the sub-commands, in the order "netlock help" shows them.
+// To add one, append it here and put its code in its own file.
+var commands = []command{
+	{name: "demo", summary: "run a lost-update race on a Redis counter, without and with a NetMutex", run: runDemo},
+}
+
+// Exit codes.
+const (
+	exitOK    = 0
+	exitFail  = 1
+	exitUsage = 2
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run dispatches args (without the program name) to a sub-command.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		usage(stderr)
+		return exitUsage
+	}
+	name, rest := args[0], args[1:]
+	switch name {
+	case "help", "-h", "-help", "--help":
+		if name == "help" && len(rest) > 0 {
+			if c := lookup(rest[0]); c != nil {
+				return c.run(ctx, []string{"--help"}, stdout, stderr)
+			}
+			fmt.Fprintf(stderr, "netlock help: unknown command %q\n\n", rest[0])
+			usage(stderr)
+			return exitUsage
+		}
+		usage(stdout)
+		return exitOK
+	}
+	if c := lookup(name); c != nil {
+		return c.run(ctx, rest, stdout, stderr)
+	}
+	fmt.Fprintf(stderr, "netlock: unknown command %q\n\n", name)
+	usage(stderr)
+	return exitUsage
+}
+
+func lookup(name string) *command {
+	for i := range commands {
+		if commands[i].name == name {
+			return &commands[i]
+		}
+	}
+	return nil
+}
+
+func usage(w io.Writer) {
+	fmt.Fprint(w, "netlock shows and exercises the netlock distributed lock.\n\n")
+	fmt.Fprint(w, "Usage:\n\n\tnetlock <command> [flags]\n\nCommands:\n\n")
+	for _, c := range commands {
+		fmt.Fprintf(w, "\t%-8s%s\n", c.name, c.summary)
+	}
+	fmt.Fprintf(w, "\t%-8s%s\n", "help", "show this help, or \"netlock help <command>\" for one command")
+	fmt.Fprint(w, "\nRun \"netlock <command> --help\" for the flags of a command.\n")
+}
