@@ -1,0 +1,246 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/netlock-go/netlock/internal/redistest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// runCmd runs the command line args (without "netlock") and returns the exit
+// code and what was written to stdout and stderr.
+func runCmd(t *testing.T, ctx context.Context, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code = run(ctx, args, &out, &errOut)
+	t.Logf("netlock %s: exit %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, out.String(), errOut.String())
+	return code, out.String(), errOut.String()
+}
+
+// checkReport checks a successful demo's report: total increments in each
+// phase, all of them counted with the lock, and the last fencing token.
+func checkReport(t *testing.T, stdout string, total int) {
+	t.Helper()
+	n := strconv.Itoa(total)
+	free := regexp.MustCompile(`(?m)^without a lock:\s+` + n + ` expected,\s+\d+ counted,\s+\d+ updates? lost\s+\(`)
+	locked := regexp.MustCompile(`(?m)^with NetMutex:\s+` + n + ` expected,\s+` + n + ` counted,\s+0 updates lost\s+\(.*increments/s, last fencing token ` + n + `\)$`)
+	if !free.MatchString(stdout) {
+		t.Errorf("no line for the phase without a lock matching %v", free)
+	}
+	if !locked.MatchString(stdout) {
+		t.Errorf("no line for the locked phase matching %v", locked)
+	}
+}
+
+func TestDemoEmbedded(t *testing.T) {
+	for _, backend := range []string{"redigo", "rueidis"} {
+		t.Run(backend, func(t *testing.T) {
+			code, stdout, stderr := runCmd(t, t.Context(), "demo", "--workers", "20", "--procs", "2", "--increments", "3", "--backend", backend)
+			if code != 0 {
+				t.Fatalf("exit %d, want 0; stderr: %s", code, stderr)
+			}
+			if !strings.HasPrefix(stdout, "netlock demo: 20 workers in 2 processes, 3 increments each, 1ms pause inside (embedded Redis, "+backend+" client)\n") {
+				t.Errorf("unexpected header:\n%s", stdout)
+			}
+			checkReport(t, stdout, 60)
+			if strings.Contains(stderr, "FAIL") {
+				t.Errorf("stderr reports a failure: %s", stderr)
+			}
+		})
+	}
+}
+
+// TestDemoProcsDefault: the default --procs (4) shrinks to fit fewer workers.
+func TestDemoProcsDefault(t *testing.T) {
+	code, stdout, _ := runCmd(t, t.Context(), "demo", "--workers", "2", "--increments", "2", "--pause", "0")
+	if code != 0 {
+		t.Fatalf("exit %d, want 0", code)
+	}
+	if !strings.Contains(stdout, "2 workers in 2 processes, 2 increments each, 0s pause") {
+		t.Errorf("header does not say 2 workers in 2 processes:\n%s", stdout)
+	}
+	checkReport(t, stdout, 4)
+}
+
+// TestDemoRealRedis runs the demo against a real redis-server and checks that
+// it leaves no key behind and touches no other key.
+func TestDemoRealRedis(t *testing.T) {
+	s := redistest.Start(t)
+	for _, key := range []string{"counter", "netlock-demo:counter", "netlock:{demo}"} {
+		if _, err := s.Do("SET", key, "keep me"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, backend := range []string{"redigo", "rueidis"} {
+		t.Run(backend, func(t *testing.T) {
+			code, stdout, stderr := runCmd(t, t.Context(), "demo", "--redis", s.Addr(), "--workers", "20", "--procs", "3", "--increments", "3", "--backend", backend)
+			if code != 0 {
+				t.Fatalf("exit %d, want 0; stderr: %s", code, stderr)
+			}
+			if !strings.Contains(stdout, "(Redis at "+s.Addr()+", "+backend+" client)") {
+				t.Errorf("header does not name the server:\n%s", stdout)
+			}
+			checkReport(t, stdout, 60)
+			checkKeys(t, s, 3)
+		})
+	}
+}
+
+// checkKeys checks that the server holds exactly the want keys the test set.
+func checkKeys(t *testing.T, s *redistest.Server, want int) {
+	t.Helper()
+	keys, err := s.Do("KEYS", "*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(strings.Fields(keys)); n != want {
+		t.Errorf("server holds keys %q, want only the %d the test set", keys, want)
+	}
+}
+
+// TestDemoInterrupted cancels the demo during its locked phase: it must stop
+// promptly with exit 130, leak nothing (TestMain) and, on a real server,
+// leave no key behind.
+func TestDemoInterrupted(t *testing.T) {
+	s := redistest.Start(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	time.AfterFunc(time.Second, cancel)
+	start := time.Now()
+	// Unlocked about 0.2s, locked about 20*20*10ms = 4s.
+	code, stdout, stderr := runCmd(t, ctx, "demo", "--redis", s.Addr(), "--workers", "20", "--procs", "2", "--increments", "20", "--pause", "10ms")
+	if code != 130 {
+		t.Errorf("exit %d, want 130", code)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("took %v to stop after the interrupt at 1s", d)
+	}
+	if !strings.Contains(stdout, "without a lock:") || strings.Contains(stdout, "with NetMutex:") {
+		t.Errorf("want the unlocked phase's report only:\n%s", stdout)
+	}
+	if !strings.Contains(stderr, "phase with NetMutex") || !strings.Contains(stderr, "context canceled") {
+		t.Errorf("stderr does not say the locked phase was interrupted: %s", stderr)
+	}
+	checkKeys(t, s, 0)
+}
+
+func TestDemoUnreachable(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens there now
+	for _, backend := range []string{"redigo", "rueidis"} {
+		t.Run(backend, func(t *testing.T) {
+			code, stdout, stderr := runCmd(t, t.Context(), "demo", "--redis", addr, "--backend", backend)
+			if code != 1 {
+				t.Errorf("exit %d, want 1", code)
+			}
+			if stdout != "" {
+				t.Errorf("stdout not empty: %s", stdout)
+			}
+			if !strings.Contains(stderr, "connect to Redis at "+addr) {
+				t.Errorf("stderr does not name the server: %s", stderr)
+			}
+		})
+	}
+}
+
+func TestDemoProgress(t *testing.T) {
+	defer func(a, b time.Duration) { progressAfter, progressEveryPlain = a, b }(progressAfter, progressEveryPlain)
+	progressAfter, progressEveryPlain = 0, 20*time.Millisecond
+	code, _, stderr := runCmd(t, t.Context(), "demo", "--workers", "4", "--procs", "2", "--increments", "3", "--pause", "20ms")
+	if code != 0 {
+		t.Fatalf("exit %d, want 0", code)
+	}
+	for _, want := range []string{"without a lock: ", "with NetMutex: ", "/12 increments ("} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("no %q in the progress on stderr", want)
+		}
+	}
+}
+
+func TestDemoBadFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string // in stderr
+	}{
+		{[]string{"--workers", "0"}, "--workers"},
+		{[]string{"--workers", "-5"}, "--workers"},
+		{[]string{"--workers", "1000000"}, "--workers"},
+		{[]string{"--workers", "many"}, "-workers"},
+		{[]string{"--procs", "0"}, "--procs"},
+		{[]string{"--workers", "10", "--procs", "11"}, "--procs"},
+		{[]string{"--workers", "2", "--procs", "4"}, "--procs"},
+		{[]string{"--increments", "0"}, "--increments"},
+		{[]string{"--increments", "x"}, "-increments"},
+		{[]string{"--pause", "-1ms"}, "--pause"},
+		{[]string{"--pause", "1"}, "-pause"},
+		{[]string{"--pause", "1h"}, "--pause"},
+		{[]string{"--backend", "go-redis"}, "--backend"},
+		{[]string{"--redis", "localhost"}, "--redis"},
+		{[]string{"--redis", ""}, "--redis"},
+		{[]string{"--no-such-flag"}, "no-such-flag"},
+		{[]string{"extra"}, `"extra"`},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			code, stdout, stderr := runCmd(t, t.Context(), append([]string{"demo"}, tc.args...)...)
+			if code != 2 {
+				t.Errorf("exit %d, want 2", code)
+			}
+			if stdout != "" {
+				t.Errorf("stdout not empty: %s", stdout)
+			}
+			first, _, _ := strings.Cut(stderr, "\n")
+			if !strings.HasPrefix(first, "netlock demo: ") || !strings.Contains(first, tc.want) {
+				t.Errorf("stderr's first line %q does not name %s", first, tc.want)
+			}
+		})
+	}
+}
+
+func TestDispatch(t *testing.T) {
+	for _, tc := range []struct {
+		args       []string
+		code       int
+		out, errOut string // substrings of stdout and stderr ("" for empty)
+	}{
+		{nil, 2, "", "Usage:"},
+		{[]string{"frobnicate"}, 2, "", `netlock: unknown command "frobnicate"`},
+		{[]string{"help"}, 0, "demo ", ""},
+		{[]string{"--help"}, 0, "demo ", ""},
+		{[]string{"-h"}, 0, "demo ", ""},
+		{[]string{"help", "demo"}, 0, "-workers", ""},
+		{[]string{"help", "nope"}, 2, "", `unknown command "nope"`},
+		{[]string{"demo", "--help"}, 0, "Usage: netlock demo [flags]", ""},
+		{[]string{"demo", "-h"}, 0, "-backend", ""},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			code, stdout, stderr := runCmd(t, t.Context(), tc.args...)
+			if code != tc.code {
+				t.Errorf("exit %d, want %d", code, tc.code)
+			}
+			for _, c := range []struct{ name, got, want string }{{"stdout", stdout, tc.out}, {"stderr", stderr, tc.errOut}} {
+				if c.want == "" && c.got != "" {
+					t.Errorf("%s not empty", c.name)
+				}
+				if !strings.Contains(c.got, c.want) {
+					t.Errorf("%s does not contain %q", c.name, c.want)
+				}
+			}
+		})
+	}
+}
