@@ -112,7 +112,7 @@ func (m *NetMutex) acquireRound(ctx context.Context, value string) (token uint64
 			answered--
 		}
 	}
-	if validity > 0 && ctx.Err() == nil {
+	if validity > 0 && ctxEnded(ctx) == nil {
 		// A hold needs a quorum granting the same token.
 		for i := range replies {
 			if !granted[i] {
@@ -131,9 +131,9 @@ func (m *NetMutex) acquireRound(ctx context.Context, value string) (token uint64
 	}
 
 	m.releaseDetached(ctx, value, cleanup)
-	switch {
-	case ctx.Err() != nil:
-		return 0, time.Time{}, 0, notObtained(context.Cause(ctx))
+	switch err := ctxEnded(ctx); {
+	case err != nil:
+		return 0, time.Time{}, 0, notObtained(err)
 	case answered < m.quorum:
 		return 0, time.Time{}, 0, &quorumError{nodes: len(m.nodes), answered: answered, need: m.quorum, errs: errs}
 	}
@@ -187,4 +187,18 @@ func (m *NetMutex) settle(replies []nodeReply) error {
 		return ErrLockLost
 	}
 	return &quorumError{nodes: len(m.nodes), answered: ok + gone, need: m.quorum, errs: errs}
+}
+
+// ctxEnded returns ctx's cause if ctx is done or its deadline has passed. A
+// client library that turns the deadline into a socket deadline (redigo does)
+// reports an i/o timeout a moment before ctx.Err is set; that is still the
+// caller's deadline, not a node failure.
+func ctxEnded(ctx context.Context) error {
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }

@@ -29,6 +29,7 @@ const (
 	maxWorkers    = 10000
 	maxIncrements = 100000
 	maxPause      = 10 * time.Second
+	defaultProcs  = 4
 )
 
 // opTimeout bounds every GET, SET, DEL and SCAN the demo sends itself (the
@@ -94,7 +95,7 @@ func parseDemoFlags(args []string, stdout, stderr io.Writer) (cfg demoConfig, co
 	fs.SetOutput(io.Discard) // errors and help are printed below
 	fs.StringVar(&cfg.redisAddr, "redis", "", "use the Redis server at `host:port` instead of the embedded one")
 	fs.IntVar(&cfg.workers, "workers", 100, "number of worker goroutines, 1 to "+strconv.Itoa(maxWorkers))
-	fs.IntVar(&cfg.procs, "procs", 4, "number of simulated processes the workers are spread over, 1 to --workers;\neach has its own Redis client and its own NetMutex")
+	fs.IntVar(&cfg.procs, "procs", 0, "number of simulated processes the workers are spread over, each with its\nown Redis client and its own NetMutex: 1 to --workers (default 4, or --workers\nif fewer)")
 	fs.IntVar(&cfg.increments, "increments", 5, "increments each worker makes, 1 to "+strconv.Itoa(maxIncrements))
 	fs.DurationVar(&cfg.pause, "pause", time.Millisecond, "pause between GET and SET, 0 to "+maxPause.String())
 	fs.StringVar(&cfg.backend, "backend", "redigo", "Redis client library: redigo or rueidis")
@@ -115,6 +116,9 @@ func parseDemoFlags(args []string, stdout, stderr io.Writer) (cfg demoConfig, co
 			printHelp(stdout)
 			return cfg, exitOK, false
 		}
+		if strings.Contains(err.Error(), "flag -pause") {
+			return bad("%v; want a duration such as 1ms, 500us or 0", err)
+		}
 		return bad("%v", err)
 	}
 	if fs.NArg() > 0 {
@@ -134,7 +138,7 @@ func parseDemoFlags(args []string, stdout, stderr io.Writer) (cfg demoConfig, co
 		return bad("--backend must be redigo or rueidis, not %q", cfg.backend)
 	}
 	if !set["procs"] {
-		cfg.procs = min(cfg.procs, cfg.workers) // the default fits any --workers
+		cfg.procs = min(defaultProcs, cfg.workers)
 	}
 	if cfg.procs < 1 || cfg.procs > cfg.workers {
 		return bad("--procs must be between 1 and --workers (%d), not %d", cfg.workers, cfg.procs)
@@ -149,11 +153,15 @@ func parseDemoFlags(args []string, stdout, stderr io.Writer) (cfg demoConfig, co
 
 // demo runs both phases and prints the report.
 func demo(ctx context.Context, cfg demoConfig, stdout, stderr io.Writer) (code int) {
-	fail := func(format string, a ...any) int {
-		fmt.Fprintf(stderr, "netlock demo: "+format+"\n", a...)
+	// fail reports err, which happened while doing what, and returns the
+	// exit code.
+	fail := func(what string, err error) int {
 		if ctx.Err() != nil {
-			return 130 // interrupted: the conventional 128+SIGINT
+			fmt.Fprintf(stderr, "netlock demo: interrupted (%s)\n", what)
+			return 130 // the conventional 128+SIGINT
 		}
+		// Joined errors are on several lines: keep the message on one.
+		fmt.Fprintf(stderr, "netlock demo: %s: %s\n", what, strings.ReplaceAll(err.Error(), "\n", "; "))
 		return exitFail
 	}
 
@@ -162,7 +170,7 @@ func demo(ctx context.Context, cfg demoConfig, stdout, stderr io.Writer) (code i
 	if addr == "" {
 		mr, err := miniredis.Run()
 		if err != nil {
-			return fail("start embedded Redis: %v", err)
+			return fail("start embedded Redis", err)
 		}
 		defer mr.Close()
 		addr, where = mr.Addr(), "embedded Redis"
@@ -186,13 +194,13 @@ func demo(ctx context.Context, cfg demoConfig, stdout, stderr io.Writer) (code i
 	for range cfg.procs {
 		c, err := dial(cfg.backend, addr, perProc)
 		if err != nil {
-			return fail("connect to %s: %v", where, err)
+			return fail("connect to "+where, err)
 		}
 		p := &process{client: c}
 		procs = append(procs, p)
 		p.mu, err = netlock.New("demo", []netlock.Backend{c.backend()}, netlock.WithPrefix(prefix))
 		if err != nil {
-			return fail("%v", err)
+			return fail("create the NetMutex", err)
 		}
 	}
 	admin := procs[0].client
@@ -209,12 +217,16 @@ func demo(ctx context.Context, cfg demoConfig, stdout, stderr io.Writer) (code i
 		}
 	}()
 	if err := admin.del(ctx, counterKey); err != nil {
-		return fail("%s does not answer: %v", where, err)
+		return fail(where+" does not answer", err)
 	}
 
-	fmt.Fprintf(stdout, "netlock demo: %s in %s, %s each, %v pause inside (%s, %s client)\n\n",
+	pause := "no pause"
+	if cfg.pause > 0 {
+		pause = cfg.pause.String() + " pause"
+	}
+	fmt.Fprintf(stdout, "netlock demo: %s in %s, %s each, %s inside (%s, %s client)\n\n",
 		plural(cfg.workers, "worker"), plural(cfg.procs, "process"), plural(cfg.increments, "increment"),
-		cfg.pause, where, cfg.backend)
+		pause, where, cfg.backend)
 
 	total := int64(cfg.workers) * int64(cfg.increments)
 	width := len(strconv.FormatInt(total, 10))
@@ -227,18 +239,18 @@ func demo(ctx context.Context, cfg demoConfig, stdout, stderr io.Writer) (code i
 
 	free, err := runPhase(ctx, "without a lock", cfg, procs, counterKey, false, stderr)
 	if err != nil {
-		return fail("phase without a lock: %v", err)
+		return fail("phase without a lock", err)
 	}
 	line("without a lock", free, "")
 
 	locked, err := runPhase(ctx, "with NetMutex", cfg, procs, counterKey, true, stderr)
 	if err != nil {
-		return fail("phase with NetMutex: %v", err)
+		return fail("phase with NetMutex", err)
 	}
 	line("with NetMutex", locked, fmt.Sprintf(", last fencing token %d", locked.lastToken))
 
 	if err := admin.del(ctx, counterKey); err != nil {
-		return fail("delete %s: %v", counterKey, err)
+		return fail("delete "+counterKey, err)
 	}
 
 	var problems []string
@@ -250,6 +262,9 @@ func demo(ctx context.Context, cfg demoConfig, stdout, stderr io.Writer) (code i
 	}
 	if locked.backwards > 0 {
 		problems = append(problems, fmt.Sprintf("%s not above the one before", plural(int(locked.backwards), "fencing token")))
+	}
+	if locked.lostHolds > 0 {
+		problems = append(problems, fmt.Sprintf("%s lost before Unlock (ErrLockLost)", plural(int(locked.lostHolds), "hold")))
 	}
 	if len(problems) > 0 {
 		fmt.Fprintf(stderr, "\nnetlock demo: FAIL: with NetMutex, %s\n", strings.Join(problems, "; "))
@@ -275,6 +290,7 @@ type phaseResult struct {
 	lastToken         uint64 // highest fencing token seen (locked phase)
 	overlaps          int64  // times a worker was in the critical section with another (locked phase)
 	backwards         int64  // tokens not above the previous holder's (locked phase)
+	lostHolds         int64  // unlocks that found the hold lost (locked phase)
 }
 
 // runPhase resets the counter, runs every worker's increments, each under its
@@ -290,7 +306,7 @@ func runPhase(ctx context.Context, label string, cfg demoConfig, procs []*proces
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var (
-		done, inside, overlaps, backwards atomic.Int64
+		done, inside, overlaps, backwards, lostHolds atomic.Int64
 		last                              atomic.Uint64
 		firstErr                          error
 		errOnce                           sync.Once
@@ -316,7 +332,12 @@ func runPhase(ctx context.Context, label string, cfg demoConfig, procs []*proces
 		}
 		err := increment(ctx, p.client, key, cfg.pause)
 		inside.Add(-1)
-		if uerr := p.mu.UnlockCtx(ctx); uerr != nil {
+		switch uerr := p.mu.UnlockCtx(ctx); {
+		case errors.Is(uerr, netlock.ErrLockLost):
+			// The lock key expired or was deleted or taken while we held
+			// it: the increment was not protected. Go on, and report it.
+			lostHolds.Add(1)
+		case uerr != nil:
 			err = errors.Join(err, fmt.Errorf("unlock: %w", uerr))
 		}
 		return err
@@ -362,6 +383,7 @@ func runPhase(ctx context.Context, label string, cfg demoConfig, procs []*proces
 	r.lastToken = last.Load()
 	r.overlaps = overlaps.Load()
 	r.backwards = backwards.Load()
+	r.lostHolds = lostHolds.Load()
 	return r, nil
 }
 

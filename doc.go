@@ -1,0 +1,72 @@
+// Package netlock provides a mutual exclusion lock shared across processes
+// and machines through Redis: a *NetMutex can replace a sync.Mutex, and the
+// code keeps working, now excluding across the network.
+//
+// # sync.Locker and the context layer
+//
+// NetMutex satisfies sync.Locker. Lock blocks until the lock is held, however
+// long the current holder keeps it; Unlock releases it. Like etcd's
+// concurrency.NewLocker, both panic when Redis cannot be asked, since
+// sync.Locker has no way to return an error; the panic value is an error
+// matching one of the sentinel errors. TryLock makes one attempt and reports
+// whether it succeeded, like sync.Mutex.TryLock.
+//
+//	mu, err := netlock.New("balance:"+account, []netlock.Backend{netlock.NewRedigo(pool)})
+//	...
+//	mu.Lock()
+//	balance := read()
+//	write(balance - amount)
+//	mu.Unlock()
+//
+// The context layer returns errors instead: LockCtx waits until ctx ends,
+// TryLockCtx makes one attempt, UnlockCtx and ExtendCtx report a hold that
+// was lost (ErrLockLost). Do runs a function under the lock, with a context
+// that is cancelled if the hold is lost.
+//
+// Goroutines of one process that share a NetMutex queue locally first, in
+// order of arrival, and only one of them at a time talks to Redis. A
+// NetMutex is safe for concurrent use; Unlock may come from a goroutine
+// other than the one that locked.
+//
+// # Holding a lock
+//
+// The lock is a Redis key, p{name} (p is the prefix, "netlock:" by default),
+// set with a random value and a TTL, the expiry (8s by default). While a
+// NetMutex is held, a watchdog extends the key every third of the expiry,
+// so the lock does not expire while its process lives, and does expire
+// within the expiry if the process dies.
+//
+// Every hold has a local deadline, measured on the monotonic clock from
+// before the acquire was sent, less a clock-drift allowance. If the deadline
+// passes without a successful extend (Redis down, partitioned, the key
+// deleted or taken), the hold is lost at that moment by the local clock,
+// whatever the network is doing: the channel from Lost is closed, Do's
+// context is cancelled, and UnlockCtx and ExtendCtx return ErrLockLost.
+// Nothing ever re-acquires a lock that lapsed.
+//
+// # Fencing
+//
+// Token returns the hold's fencing token, which strictly increases with
+// every acquisition of a lock name. A lock alone cannot stop a holder that
+// paused (a long GC, a stopped VM) past its expiry from writing after another
+// holder took over; a resource that remembers the highest token it has seen
+// and refuses writes with a lower one can. Counters are kept per Redis
+// Cluster hash slot, not per name, so locking millions of distinct names
+// leaves at most 16384 counter keys.
+//
+// # Safety limits
+//
+// A lock on Redis is only as safe as its assumptions. Clocks: the hold's
+// local deadline and the server's TTL both measure time; they must run at
+// about the same rate (within the drift factor, 1% by default). They need
+// not agree on the time of day: TTLs are always relative. Persistence: if
+// Redis restarts without its data (no AOF, or AOF without fsync), a lock it
+// held is forgotten and the fence counter may go back; run Redis with
+// appendonly yes and appendfsync always, or keep a restarted server out of
+// use for longer than the expiry. Replication is asynchronous: a replica
+// promoted after a failover may not have the lock.
+//
+// Errors name the node they came from ("netlock: node 0: ..."). Failures to
+// reach Redis match ErrQuorum; contention matches ErrNotObtained, and so does
+// a context that ended while waiting, together with the context's error.
+package netlock
