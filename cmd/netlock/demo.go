@@ -258,7 +258,7 @@ func demo(ctx context.Context, cfg demoConfig, stdout, stderr io.Writer) (code i
 		problems = append(problems, fmt.Sprintf("%d expected but %d counted", locked.expected, locked.counted))
 	}
 	if locked.overlaps > 0 {
-		problems = append(problems, fmt.Sprintf("%s, a worker entered the critical section while another was in it", plural(int(locked.overlaps), "time")))
+		problems = append(problems, fmt.Sprintf("a worker entered the critical section while another was in it %s", plural(int(locked.overlaps), "time")))
 	}
 	if locked.backwards > 0 {
 		problems = append(problems, fmt.Sprintf("%s not above the one before", plural(int(locked.backwards), "fencing token")))
@@ -307,9 +307,9 @@ func runPhase(ctx context.Context, label string, cfg demoConfig, procs []*proces
 	defer cancel(nil)
 	var (
 		done, inside, overlaps, backwards, lostHolds atomic.Int64
-		last                              atomic.Uint64
-		firstErr                          error
-		errOnce                           sync.Once
+		last                                         atomic.Uint64
+		firstErr                                     error
+		errOnce                                      sync.Once
 	)
 	failed := func(err error) {
 		errOnce.Do(func() { firstErr = err; cancel(err) })
