@@ -9,6 +9,11 @@ type keys struct {
 	fence   string // p{t}:fence, in lock's hash slot; "" when fencing is off
 }
 
+// tomb returns the tombstone key of value: p{name}:gone:<value>. A release
+// that does not find value in the lock key sets it, so that an acquire of
+// value arriving late is refused.
+func (k *keys) tomb(value string) string { return k.lock + ":gone:" + value }
+
 // newKeys derives the names for lock name under prefix. Fence counters are
 // kept per hash slot, not per name, so an application that locks millions of
 // distinct names leaves at most 16384 counter keys per prefix. The tag t is

@@ -32,18 +32,18 @@ const (
 
 // newHold starts the hold's watchdog, which extends the key while auto-extend
 // is on and declares the hold lost when until passes.
-func newHold(m *NetMutex, value string, token uint64, start, until time.Time) *hold {
+func newHold(m *NetMutex, g grant) *hold {
 	ctx, stop := context.WithCancel(context.Background())
 	h := &hold{
 		m:      m,
-		value:  value,
-		token:  token,
+		value:  g.value,
+		token:  g.token,
 		ended:  make(chan struct{}),
 		stop:   stop,
 		exited: make(chan struct{}),
-		until:  until,
+		until:  g.until,
 	}
-	go h.watch(ctx, start)
+	go h.watch(ctx, g.start)
 	return h
 }
 

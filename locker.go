@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -23,15 +24,15 @@ import (
 //
 // A NetMutex must be created with New and must not be copied after first use.
 type NetMutex struct {
-	name        string
-	cfg         config
-	nodes       []Backend
-	quorum      int
-	keys        keys
-	acquireKeys []string // lock and, with fencing, fence counter
-	lockKeys    []string // lock only
-	expiryMS    string   // cfg.expiry in ms, as the scripts take it
-	driftTerm   time.Duration
+	name      string
+	cfg       config
+	nodes     []Backend
+	quorum    int
+	keys      keys
+	lockKeys  []string // lock only
+	expiryMS  string   // cfg.expiry in ms, as the scripts take it
+	tombMS    string   // TTL of a tombstone: ten expiries
+	driftTerm time.Duration
 
 	// sem is the local queue: a goroutine owns the NetMutex in this process
 	// from its send on sem until the matching receive in UnlockCtx (or in a
@@ -49,9 +50,15 @@ type NetMutex struct {
 var _ sync.Locker = (*NetMutex)(nil)
 
 // New returns a NetMutex for the lock called name on backends: one backend is
-// a plain lock, several independent ones a quorum lock. It validates name and
-// options and returns an error naming what is wrong; it does not contact
-// Redis.
+// a plain lock; several independent deployments make a quorum lock, held
+// when a majority (len(backends)/2+1) of them grant it with the same fencing
+// token. It validates name, backends and options and returns an error naming
+// what is wrong; it does not contact Redis.
+//
+// For a quorum the backends must be independent deployments (not replicas of
+// one another, not the same server twice), and their fence counters must
+// survive restarts (appendonly yes, appendfsync always), or a node that lost
+// them must be re-seeded before it rejoins.
 //
 // Every NetMutex with the same name, prefix and backends, in any process,
 // excludes every other.
@@ -65,12 +72,19 @@ func New(name string, backends []Backend, opts ...Option) (*NetMutex, error) {
 		return nil, fmt.Errorf("netlock: lock name %q starts with '}'", name)
 	case len(backends) == 0:
 		return nil, errors.New("netlock: no backends")
-	case len(backends) > 1:
-		return nil, fmt.Errorf("netlock: %d backends: a quorum over several backends is not supported yet; pass one", len(backends))
 	}
 	for i, b := range backends {
 		if b == nil {
 			return nil, fmt.Errorf("netlock: backend %d is nil", i)
+		}
+		if !reflect.TypeOf(b).Comparable() {
+			continue
+		}
+		for j := range i {
+			if reflect.TypeOf(backends[j]).Comparable() && backends[j] == b {
+				// Two votes from one deployment would make the quorum a lie.
+				return nil, fmt.Errorf("netlock: backends %d and %d are the same", j, i)
+			}
 		}
 	}
 	cfg, err := newConfig(opts)
@@ -84,14 +98,11 @@ func New(name string, backends []Backend, opts ...Option) (*NetMutex, error) {
 		quorum:    len(backends)/2 + 1,
 		keys:      newKeys(cfg.prefix, name, cfg.fencing),
 		expiryMS:  strconv.FormatInt(cfg.expiry.Milliseconds(), 10),
+		tombMS:    strconv.FormatInt(10*cfg.expiry.Milliseconds(), 10),
 		driftTerm: cfg.driftTerm(),
 		sem:       make(chan struct{}, 1),
 	}
 	m.lockKeys = []string{m.keys.lock}
-	m.acquireKeys = m.lockKeys
-	if cfg.fencing {
-		m.acquireKeys = []string{m.keys.lock, m.keys.fence}
-	}
 	return m, nil
 }
 

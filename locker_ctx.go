@@ -2,7 +2,6 @@ package netlock
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"time"
 )
@@ -84,7 +83,7 @@ func (m *NetMutex) UnlockCtx(ctx context.Context) error {
 		return ErrNotHeld
 	}
 	wasLost := h.end()
-	err := m.settle(m.fanout(context.WithoutCancel(ctx), releaseScript, m.lockKeys, []string{h.value, m.keys.channel}, nil))
+	err := m.settle(m.release(context.WithoutCancel(ctx), h.value, nil))
 	<-m.sem
 	if wasLost {
 		return ErrLockLost
@@ -122,14 +121,12 @@ func (m *NetMutex) ExtendCtx(ctx context.Context) error {
 // just one. Between rounds it waits for the retry delay, never longer than
 // the holder's remaining TTL. The caller owns m.sem.
 func (m *NetMutex) acquire(ctx context.Context, wait bool) error {
-	value := rand.Text() // 128 random bits, fresh for every acquisition
 	b := backoff{min: m.cfg.minRetryDelay, max: m.cfg.maxRetryDelay}
 	var t *time.Timer
 	for {
-		start := time.Now()
-		token, until, busy, err := m.acquireRound(ctx, value)
+		g, busy, err := m.acquireRound(ctx)
 		if err == nil {
-			h := newHold(m, value, token, start, until)
+			h := newHold(m, g)
 			m.mu.Lock()
 			m.hold = h
 			m.mu.Unlock()

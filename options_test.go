@@ -23,6 +23,8 @@ func TestNewRejectsBadInput(t *testing.T) {
 		{"name starting with }", "}x", []Backend{good}, nil, `lock name "}x" starts with '}'`},
 		{"no backends", "n", nil, nil, "no backends"},
 		{"nil backend", "n", []Backend{b}, nil, "backend 0 is nil"},
+		{"same backend twice", "n", []Backend{good, good}, nil, "backends 0 and 1 are the same"},
+		{"nil backend in a quorum", "n", []Backend{good, b, good}, nil, "backend 1 is nil"},
 		{"nil option", "n", []Backend{good}, []Option{nil}, "option 0 is nil"},
 		{"zero expiry", "n", []Backend{good}, []Option{WithExpiry(0)}, "expiry 0s is not positive"},
 		{"negative expiry", "n", []Backend{good}, []Option{WithExpiry(-time.Second)}, "expiry -1s is not positive"},

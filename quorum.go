@@ -2,6 +2,7 @@ package netlock
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"strconv"
 	"sync"
@@ -14,7 +15,15 @@ const (
 	statusAbsent = 0  // release, extend: the key does not exist
 	statusOther  = -1 // the key holds another value
 	statusFenced = -2 // acquire: the proposed token is not above the counter
+	statusGone   = -3 // acquire: our value was already released (a late request)
 )
+
+// A grant is a successful acquire round.
+type grant struct {
+	value        string    // our lock value, fresh for this round
+	token        uint64    // fencing token (0 with fencing off)
+	start, until time.Time // when the round began; the hold's local deadline
+}
 
 // nodeReply is one node's answer to one script call.
 type nodeReply struct {
@@ -59,18 +68,22 @@ func (m *NetMutex) call(ctx context.Context, i int, s *Script, keys, args []stri
 	return nodeReply{vals: vals}
 }
 
-// acquireRound makes one attempt to acquire the lock on every node with
-// value. On success it returns the token and the hold's local deadline. On
+// acquireRound makes one attempt to acquire the lock on every node. On
+// success it returns the grant: value, token and the hold's local deadline. On
 // contention it returns ErrNotObtained and the shortest remaining TTL of a
 // holder seen (-1 if unknown), which bounds how long waiting can be useful.
 // Any other error means too few nodes answered, or ctx ended.
 //
-// On any failure it releases value on every node that did not answer
-// definitively "held by another", under a context detached from ctx: a node
-// that granted, or that may have applied our SET without our seeing the
-// reply, must not keep the key until its TTL runs out.
-func (m *NetMutex) acquireRound(ctx context.Context, value string) (token uint64, until time.Time, busy time.Duration, err error) {
-	proposal := "0" // single node: the script increments its counter
+// On any failure it releases the value on every node that did not answer
+// definitively "not taken", under a context detached from ctx: a node that
+// granted, or that may yet apply our SET without our seeing the reply, must
+// not keep the key until its TTL runs out. The release leaves a tombstone
+// where the key is not ours, so a late SET is refused whenever it arrives.
+func (m *NetMutex) acquireRound(ctx context.Context) (g grant, busy time.Duration, err error) {
+	// A fresh value every round: a request of an earlier round that is still
+	// on its way to a stalled node can then only meet its own tombstone.
+	value := rand.Text() // 128 random bits
+	proposal := "0"      // single node: the script increments its counter
 	if len(m.nodes) > 1 {
 		proposal = strconv.FormatUint(m.seen.Load()+1, 10)
 	}
@@ -78,7 +91,11 @@ func (m *NetMutex) acquireRound(ctx context.Context, value string) (token uint64
 	// starts after it, so start+validity is before any node's key expires
 	// (up to the drift allowance).
 	start := time.Now()
-	replies := m.fanout(ctx, acquireScript, m.acquireKeys, []string{value, m.expiryMS, proposal}, nil)
+	keys := []string{m.keys.lock, m.keys.tomb(value), m.keys.fence}
+	if m.keys.fence == "" {
+		keys = keys[:2]
+	}
+	replies := m.fanout(ctx, acquireScript, keys, []string{value, m.expiryMS, proposal}, nil)
 	validity := m.cfg.expiry - time.Since(start) - m.driftTerm
 
 	busy = -1
@@ -106,6 +123,7 @@ func (m *NetMutex) acquireRound(ctx context.Context, value string) (token uint64
 			if busy < 0 {
 				busy = 0 // the key is free: try again at once, with a higher ballot
 			}
+		case statusGone: // cannot happen for a fresh value; nothing to undo
 		default:
 			errs = append(errs, nodeError(i, fmt.Errorf("acquire script: unknown status %d", status)))
 			cleanup[i] = true
@@ -125,7 +143,7 @@ func (m *NetMutex) acquireRound(ctx context.Context, value string) (token uint64
 				}
 			}
 			if n >= m.quorum {
-				return uint64(replies[i].vals[1]), start.Add(validity), 0, nil
+				return grant{value: value, token: uint64(replies[i].vals[1]), start: start, until: start.Add(validity)}, 0, nil
 			}
 		}
 	}
@@ -133,11 +151,11 @@ func (m *NetMutex) acquireRound(ctx context.Context, value string) (token uint64
 	m.releaseDetached(ctx, value, cleanup)
 	switch err := ctxEnded(ctx); {
 	case err != nil:
-		return 0, time.Time{}, 0, notObtained(err)
+		return grant{}, 0, notObtained(err)
 	case answered < m.quorum:
-		return 0, time.Time{}, 0, &quorumError{nodes: len(m.nodes), answered: answered, need: m.quorum, errs: errs}
+		return grant{}, 0, &quorumError{nodes: len(m.nodes), answered: answered, need: m.quorum, errs: errs}
 	}
-	return 0, time.Time{}, busy, ErrNotObtained
+	return grant{}, busy, ErrNotObtained
 }
 
 // learn records a fence counter seen on a node, so the next ballot is above
@@ -160,8 +178,14 @@ func (m *NetMutex) releaseDetached(ctx context.Context, value string, targets []
 		any = any || t
 	}
 	if any {
-		m.fanout(context.WithoutCancel(ctx), releaseScript, m.lockKeys, []string{value, m.keys.channel}, targets)
+		m.release(context.WithoutCancel(ctx), value, targets)
 	}
+}
+
+// release runs the release script for value on the targeted nodes (all when
+// targets is nil).
+func (m *NetMutex) release(ctx context.Context, value string, targets []bool) []nodeReply {
+	return m.fanout(ctx, releaseScript, []string{m.keys.lock, m.keys.tomb(value)}, []string{value, m.keys.channel, m.tombMS}, targets)
 }
 
 // settle counts the replies of a release or extend: nil when a quorum did

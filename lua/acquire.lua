@@ -1,7 +1,8 @@
 -- acquire: take the lock if it is free, or confirm a hold that is already ours.
 --
 -- KEYS[1]  lock key, p{name}
--- KEYS[2]  fence counter, p{tag}:fence, same slot as KEYS[1]; absent when fencing is off
+-- KEYS[2]  tombstone of our value, p{name}:gone:<value> (see release.lua)
+-- KEYS[3]  fence counter, p{tag}:fence, same slot as KEYS[1]; absent when fencing is off
 -- ARGV[1]  our lock value (random, fresh for every acquisition)
 -- ARGV[2]  expiry in milliseconds (relative: PX, never an absolute time)
 -- ARGV[3]  proposed fencing token; "0" asks the node to increment its counter
@@ -14,13 +15,15 @@
 --   {-1, counter, pttl }  held by another value; pttl is its remaining TTL in
 --                         ms (-1: the key has no TTL)
 --   {-2, counter, 0    }  free, but the proposed token is not above the counter
+--   {-3, counter, 0    }  our value was already released: this request arrived
+--                         late (a node that stalled) and must not take the key
 --
 -- A key of another type makes GET fail with WRONGTYPE before anything is written.
-local fenced = #KEYS > 1
+local fenced = #KEYS > 2
 local cur = redis.call('GET', KEYS[1])
 local counter = 0
 if fenced then
-  counter = tonumber(redis.call('GET', KEYS[2]) or '0')
+  counter = tonumber(redis.call('GET', KEYS[3]) or '0')
 end
 
 if cur == ARGV[1] then
@@ -32,16 +35,19 @@ end
 if cur then
   return {-1, counter, redis.call('PTTL', KEYS[1])}
 end
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  return {-3, counter, 0}
+end
 
 local token = 0
 if fenced then
   local proposed = tonumber(ARGV[3])
   if proposed == 0 then
-    token = redis.call('INCR', KEYS[2])
+    token = redis.call('INCR', KEYS[3])
   elseif proposed <= counter then
     return {-2, counter, 0}
   else
-    redis.call('SET', KEYS[2], ARGV[3])
+    redis.call('SET', KEYS[3], ARGV[3])
     token = proposed
   end
 end

@@ -1,9 +1,14 @@
 -- release: delete the lock key only if it holds exactly our value, and tell
--- waiters on the release channel.
+-- waiters on the release channel. If our value is not there, leave a
+-- tombstone for it: an acquire of ours that is still on its way (sent to a
+-- node that stalled, and given up on) then finds it and does not take the
+-- key, whichever of the two requests the node runs first.
 --
 -- KEYS[1]  lock key, p{name}
+-- KEYS[2]  tombstone of our value, p{name}:gone:<value>
 -- ARGV[1]  our lock value
 -- ARGV[2]  release channel, p{name}:released
+-- ARGV[3]  tombstone TTL in milliseconds (relative: PX)
 --
 -- Reply, an array of one integer:
 --   { 1}  released (and published on the channel)
@@ -15,6 +20,7 @@ if cur == ARGV[1] then
   redis.call('PUBLISH', ARGV[2], '')
   return {1}
 end
+redis.call('SET', KEYS[2], '', 'PX', ARGV[3])
 if cur then
   return {-1}
 end

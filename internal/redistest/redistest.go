@@ -83,6 +83,7 @@ type Server struct {
 	dir     string
 	logPath string
 	port    int
+	busPort int // cluster bus port (--cluster-port), 0 when not a cluster node
 	addr    string
 	extra   []string
 
@@ -137,6 +138,14 @@ func (p *proc) wait(timeout time.Duration) bool {
 // the test is skipped when redis-server is not installed.
 func Start(t testing.TB, args ...string) *Server {
 	t.Helper()
+	return start(t, false, args)
+}
+
+// start is Start; with bus set it also picks a free cluster bus port and
+// passes it as --cluster-port, since the default, port+10000, may be taken or
+// above 65535.
+func start(t testing.TB, bus bool, args []string) *Server {
+	t.Helper()
 	Require(t)
 	dir := t.TempDir()
 	s := &Server{
@@ -151,12 +160,20 @@ func Start(t testing.TB, args ...string) *Server {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for attempt := 1; ; attempt++ {
-		port, err := freePort()
+		nports := 1
+		if bus {
+			nports = 2
+		}
+		ports, err := freePorts(nports)
 		if err != nil {
 			t.Fatalf("redistest: %v", err)
 			return s
 		}
+		port := ports[0]
 		s.port = port
+		if bus {
+			s.busPort = ports[1]
+		}
 		s.addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 		err = s.launchLocked()
 		if err == nil {
@@ -342,6 +359,9 @@ func (s *Server) launchLocked() error {
 		"--daemonize", "no",
 		"--logfile", "",
 	}
+	if s.busPort != 0 {
+		argv = append(argv, "--cluster-port", strconv.Itoa(s.busPort))
+	}
 	argv = append(argv, s.extra...)
 
 	f, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -437,17 +457,26 @@ func (s *Server) logTail(off int64) string {
 	return strings.TrimRight(string(data), "\n")
 }
 
-// freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
+// freePorts returns n distinct TCP ports on 127.0.0.1 that were free a
+// moment ago.
+func freePorts(n int) ([]int, error) {
+	ls := make([]net.Listener, 0, n)
+	defer func() {
+		// Closed only after all are open, so the ports are distinct.
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	ports := make([]int, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("find a free port: %w", err)
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	if err := l.Close(); err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
-	}
-	return port, nil
+	return ports, nil
 }
 
 func quoteArgs(args []string) []string {
