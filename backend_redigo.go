@@ -2,6 +2,7 @@ package netlock
 
 import (
 	"context"
+	"errors"
 	"strings"
 
 	"github.com/gomodule/redigo/redis"
@@ -42,4 +43,11 @@ func (b *redigoBackend) Eval(ctx context.Context, s *Script, keys, args []string
 		reply, err = redis.Int64s(redis.DoContext(conn, ctx, "EVAL", argv...))
 	}
 	return reply, err
+}
+
+// finalErr reports whether err is an error reply of the server or means the
+// pool was closed.
+func (b *redigoBackend) finalErr(err error) bool {
+	var reply redis.Error
+	return errors.As(err, &reply) || strings.Contains(err.Error(), "get on closed pool")
 }

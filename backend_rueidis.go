@@ -2,6 +2,7 @@ package netlock
 
 import (
 	"context"
+	"errors"
 
 	"github.com/redis/rueidis"
 )
@@ -28,4 +29,11 @@ func (b *rueidisBackend) Eval(ctx context.Context, s *Script, keys, args []strin
 		reply, err = c.Do(ctx, c.B().Eval().Script(s.Source()).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).AsIntSlice()
 	}
 	return reply, err
+}
+
+// finalErr reports whether err is an error reply of the server or means the
+// client was closed.
+func (b *rueidisBackend) finalErr(err error) bool {
+	_, reply := rueidis.IsRedisErr(err)
+	return reply || errors.Is(err, rueidis.ErrClosing)
 }

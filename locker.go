@@ -22,6 +22,11 @@ import (
 // acquire. Unlock may be called from a goroutine other than the one that
 // locked.
 //
+// After a failed acquire or an Unlock that could not reach every node, a
+// NetMutex keeps one goroutine that delivers the release to those nodes when
+// they answer again (see reaper). It ends when all have answered, when their
+// clients are closed, or after ten expiries.
+//
 // A NetMutex must be created with New and must not be copied after first use.
 type NetMutex struct {
 	name      string
@@ -45,6 +50,8 @@ type NetMutex struct {
 	// seen is the highest fence counter learned from any node: the next
 	// quorum ballot proposes seen+1.
 	seen atomic.Uint64
+
+	reaper reaper // releases still to deliver
 }
 
 var _ sync.Locker = (*NetMutex)(nil)

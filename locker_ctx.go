@@ -117,13 +117,18 @@ func (m *NetMutex) ExtendCtx(ctx context.Context) error {
 	return err
 }
 
+// maxBallots bounds the immediate retries after refused ballots: each
+// learns every answering node's counter, so one usually suffices; more are
+// needed only while other clients keep winning.
+const maxBallots = 3
+
 // acquire runs acquire rounds until one succeeds; with wait false it makes
 // just one. Between rounds it waits for the retry delay, never longer than
 // the holder's remaining TTL. The caller owns m.sem.
 func (m *NetMutex) acquire(ctx context.Context, wait bool) error {
 	b := backoff{min: m.cfg.minRetryDelay, max: m.cfg.maxRetryDelay}
 	var t *time.Timer
-	for {
+	for ballots := 0; ; {
 		g, busy, err := m.acquireRound(ctx)
 		if err == nil {
 			h := newHold(m, g)
@@ -132,9 +137,19 @@ func (m *NetMutex) acquire(ctx context.Context, wait bool) error {
 			m.mu.Unlock()
 			return nil
 		}
+		if err == errBallot && ballots < maxBallots {
+			// The lock is free; the retry proposes above the counters just
+			// learned. Part of one attempt, even for TryLock.
+			ballots++
+			continue
+		}
+		if err == errBallot {
+			err = ErrNotObtained
+		}
 		if err != ErrNotObtained || !wait {
 			return err
 		}
+		ballots = 0
 		d := b.next(busy)
 		if t == nil {
 			t = time.NewTimer(d)

@@ -68,10 +68,15 @@ func (m *NetMutex) call(ctx context.Context, i int, s *Script, keys, args []stri
 	return nodeReply{vals: vals}
 }
 
+// errBallot is acquireRound's contention error when the lock is free but the
+// proposed token was refused: the attempt should be repeated at once.
+var errBallot = &wrapError{msg: ErrNotObtained.Error() + ": fencing ballot refused", err: ErrNotObtained}
+
 // acquireRound makes one attempt to acquire the lock on every node. On
 // success it returns the grant: value, token and the hold's local deadline. On
 // contention it returns ErrNotObtained and the shortest remaining TTL of a
-// holder seen (-1 if unknown), which bounds how long waiting can be useful.
+// holder seen (-1 if unknown), which bounds how long waiting can be useful;
+// errBallot if the lock is free but its ballot was refused.
 // Any other error means too few nodes answered, or ctx ended.
 //
 // On any failure it releases the value on every node that did not answer
@@ -99,6 +104,7 @@ func (m *NetMutex) acquireRound(ctx context.Context) (g grant, busy time.Duratio
 	validity := m.cfg.expiry - time.Since(start) - m.driftTerm
 
 	busy = -1
+	fenced := false // a node refused our ballot: its counter was higher
 	var errs []error
 	answered := 0
 	granted := make([]bool, len(replies)) // granted, for the token in vals[1]
@@ -120,9 +126,7 @@ func (m *NetMutex) acquireRound(ctx context.Context) (g grant, busy time.Duratio
 				busy = pttl
 			}
 		case statusFenced:
-			if busy < 0 {
-				busy = 0 // the key is free: try again at once, with a higher ballot
-			}
+			fenced = true
 		case statusGone: // cannot happen for a fresh value; nothing to undo
 		default:
 			errs = append(errs, nodeError(i, fmt.Errorf("acquire script: unknown status %d", status)))
@@ -155,6 +159,12 @@ func (m *NetMutex) acquireRound(ctx context.Context) (g grant, busy time.Duratio
 	case answered < m.quorum:
 		return grant{}, 0, &quorumError{nodes: len(m.nodes), answered: answered, need: m.quorum, errs: errs}
 	}
+	if fenced && busy < 0 {
+		// No node is held by another: the lock is free, and we lost only on
+		// ballots. We have now learned the higher counters: a retry at once
+		// proposes above them.
+		return grant{}, 0, errBallot
+	}
 	return grant{}, busy, ErrNotObtained
 }
 
@@ -183,9 +193,12 @@ func (m *NetMutex) releaseDetached(ctx context.Context, value string, targets []
 }
 
 // release runs the release script for value on the targeted nodes (all when
-// targets is nil).
+// targets is nil). Nodes that could not be asked get the release again later,
+// from the reaper.
 func (m *NetMutex) release(ctx context.Context, value string, targets []bool) []nodeReply {
-	return m.fanout(ctx, releaseScript, []string{m.keys.lock, m.keys.tomb(value)}, []string{value, m.keys.channel, m.tombMS}, targets)
+	replies := m.fanout(ctx, releaseScript, []string{m.keys.lock, m.keys.tomb(value)}, []string{value, m.keys.channel, m.tombMS}, targets)
+	m.reapLater(value, replies, targets)
+	return replies
 }
 
 // settle counts the replies of a release or extend: nil when a quorum did
