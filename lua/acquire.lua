@@ -8,6 +8,10 @@
 -- ARGV[3]  proposed fencing token; "0" asks the node to increment its counter
 --          (single node), any other value is a ballot (quorum)
 --
+-- The key holds "<value>:<token>", so that a retry of our own request can
+-- return the token it was granted with (the fence counter is shared by every
+-- name in the slot and may have moved on since).
+--
 -- Reply, always an array of three integers:
 --   { 1, token,   0    }  acquired; or the key already held our value (a retry
 --                         of our own request): its TTL is refreshed and the
@@ -26,11 +30,10 @@ if fenced then
   counter = tonumber(redis.call('GET', KEYS[3]) or '0')
 end
 
-if cur == ARGV[1] then
-  -- Our own value: no grant can have happened since ours (grants need the key
-  -- to be absent), so the counter still holds our token.
+local mine = ARGV[1] .. ':'
+if cur and string.sub(cur, 1, #mine) == mine then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, counter, 0}
+  return {1, tonumber(string.sub(cur, #mine + 1)), 0}
 end
 if cur then
   return {-1, counter, redis.call('PTTL', KEYS[1])}
@@ -51,5 +54,5 @@ if fenced then
     token = proposed
   end
 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('SET', KEYS[1], mine .. string.format('%d', token), 'PX', ARGV[2])
 return {1, token, 0}

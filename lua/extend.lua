@@ -2,7 +2,7 @@
 -- re-creates an absent key: a hold that lapsed stays lapsed.
 --
 -- KEYS[1]  lock key, p{name}
--- ARGV[1]  our lock value
+-- ARGV[1]  our lock value; the key holds "<value>:<token>" (see acquire.lua)
 -- ARGV[2]  expiry in milliseconds (relative: PEXPIRE)
 --
 -- Reply, an array of one integer:
@@ -10,7 +10,8 @@
 --   { 0}  absent: the key expired or was deleted
 --   {-1}  held by another value: not ours, left untouched
 local cur = redis.call('GET', KEYS[1])
-if cur == ARGV[1] then
+local mine = ARGV[1] .. ':'
+if cur and string.sub(cur, 1, #mine) == mine then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1}
 end

@@ -6,7 +6,7 @@
 --
 -- KEYS[1]  lock key, p{name}
 -- KEYS[2]  tombstone of our value, p{name}:gone:<value>
--- ARGV[1]  our lock value
+-- ARGV[1]  our lock value; the key holds "<value>:<token>" (see acquire.lua)
 -- ARGV[2]  release channel, p{name}:released
 -- ARGV[3]  tombstone TTL in milliseconds (relative: PX)
 --
@@ -15,7 +15,8 @@
 --   { 0}  absent: the key expired or was deleted
 --   {-1}  held by another value: not ours, left untouched
 local cur = redis.call('GET', KEYS[1])
-if cur == ARGV[1] then
+local mine = ARGV[1] .. ':'
+if cur and string.sub(cur, 1, #mine) == mine then
   redis.call('DEL', KEYS[1])
   redis.call('PUBLISH', ARGV[2], '')
   return {1}
