@@ -2,7 +2,9 @@ package netlock
 
 import (
 	"context"
+	"errors"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -94,6 +96,11 @@ type finalErrer interface {
 }
 
 func finalErr(b Backend, err error) bool {
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		// Nothing listens: whatever we sent to the node before died with
+		// its process (and a key it had persisted keeps its TTL).
+		return true
+	}
 	f, ok := b.(finalErrer)
 	return ok && f.finalErr(err)
 }

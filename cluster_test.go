@@ -1,0 +1,270 @@
+package netlock
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/netlock-go/netlock/internal/redistest"
+)
+
+// TestCluster runs netlock on a real 3-master Redis Cluster through rueidis
+// cluster clients. The subtests share the cluster and use distinct names.
+func TestCluster(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	// Runs after the subtests have closed their clients.
+	t.Cleanup(func() { waitRueidisDelayedCloses(t) })
+	t.Run("ManyNames", func(t *testing.T) { testClusterManyNames(t, cluster) })
+	t.Run("Fencing", func(t *testing.T) { testClusterFencing(t, cluster) })
+	t.Run("MutualExclusion", func(t *testing.T) { testClusterMutualExclusion(t, cluster) })
+}
+
+// waitRueidisDelayedCloses waits (at most 10s) until goroutines that a
+// rueidis cluster client starts to close a superseded connection five seconds
+// later have ended, so that goleak in TestMain does not report them. NewClient
+// usually starts some: it dials every InitAddress concurrently, returns after
+// the first dial, and its topology refresh then supersedes the connections
+// the other dials add meanwhile (rueidis v1.0.79, cluster.go, _refresh).
+func waitRueidisDelayedCloses(t testing.TB) {
+	t.Helper()
+	start := time.Now()
+	buf := make([]byte, 1<<16)
+	for {
+		n := runtime.Stack(buf, true)
+		if n == len(buf) {
+			buf = make([]byte, 2*len(buf))
+			continue
+		}
+		stacks := string(buf[:n])
+		if !strings.Contains(stacks, "created by github.com/redis/rueidis.(*clusterClient)._refresh") &&
+			!strings.Contains(stacks, "created by github.com/redis/rueidis.(*clusterClient).redirectOrNew") {
+			if d := time.Since(start); d > 100*time.Millisecond {
+				t.Logf("waited %v for rueidis's delayed connection closes", d.Round(time.Millisecond))
+			}
+			return
+		}
+		if time.Since(start) > 10*time.Second {
+			t.Logf("rueidis's delayed connection closes still pending after 10s; goleak will report them")
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// newClusterClient returns a rueidis cluster client of its own, as another
+// process would have; it is closed when the test ends.
+func newClusterClient(t testing.TB, cluster *redistest.Cluster) rueidis.Client {
+	t.Helper()
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: cluster.Addrs(), DisableCache: true})
+	if err != nil {
+		t.Fatalf("rueidis.NewClient(%q): %v", cluster.Addrs(), err)
+	}
+	t.Cleanup(c.Close)
+	if _, ok := c.Nodes()[cluster.Addrs()[0]]; !ok || len(c.Nodes()) != len(cluster.Addrs()) {
+		t.Fatalf("rueidis client nodes %v, want the cluster's %q", nodeAddrs(c), cluster.Addrs())
+	}
+	return c
+}
+
+func nodeAddrs(c rueidis.Client) []string {
+	var addrs []string
+	for a := range c.Nodes() {
+		addrs = append(addrs, a)
+	}
+	return addrs
+}
+
+// clusterInt runs cmd on the cluster client, which routes it by key slot,
+// and returns its integer reply.
+func clusterInt(t testing.TB, c rueidis.Client, cmd rueidis.Completed) int64 {
+	t.Helper()
+	n, err := c.Do(context.Background(), cmd).AsInt64()
+	if err != nil {
+		t.Fatalf("%q: %v", cmd.Commands(), err)
+	}
+	return n
+}
+
+// ownerOf returns the address of the node that serves key: the other nodes
+// answer with a MOVED redirection.
+func ownerOf(t testing.TB, cluster *redistest.Cluster, key string) string {
+	t.Helper()
+	owner := ""
+	for _, s := range cluster.Servers() {
+		_, err := s.Do("EXISTS", key)
+		switch {
+		case err == nil && owner == "":
+			owner = s.Addr()
+		case err == nil:
+			t.Fatalf("both %s and %s serve %q", owner, s.Addr(), key)
+		case !strings.HasPrefix(err.Error(), "MOVED "):
+			t.Fatalf("EXISTS %q on %s: %v", key, s.Addr(), err)
+		}
+	}
+	if owner == "" {
+		t.Fatalf("no node serves %q", key)
+	}
+	return owner
+}
+
+// failOnCrossSlot names a CROSSSLOT error, which would mean a script's keys
+// were not all in one slot.
+func failOnCrossSlot(t testing.TB, what string, err error) {
+	t.Helper()
+	if err == nil {
+		return
+	}
+	if strings.Contains(err.Error(), "CROSSSLOT") {
+		t.Fatalf("%s: CROSSSLOT error: %v", what, err)
+	}
+	t.Fatalf("%s: %v", what, err)
+}
+
+func testClusterManyNames(t *testing.T, cluster *redistest.Cluster) {
+	client := newClusterClient(t, cluster)
+	b := NewRueidis(client)
+	const names = 50
+	owners := map[string]int{}
+	slots := map[uint16]bool{}
+	for i := range names {
+		name := fmt.Sprintf("many-%d", i)
+		m, err := New(name, []Backend{b})
+		if err != nil {
+			t.Fatalf("New(%q): %v", name, err)
+		}
+		key := "netlock:{" + name + "}"
+		if m.keys.lock != key {
+			t.Fatalf("lock key of %q = %q, want %q", name, m.keys.lock, key)
+		}
+		slots[keySlot(key)] = true
+
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err = m.LockCtx(ctx)
+		cancel()
+		failOnCrossSlot(t, "LockCtx("+name+")", err)
+		if m.Token() == 0 {
+			t.Errorf("%s: Token() = 0 with fencing on", name)
+		}
+		if n := clusterInt(t, client, client.B().Exists().Key(key).Build()); n != 1 {
+			t.Fatalf("%s: EXISTS %s = %d while locked", name, key, n)
+		}
+		owners[ownerOf(t, cluster, key)]++
+
+		ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
+		err = m.ExtendCtx(ctx)
+		cancel()
+		failOnCrossSlot(t, "ExtendCtx("+name+")", err)
+		if ms := clusterInt(t, client, client.B().Pttl().Key(key).Build()); ms <= 0 || ms > DefaultExpiry.Milliseconds() {
+			t.Fatalf("%s: PTTL %s = %d after ExtendCtx, want in (0, %d]", name, key, ms, DefaultExpiry.Milliseconds())
+		}
+
+		failOnCrossSlot(t, "UnlockCtx("+name+")", m.UnlockCtx(context.Background()))
+		if n := clusterInt(t, client, client.B().Exists().Key(key).Build()); n != 0 {
+			t.Fatalf("%s: EXISTS %s = %d after unlock", name, key, n)
+		}
+	}
+	if len(slots) < names-2 {
+		t.Errorf("%d names fell in only %d slots", names, len(slots))
+	}
+	if len(owners) != len(cluster.Addrs()) {
+		t.Errorf("names spread over %d nodes, want all %d: %v", len(owners), len(cluster.Addrs()), owners)
+	}
+	t.Logf("%d names in %d slots, per node: %v", names, len(slots), owners)
+}
+
+func testClusterFencing(t *testing.T, cluster *redistest.Cluster) {
+	const name, clients, rounds = "fenced", 3, 10
+	ms := make([]*NetMutex, clients)
+	var check rueidis.Client
+	for i := range ms {
+		c := newClusterClient(t, cluster)
+		check = c
+		m, err := New(name, []Backend{NewRueidis(c)})
+		if err != nil {
+			t.Fatalf("New(%q): %v", name, err)
+		}
+		ms[i] = m
+	}
+
+	m := ms[0]
+	lockSlot := clusterInt(t, check, check.B().ClusterKeyslot().Key(m.keys.lock).Build())
+	fenceSlot := clusterInt(t, check, check.B().ClusterKeyslot().Key(m.keys.fence).Build())
+	if lockSlot != fenceSlot || lockSlot != int64(keySlot(m.keys.lock)) {
+		t.Fatalf("CLUSTER KEYSLOT: lock key %q in slot %d, fence key %q in slot %d; keySlot = %d",
+			m.keys.lock, lockSlot, m.keys.fence, fenceSlot, keySlot(m.keys.lock))
+	}
+	if lockOwner, fenceOwner := ownerOf(t, cluster, m.keys.lock), ownerOf(t, cluster, m.keys.fence); lockOwner != fenceOwner {
+		t.Fatalf("lock key on %s, fence key on %s", lockOwner, fenceOwner)
+	}
+
+	var last uint64
+	for r := range rounds {
+		for i, m := range ms {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			err := m.LockCtx(ctx)
+			cancel()
+			failOnCrossSlot(t, fmt.Sprintf("round %d, client %d: LockCtx", r, i), err)
+			tok := m.Token()
+			if tok <= last {
+				t.Fatalf("round %d, client %d: token %d after %d, want strictly increasing", r, i, tok, last)
+			}
+			last = tok
+			failOnCrossSlot(t, fmt.Sprintf("round %d, client %d: UnlockCtx", r, i), m.UnlockCtx(context.Background()))
+		}
+	}
+	// Nothing else uses this slot meanwhile, so the counter is the last token.
+	counter, err := check.Do(context.Background(), check.B().Get().Key(m.keys.fence).Build()).AsUint64()
+	if err != nil || counter != last {
+		t.Fatalf("GET %s = %d, %v; want the last token %d", m.keys.fence, counter, err, last)
+	}
+}
+
+func testClusterMutualExclusion(t *testing.T, cluster *redistest.Cluster) {
+	const name, clients, rounds = "excluded", 4, 20
+	var s section
+	var mu sync.Mutex
+	var order []uint64 // tokens in the order of the critical sections
+	var wg sync.WaitGroup
+	for i := range clients {
+		m, err := New(name, []Backend{NewRueidis(newClusterClient(t, cluster))})
+		if err != nil {
+			t.Fatalf("New(%q): %v", name, err)
+		}
+		wg.Go(func() {
+			for r := range rounds {
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				err := m.LockCtx(ctx)
+				cancel()
+				if err != nil {
+					t.Errorf("client %d, round %d: LockCtx: %v", i, r, err)
+					return
+				}
+				mu.Lock()
+				order = append(order, m.Token())
+				mu.Unlock()
+				s.run(200 * time.Microsecond)
+				if err := m.UnlockCtx(context.Background()); err != nil {
+					t.Errorf("client %d, round %d: UnlockCtx: %v", i, r, err)
+					return
+				}
+			}
+		})
+	}
+	within(t, 60*time.Second, "4 clients x 20 rounds", wg.Wait)
+	s.check(t, clients*rounds)
+	for j := 1; j < len(order); j++ {
+		if order[j] <= order[j-1] {
+			t.Errorf("token %d granted after %d", order[j], order[j-1])
+		}
+	}
+	client := newClusterClient(t, cluster)
+	if n := clusterInt(t, client, client.B().Exists().Key("netlock:{"+name+"}").Build()); n != 0 {
+		t.Errorf("lock key left behind after the last unlock")
+	}
+}
