@@ -44,6 +44,26 @@
 // context is cancelled, and UnlockCtx and ExtendCtx return ErrLockLost.
 // Nothing ever re-acquires a lock that lapsed.
 //
+// # Quorum
+//
+// New with several backends, each an independent Redis deployment (a single
+// server, a primary with replicas, or a Redis Cluster), makes a quorum lock
+// in the manner of Redlock: the acquire is sent to all nodes in parallel,
+// each call bounded by the node timeout, and the lock is held when a
+// majority (len/2+1) granted it with the same fencing token while time is
+// left: validity = expiry - elapsed - (expiry*drift + 2ms), with elapsed
+// measured on the monotonic clock from before anything was sent. Extend and
+// release also need a majority. Any majority of nodes survives the loss or
+// stall of the others; a majority down gives ErrQuorum, naming each failed
+// node, within the node timeout.
+//
+// A failed or cancelled acquire releases on every node that may hold its
+// value, under a context the caller's cancellation does not reach; nodes
+// that cannot be asked get the release again later from a small per-NetMutex
+// goroutine. A release that does not find its value leaves a tombstone, so an
+// acquire still on its way to a stalled node is refused when it arrives. A
+// caller whose context ended never ends up holding the lock.
+//
 // # Fencing
 //
 // Token returns the hold's fencing token, which strictly increases with
@@ -53,6 +73,16 @@
 // and refuses writes with a lower one can. Counters are kept per Redis
 // Cluster hash slot, not per name, so locking millions of distinct names
 // leaves at most 16384 counter keys.
+//
+// Over a quorum, tokens come from a ballot: the client proposes one above
+// the highest counter it has seen; a node grants only if the lock key is
+// absent and the proposal is above its counter, which it then takes; a
+// refusal teaches the client the higher counter. A hold needs a majority
+// granting the same token. Any two majorities share a node, and every node
+// accepts only increasing tokens, so tokens are unique and increase in the
+// order holds were acquired, as long as the counters survive: run Redis with
+// appendonly yes and appendfsync always, or re-seed a node that lost its
+// data (set its counters to the highest of the others') before it rejoins.
 //
 // # Safety limits
 //
@@ -64,7 +94,8 @@
 // held is forgotten and the fence counter may go back; run Redis with
 // appendonly yes and appendfsync always, or keep a restarted server out of
 // use for longer than the expiry. Replication is asynchronous: a replica
-// promoted after a failover may not have the lock.
+// promoted after a failover may not have the lock; a quorum of independent
+// deployments does not depend on replication.
 //
 // Errors name the node they came from ("netlock: node 0: ..."). Failures to
 // reach Redis match ErrQuorum; contention matches ErrNotObtained, and so does

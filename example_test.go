@@ -121,3 +121,60 @@ func ExampleDo() {
 	fmt.Println(question, err)
 	// Output: What is the capital of Norway? <nil>
 }
+
+// A fenced resource accepts a write only with a token at least as high as
+// the highest it has seen. A holder that paused past its expiry (a long GC,
+// a stopped VM) wakes up still believing it holds the lock; its stale token
+// gives it away.
+func ExampleNetMutex_Token() {
+	srv := miniredis.NewMiniRedis()
+	if err := srv.Start(); err != nil {
+		panic(err)
+	}
+	defer srv.Close()
+	pool := newPool(srv.Addr())
+	defer pool.Close()
+	backends := []netlock.Backend{netlock.NewRedigo(pool)}
+
+	storage := &fencedStorage{}
+	a, _ := netlock.New("invoice-42", backends, netlock.WithExpiry(time.Second), netlock.WithAutoExtend(false))
+	b, _ := netlock.New("invoice-42", backends)
+
+	a.Lock()
+	tokenA := a.Token()
+	srv.FastForward(2 * time.Second) // a pauses past its expiry
+
+	b.Lock() // b takes over and writes
+	fmt.Println("b writes:", storage.write(b.Token(), "paid by b"))
+	b.Unlock()
+
+	// a wakes up and writes with its old token.
+	fmt.Println("a writes:", storage.write(tokenA, "paid by a"))
+	fmt.Println("a's extend:", a.ExtendCtx(context.Background()))
+	fmt.Println("a's unlock:", a.UnlockCtx(context.Background()))
+	fmt.Println("stored:", storage.value)
+	// Output:
+	// b writes: <nil>
+	// a writes: stale token 1, already saw 2
+	// a's extend: netlock: lock lost
+	// a's unlock: netlock: lock lost
+	// stored: paid by b
+}
+
+// fencedStorage stands for a database row or a file store that checks
+// fencing tokens.
+type fencedStorage struct {
+	mu      sync.Mutex
+	highest uint64
+	value   string
+}
+
+func (s *fencedStorage) write(token uint64, value string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if token < s.highest {
+		return fmt.Errorf("stale token %d, already saw %d", token, s.highest)
+	}
+	s.highest, s.value = token, value
+	return nil
+}
