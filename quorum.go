@@ -68,15 +68,16 @@ func (m *NetMutex) call(ctx context.Context, i int, s *Script, keys, args []stri
 	return nodeReply{vals: vals}
 }
 
-// errBallot is acquireRound's contention error when the lock is free but the
-// proposed token was refused: the attempt should be repeated at once.
+// errBallot is acquireRound's contention error when the key is free on a
+// quorum of nodes but the proposed token was refused: the attempt should be
+// repeated at once.
 var errBallot = &wrapError{msg: ErrNotObtained.Error() + ": fencing ballot refused", err: ErrNotObtained}
 
 // acquireRound makes one attempt to acquire the lock on every node. On
 // success it returns the grant: value, token and the hold's local deadline. On
 // contention it returns ErrNotObtained and the shortest remaining TTL of a
 // holder seen (-1 if unknown), which bounds how long waiting can be useful;
-// errBallot if the lock is free but its ballot was refused.
+// errBallot if the key is free on a quorum but its ballot was refused.
 // Any other error means too few nodes answered, or ctx ended.
 //
 // On any failure it releases the value on every node that did not answer
@@ -104,7 +105,7 @@ func (m *NetMutex) acquireRound(ctx context.Context) (g grant, busy time.Duratio
 	validity := m.cfg.expiry - time.Since(start) - m.driftTerm
 
 	busy = -1
-	fenced := false // a node refused our ballot: its counter was higher
+	fenced := 0 // nodes that refused our ballot: their counters were higher
 	var errs []error
 	answered := 0
 	granted := make([]bool, len(replies)) // granted, for the token in vals[1]
@@ -126,7 +127,7 @@ func (m *NetMutex) acquireRound(ctx context.Context) (g grant, busy time.Duratio
 				busy = pttl
 			}
 		case statusFenced:
-			fenced = true
+			fenced++
 		case statusGone: // cannot happen for a fresh value; nothing to undo
 		default:
 			errs = append(errs, nodeError(i, fmt.Errorf("acquire script: unknown status %d", status)))
@@ -159,8 +160,14 @@ func (m *NetMutex) acquireRound(ctx context.Context) (g grant, busy time.Duratio
 	case answered < m.quorum:
 		return grant{}, 0, &quorumError{nodes: len(m.nodes), answered: answered, need: m.quorum, errs: errs}
 	}
-	if fenced && busy < 0 {
-		// No node is held by another: the lock is free, and we lost only on
+	nGranted := 0
+	for _, g := range granted {
+		if g {
+			nGranted++
+		}
+	}
+	if fenced > 0 && nGranted+fenced >= m.quorum {
+		// The nodes where the key is free make a quorum: we lost only on
 		// ballots. We have now learned the higher counters: a retry at once
 		// proposes above them.
 		return grant{}, 0, errBallot
