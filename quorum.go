@@ -105,7 +105,7 @@ func (m *NetMutex) acquireRound(ctx context.Context) (g grant, busy time.Duratio
 	validity := m.cfg.expiry - time.Since(start) - m.driftTerm
 
 	busy = -1
-	fenced := 0 // nodes that refused our ballot: their counters were higher
+	nGranted, fenced := 0, 0 // fenced: nodes whose counters were above our ballot
 	var errs []error
 	answered := 0
 	granted := make([]bool, len(replies)) // granted, for the token in vals[1]
@@ -122,6 +122,7 @@ func (m *NetMutex) acquireRound(ctx context.Context) (g grant, busy time.Duratio
 		switch status {
 		case statusOK:
 			granted[i], cleanup[i] = true, true
+			nGranted++
 		case statusOther:
 			if pttl := time.Duration(r.vals[2]) * time.Millisecond; pttl >= 0 && (busy < 0 || pttl < busy) {
 				busy = pttl
@@ -159,12 +160,6 @@ func (m *NetMutex) acquireRound(ctx context.Context) (g grant, busy time.Duratio
 		return grant{}, 0, notObtained(err)
 	case answered < m.quorum:
 		return grant{}, 0, &quorumError{nodes: len(m.nodes), answered: answered, need: m.quorum, errs: errs}
-	}
-	nGranted := 0
-	for _, g := range granted {
-		if g {
-			nGranted++
-		}
 	}
 	if fenced > 0 && nGranted+fenced >= m.quorum {
 		// The nodes where the key is free make a quorum: we lost only on
