@@ -533,6 +533,25 @@ func checkQuorum(rt *rapid.T, nNodes int, stats map[string]int) {
 		stats[name]++
 	}
 
+	// drawNode draws a node that is up (or down), and reports false if
+	// there is none.
+	drawNode := func(rt *rapid.T, up bool) (int, bool) {
+		var ks []int
+		for k, n := range nodes {
+			if n.up == up {
+				ks = append(ks, k)
+			}
+		}
+		if len(ks) == 0 {
+			return 0, false
+		}
+		what := "down node"
+		if up {
+			what = "up node"
+		}
+		return ks[rapid.IntRange(0, len(ks)-1).Draw(rt, what)], true
+	}
+
 	rt.Repeat(map[string]func(*rapid.T){
 		"TryLockCtx": func(rt *rapid.T) {
 			i := client.Draw(rt, "client")
@@ -693,17 +712,11 @@ func checkQuorum(rt *rapid.T, nNodes int, stats map[string]int) {
 			step("advance time")
 		},
 		"node down": func(rt *rapid.T) {
-			var ups []int
-			for k, n := range nodes {
-				if n.up {
-					ups = append(ups, k)
-				}
-			}
-			if len(ups) == 0 {
+			k, ok := drawNode(rt, true)
+			if !ok {
 				step("node down/none")
 				return
 			}
-			k := ups[rapid.IntRange(0, len(ups)-1).Draw(rt, "up node")]
 			n := nodes[k]
 			if rapid.Bool().Draw(rt, "partition") {
 				n.partitioned.Store(true) // first: no new connection from now on
@@ -717,17 +730,11 @@ func checkQuorum(rt *rapid.T, nNodes int, stats map[string]int) {
 			n.up = false
 		},
 		"node up": func(rt *rapid.T) {
-			var downs []int
-			for k, n := range nodes {
-				if !n.up {
-					downs = append(downs, k)
-				}
-			}
-			if len(downs) == 0 {
+			k, ok := drawNode(rt, false)
+			if !ok {
 				step("node up/none")
 				return
 			}
-			k := downs[rapid.IntRange(0, len(downs)-1).Draw(rt, "down node")]
 			n := nodes[k]
 			n.gen.Add(1) // before: a connection of the new server is never dropped
 			if err := n.srv.Restart(); err != nil {
@@ -762,17 +769,11 @@ func checkQuorum(rt *rapid.T, nNodes int, stats map[string]int) {
 			step("node up")
 		},
 		"SCRIPT FLUSH": func(rt *rapid.T) {
-			var ups []int
-			for k, n := range nodes {
-				if n.up {
-					ups = append(ups, k)
-				}
-			}
-			if len(ups) == 0 {
+			k, ok := drawNode(rt, true)
+			if !ok {
 				step("SCRIPT FLUSH/none")
 				return
 			}
-			k := ups[rapid.IntRange(0, len(ups)-1).Draw(rt, "up node")]
 			conn, err := redis.Dial("tcp", nodes[k].addr)
 			if err != nil {
 				rt.Fatal(err)
@@ -784,17 +785,11 @@ func checkQuorum(rt *rapid.T, nNodes int, stats map[string]int) {
 			step("SCRIPT FLUSH")
 		},
 		"delete key behind its back": func(rt *rapid.T) {
-			var ups []int
-			for k, n := range nodes {
-				if n.up {
-					ups = append(ups, k)
-				}
-			}
-			if len(ups) == 0 {
+			k, ok := drawNode(rt, true)
+			if !ok {
 				step("delete key/none")
 				return
 			}
-			k := ups[rapid.IntRange(0, len(ups)-1).Draw(rt, "up node")]
 			nodes[k].srv.Del(lockKey)
 			nodes[k].key = quorumKey{}
 			step("delete key")
