@@ -11,15 +11,26 @@ import (
 // NewRedigo returns a Backend that runs scripts on connections from pool.
 // The pool is the caller's to configure and close. Each call takes a
 // connection with pool.GetContext and returns it when done.
+//
+// While waiters of the Backend are waiting for a lock, it keeps one more
+// connection, dialed with the pool's Dial (or DialContext) function and kept
+// out of the pool, subscribed to the release channels: it is closed shortly
+// after the last wait ends. A pool without a Dial function is fine, its
+// waiters poll.
 func NewRedigo(pool *redis.Pool) Backend {
 	if pool == nil {
 		return nil // New names the nil backend
 	}
-	return &redigoBackend{pool: pool}
+	b := &redigoBackend{pool: pool}
+	if pool.Dial != nil || pool.DialContext != nil {
+		b.hub = newHub(b.dialPubSub)
+	}
+	return b
 }
 
 type redigoBackend struct {
 	pool *redis.Pool
+	hub  *hub // nil if the pool cannot dial
 }
 
 func (b *redigoBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
@@ -51,3 +62,58 @@ func (b *redigoBackend) finalErr(err error) bool {
 	var reply redis.Error
 	return errors.As(err, &reply) || strings.Contains(err.Error(), "get on closed pool")
 }
+
+// pubsub returns the backend's hub, which dials its pub/sub connection with
+// the pool's Dial function (outside the pool: it is not returned to it, and
+// does not count against MaxActive). It returns nil, so waiters poll, if the
+// pool has no Dial function.
+func (b *redigoBackend) pubsub() *hub { return b.hub }
+
+func (b *redigoBackend) dialPubSub(ctx context.Context) (psConn, error) {
+	var conn redis.Conn
+	var err error
+	switch p := b.pool; {
+	case p.DialContext != nil:
+		conn, err = p.DialContext(ctx)
+	default:
+		conn, err = p.Dial()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &redigoPubSub{psc: redis.PubSubConn{Conn: conn}}, nil
+}
+
+type redigoPubSub struct {
+	psc redis.PubSubConn
+}
+
+func (c *redigoPubSub) subscribe(_ context.Context, channel string) error {
+	return c.psc.Subscribe(channel)
+}
+
+func (c *redigoPubSub) unsubscribe(_ context.Context, channel string) error {
+	return c.psc.Unsubscribe(channel)
+}
+
+func (c *redigoPubSub) receive() (psEvent, error) {
+	for {
+		// No read deadline: the connection idles while the lock is held,
+		// however long that is. close ends the wait.
+		switch v := c.psc.ReceiveWithTimeout(0).(type) {
+		case redis.Message:
+			return psEvent{kind: psMessage, channel: v.Channel}, nil
+		case redis.Subscription:
+			switch v.Kind {
+			case "subscribe":
+				return psEvent{kind: psSubscribed, channel: v.Channel}, nil
+			case "unsubscribe":
+				return psEvent{kind: psUnsubscribed, channel: v.Channel}, nil
+			}
+		case error:
+			return psEvent{}, v
+		}
+	}
+}
+
+func (c *redigoPubSub) close() { c.psc.Close() }

@@ -3,6 +3,7 @@ package netlock
 import (
 	"context"
 	"errors"
+	"sync"
 
 	"github.com/redis/rueidis"
 )
@@ -11,15 +12,22 @@ import (
 // sentinel or cluster client. In a cluster, all keys of one lock share a hash
 // slot, so scripts are routed to one node and never fail with CROSSSLOT. The
 // client is the caller's to close.
+//
+// While waiters of the Backend are waiting for a lock, it keeps one
+// dedicated connection of client (Client.Dedicate) subscribed to the release
+// channels; it is closed shortly after the last wait ends.
 func NewRueidis(client rueidis.Client) Backend {
 	if client == nil {
 		return nil // New names the nil backend
 	}
-	return &rueidisBackend{client: client}
+	b := &rueidisBackend{client: client}
+	b.hub = newHub(b.dialPubSub)
+	return b
 }
 
 type rueidisBackend struct {
 	client rueidis.Client
+	hub    *hub
 }
 
 func (b *rueidisBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
@@ -36,4 +44,87 @@ func (b *rueidisBackend) Eval(ctx context.Context, s *Script, keys, args []strin
 func (b *rueidisBackend) finalErr(err error) bool {
 	_, reply := rueidis.IsRedisErr(err)
 	return reply || errors.Is(err, rueidis.ErrClosing)
+}
+
+func (b *rueidisBackend) pubsub() *hub { return b.hub }
+
+func (b *rueidisBackend) dialPubSub(ctx context.Context) (psConn, error) {
+	dc, _ := b.client.Dedicate()
+	c := &rueidisPubSub{dc: dc, notify: make(chan struct{}, 1), closed: make(chan struct{})}
+	// The hooks run on rueidis's reading goroutine and must not block it
+	// (a SUBSCRIBE sent under the hub's lock waits for that goroutine), so
+	// events go to an unbounded queue.
+	c.errs = dc.SetPubSubHooks(rueidis.PubSubHooks{
+		OnMessage: func(m rueidis.PubSubMessage) { c.push(psEvent{kind: psMessage, channel: m.Channel}) },
+		OnSubscription: func(s rueidis.PubSubSubscription) {
+			switch s.Kind {
+			case "subscribe":
+				c.push(psEvent{kind: psSubscribed, channel: s.Channel})
+			case "unsubscribe":
+				c.push(psEvent{kind: psUnsubscribed, channel: s.Channel})
+			}
+		},
+	})
+	return c, nil
+}
+
+type rueidisPubSub struct {
+	dc     rueidis.DedicatedClient
+	errs   <-chan error // closed when the hooks will not be called any more
+	notify chan struct{}
+	closed chan struct{}
+
+	mu     sync.Mutex
+	queue  []psEvent
+	closer sync.Once
+}
+
+func (c *rueidisPubSub) push(ev psEvent) {
+	c.mu.Lock()
+	c.queue = append(c.queue, ev)
+	c.mu.Unlock()
+	select {
+	case c.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (c *rueidisPubSub) subscribe(ctx context.Context, channel string) error {
+	return c.dc.Do(ctx, c.dc.B().Subscribe().Channel(channel).Build()).Error()
+}
+
+func (c *rueidisPubSub) unsubscribe(ctx context.Context, channel string) error {
+	return c.dc.Do(ctx, c.dc.B().Unsubscribe().Channel(channel).Build()).Error()
+}
+
+func (c *rueidisPubSub) receive() (psEvent, error) {
+	for {
+		c.mu.Lock()
+		if len(c.queue) > 0 {
+			ev := c.queue[0]
+			c.queue = c.queue[1:]
+			c.mu.Unlock()
+			return ev, nil
+		}
+		c.mu.Unlock()
+		select {
+		case <-c.notify:
+		case err, ok := <-c.errs:
+			if !ok || err == nil {
+				err = errHubDown
+			}
+			return psEvent{}, err
+		case <-c.closed:
+			return psEvent{}, errHubDown
+		}
+	}
+}
+
+// close closes the dedicated connection rather than returning it to the
+// pool: returning it would wait for an UNSUBSCRIBE round trip.
+func (c *rueidisPubSub) close() {
+	c.closer.Do(func() {
+		close(c.closed)
+		c.dc.Close()
+	})
 }

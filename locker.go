@@ -27,6 +27,10 @@ import (
 // they answer again (see reaper). It ends when all have answered, when their
 // clients are closed, or after ten expiries.
 //
+// While goroutines of this process wait on a NetMutex, Unlock passes the
+// hold straight to the first of them, without a round trip to Redis, a
+// bounded number of times in a row (WithLocalHandoffs).
+//
 // A NetMutex must be created with New and must not be copied after first use.
 type NetMutex struct {
 	name      string
@@ -39,17 +43,27 @@ type NetMutex struct {
 	tombMS    string   // TTL of a tombstone: ten expiries
 	driftTerm time.Duration
 
-	// sem is the local queue: a goroutine owns the NetMutex in this process
-	// from its send on sem until the matching receive in UnlockCtx (or in a
-	// failed acquire). Blocked senders are woken in the order they arrived.
-	sem chan struct{}
+	hubs  []*hub // per node: its Backend's pub/sub hub, nil if it has none
+	epoch time.Time
 
-	mu   sync.Mutex
-	hold *hold // guarded by mu: set by a successful acquire, cleared by UnlockCtx
+	mu sync.Mutex
+	// The local queue. A goroutine owns m in this process from the moment
+	// it finds m not owned, or is handed m from the queue, until UnlockCtx
+	// (or its failed acquire) hands m to the next local waiter or leaves it
+	// not owned. Only the owner talks to Redis to acquire.
+	owned    bool
+	waiters  []*localWaiter // FIFO
+	hold     *hold          // set by a successful acquire or a hand-off, cleared by UnlockCtx
+	handoffs int            // hand-offs in a row of the current hold
 
 	// seen is the highest fence counter learned from any node: the next
 	// quorum ballot proposes seen+1.
 	seen atomic.Uint64
+
+	// yieldUntil, in nanoseconds since epoch, is set when an Unlock's
+	// release reached other clients waiting on the release channel: an
+	// acquire of this NetMutex that starts before then lets them try first.
+	yieldUntil atomic.Int64
 
 	reaper reaper // releases still to deliver
 }
@@ -107,9 +121,15 @@ func New(name string, backends []Backend, opts ...Option) (*NetMutex, error) {
 		expiryMS:  strconv.FormatInt(cfg.expiry.Milliseconds(), 10),
 		tombMS:    strconv.FormatInt(10*cfg.expiry.Milliseconds(), 10),
 		driftTerm: cfg.driftTerm(),
-		sem:       make(chan struct{}, 1),
+		hubs:      make([]*hub, len(backends)),
+		epoch:     time.Now(),
 	}
 	m.lockKeys = []string{m.keys.lock}
+	for i, b := range backends {
+		if s, ok := b.(subscriber); ok {
+			m.hubs[i] = s.pubsub()
+		}
+	}
 	return m, nil
 }
 
@@ -193,7 +213,7 @@ func (m *NetMutex) current() *hold {
 var errZero = errors.New("netlock: NetMutex not created by New (the zero value is not usable)")
 
 func (m *NetMutex) check() error {
-	if m == nil || m.sem == nil {
+	if m == nil || m.nodes == nil {
 		return errZero
 	}
 	return nil

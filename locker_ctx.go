@@ -3,6 +3,7 @@ package netlock
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"time"
 )
 
@@ -23,13 +24,15 @@ func (m *NetMutex) LockCtx(ctx context.Context) error {
 	if ctx.Err() != nil {
 		return notObtained(context.Cause(ctx))
 	}
-	select {
-	case m.sem <- struct{}{}:
-	case <-ctx.Done():
-		return notObtained(context.Cause(ctx))
+	h, err := m.own(ctx)
+	switch {
+	case err != nil:
+		return notObtained(err)
+	case h != nil:
+		return nil // handed over by the previous local holder
 	}
 	if err := m.acquire(ctx, true); err != nil {
-		<-m.sem
+		m.passOwnership()
 		return err
 	}
 	return nil
@@ -47,30 +50,30 @@ func (m *NetMutex) TryLockCtx(ctx context.Context) (bool, error) {
 	if ctx.Err() != nil {
 		return false, notObtained(context.Cause(ctx))
 	}
-	select {
-	case m.sem <- struct{}{}:
-	default:
+	if !m.tryOwn() {
 		return false, nil
 	}
 	err := m.acquire(ctx, false)
 	if err == nil {
 		return true, nil
 	}
-	<-m.sem
+	m.passOwnership()
 	if err == ErrNotObtained {
 		return false, nil
 	}
 	return false, err
 }
 
-// UnlockCtx releases m on every node. It returns ErrNotHeld if m is not
-// locked, and ErrLockLost if the hold had been lost (its key expired, was
-// deleted or taken) before the release. Whatever it returns, m is unlocked
-// in this process afterwards: the next local waiter may proceed.
+// UnlockCtx unlocks m. It returns ErrNotHeld if m is not locked, and
+// ErrLockLost if the hold had been lost (its key expired, was deleted or
+// taken) before the release. Whatever it returns, m is unlocked in this
+// process afterwards: the next local waiter may proceed.
 //
-// The release runs under a context detached from ctx's cancellation (a
-// caller giving up must not strand the key), bounded by the node timeout;
-// ctx only carries values.
+// If a goroutine of this process is waiting for m, UnlockCtx may hand it the
+// hold instead of releasing it (see WithLocalHandoffs): it then returns nil
+// at once. Otherwise it releases the lock on every node, under a context
+// detached from ctx's cancellation (a caller giving up must not strand the
+// key), each call bounded by the node timeout; ctx only carries values.
 func (m *NetMutex) UnlockCtx(ctx context.Context) error {
 	if err := m.check(); err != nil {
 		return err
@@ -78,17 +81,49 @@ func (m *NetMutex) UnlockCtx(ctx context.Context) error {
 	m.mu.Lock()
 	h := m.hold
 	m.hold = nil
-	m.mu.Unlock()
 	if h == nil {
+		m.mu.Unlock()
 		return ErrNotHeld
 	}
+	if m.handOffLocked(h) {
+		m.mu.Unlock()
+		return nil
+	}
+	m.handoffs = 0
+	m.mu.Unlock()
+
 	wasLost := h.end()
-	err := m.settle(m.release(context.WithoutCancel(ctx), h.value, nil))
-	<-m.sem
+	start := time.Now()
+	replies := m.release(context.WithoutCancel(ctx), h.value, nil)
+	err := m.settle(replies)
+	if err == nil && published(replies) {
+		// Other clients were subscribed when we released: an acquire of
+		// ours that starts at once would win the race to the key nearly
+		// every time. Give them about twice the release's round trip.
+		grace := min(max(2*time.Since(start), minYield), maxYield)
+		m.yieldUntil.Store(int64(time.Since(m.epoch) + grace))
+	}
+	m.passOwnership()
 	if wasLost {
 		return ErrLockLost
 	}
 	return err
+}
+
+// Bounds of the head start an Unlock gives the clients its release woke.
+const (
+	minYield = 200 * time.Microsecond
+	maxYield = 5 * time.Millisecond
+)
+
+// published reports whether a release reached a subscriber on any node.
+func published(replies []nodeReply) bool {
+	for _, r := range replies {
+		if r.err == nil && r.vals[0] == statusOK && len(r.vals) > 1 && r.vals[1] > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // ExtendCtx resets the lock's TTL to the full expiry on every node and moves
@@ -123,17 +158,38 @@ func (m *NetMutex) ExtendCtx(ctx context.Context) error {
 const maxBallots = 3
 
 // acquire runs acquire rounds until one succeeds; with wait false it makes
-// just one. Between rounds it waits for the retry delay, never longer than
-// the holder's remaining TTL. The caller owns m.sem.
+// just one. The caller owns m.
+//
+// Between rounds it waits for the first of: a release published on the
+// lock's channel, the holder's remaining TTL running out (an expiry
+// publishes nothing), the jittered retry delay, or ctx's end. It subscribes
+// to the channel after the first failed round, on the nodes whose Backend
+// can, and makes another attempt before waiting, so a release published
+// before the subscription is not missed. An uncontended acquire is one round
+// trip and subscribes to nothing.
 func (m *NetMutex) acquire(ctx context.Context, wait bool) error {
 	b := backoff{min: m.cfg.minRetryDelay, max: m.cfg.maxRetryDelay}
+	var ws waitSet
+	defer ws.stop()
 	var t *time.Timer
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+	}()
+	if wait {
+		if err := m.yield(ctx, &ws, &t); err != nil {
+			return err
+		}
+	}
 	for ballots := 0; ; {
+		start := time.Now()
 		g, busy, err := m.acquireRound(ctx)
 		if err == nil {
 			h := newHold(m, g)
 			m.mu.Lock()
 			m.hold = h
+			m.handoffs = 0
 			m.mu.Unlock()
 			return nil
 		}
@@ -143,24 +199,29 @@ func (m *NetMutex) acquire(ctx context.Context, wait bool) error {
 			ballots++
 			continue
 		}
-		if err == errBallot {
+		split := err == errSplit
+		if err == errBallot || split {
 			err = ErrNotObtained
 		}
 		if err != ErrNotObtained || !wait {
 			return err
 		}
 		ballots = 0
-		d := b.next(busy)
-		if t == nil {
-			t = time.NewTimer(d)
-			defer t.Stop()
-		} else {
-			t.Reset(d)
+		if split {
+			// Retry after up to two rounds' time, at random: long enough
+			// for the clients we split with to be done with their cleanup
+			// (or for one to have won).
+			if err := m.sleep(ctx, &waitSet{}, &t, rand.N(2*time.Since(start)+1)); err != nil {
+				return err
+			}
+			continue
 		}
-		select {
-		case <-ctx.Done():
-			return notObtained(context.Cause(ctx))
-		case <-t.C:
+		if m.watchAll(ctx, &ws) {
+			continue // subscribed just now: attempt before waiting
+		}
+		b.subscribed = ws.watching()
+		if err := m.sleep(ctx, &ws, &t, b.next(busy)); err != nil {
+			return err
 		}
 	}
 }

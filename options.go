@@ -17,6 +17,9 @@ const (
 	// DefaultNodeTimeout bounds one call to one node, unless the expiry is
 	// short: then the bound is a tenth of the expiry.
 	DefaultNodeTimeout = 500 * time.Millisecond
+	// DefaultLocalHandoffs bounds how many times in a row Unlock passes a
+	// hold to a goroutine of this process waiting on the same NetMutex.
+	DefaultLocalHandoffs = 8
 )
 
 // An Option configures a NetMutex. Options are applied and validated once, by
@@ -33,6 +36,7 @@ type config struct {
 	nodeTimeout   time.Duration // 0 until resolved
 	prefix        string
 	fencing       bool
+	handoffs      int
 }
 
 func defaultConfig() config {
@@ -44,6 +48,7 @@ func defaultConfig() config {
 		driftFactor:   DefaultDriftFactor,
 		prefix:        DefaultPrefix,
 		fencing:       true,
+		handoffs:      DefaultLocalHandoffs,
 	}
 }
 
@@ -82,6 +87,15 @@ func WithPrefix(p string) Option { return func(c *config) { c.prefix = p } }
 // Token returns 0 and no counter key is kept.
 func WithFencing(on bool) Option { return func(c *config) { c.fencing = on } }
 
+// WithLocalHandoffs bounds the hand-offs in a row (default 8; 0 turns them
+// off). When goroutines of this process wait on the same NetMutex, Unlock
+// passes the still-valid hold to the first of them without a round trip to
+// Redis: it keeps its key, its fencing token and its Lost channel. After n
+// hand-offs in a row, Unlock releases the lock in Redis instead, so clients
+// in other processes get their turn. Hand-offs need auto-extend, which keeps
+// the hold's validity up; with it off, every Unlock releases.
+func WithLocalHandoffs(n int) Option { return func(c *config) { c.handoffs = n } }
+
 // newConfig applies opts over the defaults and validates the result.
 func newConfig(opts []Option) (config, error) {
 	c := defaultConfig()
@@ -115,6 +129,9 @@ func newConfig(opts []Option) (config, error) {
 	}
 	if len(errs) == 0 && c.expiry-c.driftTerm() <= c.nodeTimeout {
 		errs = append(errs, fmt.Sprintf("expiry %v leaves no validity after the drift allowance %v and the node timeout %v", c.expiry, c.driftTerm(), c.nodeTimeout))
+	}
+	if c.handoffs < 0 {
+		errs = append(errs, fmt.Sprintf("local hand-off bound %d is negative", c.handoffs))
 	}
 	if strings.ContainsAny(c.prefix, "{}") {
 		errs = append(errs, fmt.Sprintf("prefix %q contains '{' or '}', which would break the Redis Cluster hash tag", c.prefix))

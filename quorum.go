@@ -73,6 +73,12 @@ func (m *NetMutex) call(ctx context.Context, i int, s *Script, keys, args []stri
 // repeated at once.
 var errBallot = &wrapError{msg: ErrNotObtained.Error() + ": fencing ballot refused", err: ErrNotObtained}
 
+// errSplit is acquireRound's contention error when some nodes granted but
+// not a quorum: clients that attempted together split the votes. Their
+// cleanup releases wake each other at once, so they must retry after
+// different random delays, or they split again.
+var errSplit = &wrapError{msg: ErrNotObtained.Error() + ": votes split", err: ErrNotObtained}
+
 // acquireRound makes one attempt to acquire the lock on every node. On
 // success it returns the grant: value, token and the hold's local deadline. On
 // contention it returns ErrNotObtained and the shortest remaining TTL of a
@@ -166,6 +172,11 @@ func (m *NetMutex) acquireRound(ctx context.Context) (g grant, busy time.Duratio
 		// ballots. We have now learned the higher counters: a retry at once
 		// proposes above them.
 		return grant{}, 0, errBallot
+	}
+	if nGranted > 0 {
+		// Some nodes granted, not a quorum: other clients attempting at the
+		// same moment split the votes.
+		return grant{}, busy, errSplit
 	}
 	return grant{}, busy, ErrNotObtained
 }

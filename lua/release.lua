@@ -10,16 +10,16 @@
 -- ARGV[2]  release channel, p{name}:released
 -- ARGV[3]  tombstone TTL in milliseconds (relative: PX)
 --
--- Reply, an array of one integer:
---   { 1}  released (and published on the channel)
---   { 0}  absent: the key expired or was deleted
---   {-1}  held by another value: not ours, left untouched
+-- Reply, an array of integers:
+--   { 1, n}  released, and published on the channel: n clients (pub/sub
+--            connections of waiters) received the message
+--   { 0}     absent: the key expired or was deleted
+--   {-1}     held by another value: not ours, left untouched
 local cur = redis.call('GET', KEYS[1])
 local mine = ARGV[1] .. ':'
 if cur and string.sub(cur, 1, #mine) == mine then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], '')
-  return {1}
+  return {1, redis.call('PUBLISH', ARGV[2], '')}
 end
 redis.call('SET', KEYS[2], '', 'PX', ARGV[3])
 if cur then

@@ -261,7 +261,7 @@ func demo(ctx context.Context, cfg demoConfig, stdout, stderr io.Writer) (code i
 		problems = append(problems, fmt.Sprintf("a worker entered the critical section while another was in it %s", plural(int(locked.overlaps), "time")))
 	}
 	if locked.backwards > 0 {
-		problems = append(problems, fmt.Sprintf("%s not above the one before", plural(int(locked.backwards), "fencing token")))
+		problems = append(problems, fmt.Sprintf("%s out of order (below the one before, or equal in another process)", plural(int(locked.backwards), "fencing token")))
 	}
 	if locked.lostHolds > 0 {
 		problems = append(problems, fmt.Sprintf("%s lost before Unlock (ErrLockLost)", plural(int(locked.lostHolds), "hold")))
@@ -289,7 +289,7 @@ type phaseResult struct {
 	wall              time.Duration
 	lastToken         uint64 // highest fencing token seen (locked phase)
 	overlaps          int64  // times a worker was in the critical section with another (locked phase)
-	backwards         int64  // tokens not above the previous holder's (locked phase)
+	backwards         int64  // tokens below the previous holder's, or equal in another process (locked phase)
 	lostHolds         int64  // unlocks that found the hold lost (locked phase)
 }
 
@@ -307,7 +307,9 @@ func runPhase(ctx context.Context, label string, cfg demoConfig, procs []*proces
 	defer cancel(nil)
 	var (
 		done, inside, overlaps, backwards, lostHolds atomic.Int64
-		last                                         atomic.Uint64
+		tokMu                                        sync.Mutex
+		last                                         uint64
+		lastProc                                     *process
 		firstErr                                     error
 		errOnce                                      sync.Once
 	)
@@ -322,14 +324,18 @@ func runPhase(ctx context.Context, label string, cfg demoConfig, procs []*proces
 			return fmt.Errorf("lock: %w", err)
 		}
 		// Checks independent of the counter: nobody else is inside, and
-		// tokens grow from one holder to the next.
+		// tokens grow from one holder to the next. A hold handed between
+		// workers of one process keeps its token.
 		if inside.Add(1) > 1 {
 			overlaps.Add(1)
 		}
 		tok := p.mu.Token()
-		if prev := last.Swap(tok); tok <= prev {
+		tokMu.Lock()
+		if tok < last || (tok == last && p != lastProc) {
 			backwards.Add(1)
 		}
+		last, lastProc = max(last, tok), p
+		tokMu.Unlock()
 		err := increment(ctx, p.client, key, cfg.pause)
 		inside.Add(-1)
 		switch uerr := p.mu.UnlockCtx(ctx); {
@@ -380,7 +386,7 @@ func runPhase(ctx context.Context, label string, cfg demoConfig, procs []*proces
 		return r, fmt.Errorf("read %s: %w", key, err)
 	}
 	r.counted = n
-	r.lastToken = last.Load()
+	r.lastToken = last
 	r.overlaps = overlaps.Load()
 	r.backwards = backwards.Load()
 	r.lostHolds = lostHolds.Load()

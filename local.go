@@ -1,0 +1,136 @@
+package netlock
+
+import (
+	"context"
+	"slices"
+	"time"
+)
+
+// The in-process side of a NetMutex: goroutines sharing one NetMutex queue
+// in order of arrival, and only the one that owns m talks to Redis.
+
+// A localWaiter is a goroutine queued for m. It is sent either a hold (a
+// hand-off: it now holds m) or nil (it now owns m and must acquire in Redis).
+type localWaiter struct {
+	turn chan *hold // capacity 1: the sender never blocks
+}
+
+// own makes the calling goroutine the owner of m, waiting in line behind
+// the goroutines of this process that came first. It returns the hold handed
+// over with ownership, or nil if the owner must acquire in Redis itself. If
+// ctx ends first it returns ctx's cause, and m is as if own was not called.
+func (m *NetMutex) own(ctx context.Context) (*hold, error) {
+	m.mu.Lock()
+	if !m.owned {
+		m.owned = true
+		m.mu.Unlock()
+		return nil, nil
+	}
+	w := &localWaiter{turn: make(chan *hold, 1)}
+	m.waiters = append(m.waiters, w)
+	m.mu.Unlock()
+
+	select {
+	case h := <-w.turn:
+		return h, nil
+	case <-ctx.Done():
+	}
+	m.mu.Lock()
+	if i := slices.Index(m.waiters, w); i >= 0 {
+		m.waiters = slices.Delete(m.waiters, i, i+1)
+		m.mu.Unlock()
+		return nil, context.Cause(ctx)
+	}
+	m.mu.Unlock()
+	// Our turn came as ctx ended: pass it on, so a cancelled caller never
+	// holds m.
+	if h := <-w.turn; h != nil {
+		m.UnlockCtx(context.Background()) // h is m.hold: hand it on or release it
+	} else {
+		m.passOwnership()
+	}
+	return nil, context.Cause(ctx)
+}
+
+// tryOwn makes the calling goroutine the owner of m if no goroutine of this
+// process owns it, and reports whether it did.
+func (m *NetMutex) tryOwn() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.owned {
+		return false
+	}
+	m.owned = true
+	return true
+}
+
+// passOwnership hands ownership of m, without a hold, to the first local
+// waiter, or leaves m not owned. The caller owns m and holds nothing.
+func (m *NetMutex) passOwnership() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.waiters) == 0 {
+		m.owned = false
+		return
+	}
+	w := m.waiters[0]
+	m.waiters = slices.Delete(m.waiters, 0, 1)
+	w.turn <- nil
+}
+
+// handOff passes h to the first local waiter, without a round trip, if
+// there is one, h is still well within its validity, and the hand-offs in a
+// row have not reached their bound. It reports whether it did. The caller
+// holds m.mu, owns m and has just taken h out of m.hold.
+func (m *NetMutex) handOffLocked(h *hold) bool {
+	if len(m.waiters) == 0 || !m.cfg.autoExtend || m.handoffs >= m.cfg.handoffs {
+		return false
+	}
+	// With auto-extend the watchdog keeps at least two thirds of the expiry
+	// ahead; less than half means extends are failing: release instead of
+	// handing over a hold about to be lost.
+	if until, held := h.deadline(); !held || time.Until(until) < m.cfg.expiry/2 {
+		return false
+	}
+	w := m.waiters[0]
+	m.waiters = slices.Delete(m.waiters, 0, 1)
+	m.handoffs++
+	m.hold = h
+	w.turn <- h
+	return true
+}
+
+// yield makes an acquire that starts right after this NetMutex's own
+// release let the clients that were waiting for that release go first: it
+// waits until yieldUntil, or until a release is published (another client
+// took the lock and let it go), or until ctx ends. ws is the call's wait set:
+// watching the channel first, as every wait must.
+func (m *NetMutex) yield(ctx context.Context, ws *waitSet, t **time.Timer) error {
+	d := time.Duration(m.yieldUntil.Load()) - time.Since(m.epoch)
+	if d <= 0 {
+		return nil
+	}
+	m.watchAll(ctx, ws)
+	d = time.Duration(m.yieldUntil.Load()) - time.Since(m.epoch)
+	if d <= 0 || !ws.watching() {
+		return nil
+	}
+	return m.sleep(ctx, ws, t, d)
+}
+
+// sleep waits for d, a release signalled on ws, or ctx's end (then it
+// returns ctx's cause joined with ErrNotObtained).
+func (m *NetMutex) sleep(ctx context.Context, ws *waitSet, t **time.Timer, d time.Duration) error {
+	if *t == nil {
+		*t = time.NewTimer(d)
+	} else {
+		(*t).Reset(d)
+	}
+	select {
+	case <-ctx.Done():
+		return notObtained(context.Cause(ctx))
+	case <-(*t).C:
+	case <-ws.wake:
+	}
+	return nil
+}

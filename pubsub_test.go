@@ -1,0 +1,291 @@
+package netlock
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gomodule/redigo/redis"
+)
+
+// countingBackend counts the script calls made through it, by script name.
+// It keeps the wrapped Backend's pub/sub hub, unless polling is set.
+type countingBackend struct {
+	Backend
+	polling bool
+
+	mu    sync.Mutex
+	calls map[string]int
+}
+
+func counting(b Backend) *countingBackend {
+	return &countingBackend{Backend: b, calls: make(map[string]int)}
+}
+
+func (c *countingBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
+	c.mu.Lock()
+	c.calls[s.Name()]++
+	c.mu.Unlock()
+	return c.Backend.Eval(ctx, s, keys, args)
+}
+
+func (c *countingBackend) pubsub() *hub {
+	if s, ok := c.Backend.(subscriber); ok && !c.polling {
+		return s.pubsub()
+	}
+	return nil
+}
+
+func (c *countingBackend) count(script string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.calls[script]
+}
+
+// eventually fails the test unless cond holds within d, checking every
+// millisecond.
+func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, d)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// A waiter subscribed to the release channel makes no attempt while the
+// holder holds, however long that is, and one as soon as it releases. The
+// retry delay is long (seconds), so an attempt count of three (the failed
+// first, the one right after subscribing, the winning one) means the wake-up
+// came from the release message; polling, even with exponential backoff,
+// makes about ten attempts while the holder sleeps.
+func TestWaiterWakesOnRelease(t *testing.T) {
+	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
+		holder := e.newMutex(t, "wake")
+		cb := counting(e.backend(t))
+		waiter, err := New("wake", []Backend{cb}, WithRetryDelay(time.Millisecond, 10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustLock(t, holder)
+		locked := make(chan error, 1)
+		go func() { locked <- waiter.LockCtx(context.Background()) }()
+		eventually(t, 5*time.Second, "the waiter's second attempt", func() bool { return cb.count("acquire") >= 2 })
+		time.Sleep(150 * time.Millisecond) // polling would attempt here
+		if n := cb.count("acquire"); n != 2 {
+			t.Errorf("attempts while the lock was held: got %d, want 2", n)
+		}
+		mustUnlock(t, holder)
+		within(t, 5*time.Second, "LockCtx after the release", func() {
+			if err := <-locked; err != nil {
+				t.Errorf("LockCtx: %v", err)
+			}
+		})
+		if n := cb.count("acquire"); n != 3 {
+			t.Errorf("attempts: got %d, want 3", n)
+		}
+		mustUnlock(t, waiter)
+	})
+}
+
+// The same wait on a Backend that cannot subscribe polls: this is what the
+// test above tells apart.
+func TestWaiterPollsWithoutPubSub(t *testing.T) {
+	forEachEnv(t, miniOnly, func(t *testing.T, e *env) {
+		holder := e.newMutex(t, "poll")
+		cb := counting(e.backend(t))
+		cb.polling = true
+		waiter, err := New("poll", []Backend{cb}, WithRetryDelay(time.Millisecond, 10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustLock(t, holder)
+		locked := make(chan error, 1)
+		go func() { locked <- waiter.LockCtx(context.Background()) }()
+		time.Sleep(150 * time.Millisecond)
+		mustUnlock(t, holder)
+		if err := <-locked; err != nil {
+			t.Fatalf("LockCtx: %v", err)
+		}
+		if n := cb.count("acquire"); n <= 3 {
+			t.Errorf("attempts while polling: got %d, want more than 3", n)
+		}
+		mustUnlock(t, waiter)
+	})
+}
+
+// A lock that expires without a release publishes nothing; the waiter still
+// wakes, when the holder's TTL runs out, not after its (long) retry delay.
+func TestWaiterWakesOnExpiry(t *testing.T) {
+	forEachEnv(t, realOnly, func(t *testing.T, e *env) {
+		holder := e.newMutex(t, "expiry", WithExpiry(300*time.Millisecond), WithAutoExtend(false))
+		cb := counting(e.backend(t))
+		waiter, err := New("expiry", []Backend{cb}, WithRetryDelay(time.Millisecond, time.Hour))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustLock(t, holder) // and never unlocked: it expires
+		within(t, 5*time.Second, "LockCtx after the expiry", func() { mustLock(t, waiter) })
+		// The failed first attempt, the one after subscribing, then one
+		// when the TTL ran out (two if Redis had not yet expired the key
+		// at the millisecond it reported).
+		if n := cb.count("acquire"); n < 3 || n > 4 {
+			t.Errorf("attempts: got %d, want 3 or 4", n)
+		}
+		mustUnlock(t, waiter)
+		if err := holder.UnlockCtx(context.Background()); !errors.Is(err, ErrLockLost) {
+			t.Errorf("holder's UnlockCtx: got %v, want ErrLockLost", err)
+		}
+	})
+}
+
+// Many waiters on one Backend share one pub/sub connection and one
+// subscription; when they are done (acquired, cancelled, timed out), nothing
+// stays subscribed and the connection is closed.
+func TestWaitersShareOneSubscription(t *testing.T) {
+	forEachEnv(t, realOnly, func(t *testing.T, e *env) {
+		const waiters = 12
+		holder := e.newMutex(t, "shared")
+		b := e.backend(t)
+		h := b.(subscriber).pubsub()
+		ms := make([]*NetMutex, waiters)
+		for i := range ms {
+			m, err := New("shared", []Backend{b}, WithRetryDelay(time.Millisecond, 10*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ms[i] = m
+		}
+		mustLock(t, holder)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		errs := make(chan error, waiters)
+		for i, m := range ms {
+			go func() {
+				c := context.Background()
+				if i%3 == 0 {
+					c = ctx // cancelled midway
+				}
+				err := m.LockCtx(c)
+				if err == nil {
+					err = m.UnlockCtx(context.Background())
+				}
+				errs <- err
+			}()
+		}
+		eventually(t, 5*time.Second, "every waiter subscribed", func() bool {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			tp := h.topics["netlock:{shared}:released"]
+			return tp != nil && len(tp.watches) == waiters
+		})
+		if n := pubsubClients(t, e); n != 1 {
+			t.Errorf("pub/sub connections while %d wait: got %d, want 1", waiters, n)
+		}
+		if n := numsub(t, e, "netlock:{shared}:released"); n != 1 {
+			t.Errorf("subscriptions to the channel: got %d, want 1", n)
+		}
+		cancel()
+		mustUnlock(t, holder)
+		for range waiters {
+			if err := <-errs; err != nil && !errors.Is(err, context.Canceled) {
+				t.Errorf("waiter: %v", err)
+			}
+		}
+		eventually(t, 5*time.Second, "channel unsubscribed", func() bool {
+			return numsub(t, e, "netlock:{shared}:released") == 0
+		})
+		eventually(t, 5*time.Second, "pub/sub connection closed", func() bool {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			return h.conn == nil
+		})
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if len(h.topics) != 0 || len(h.pending) != 0 {
+			t.Errorf("hub after the waits: %d topics, %d pending; want none", len(h.topics), len(h.pending))
+		}
+	})
+}
+
+// A waiter whose pub/sub connection is killed (CLIENT KILL TYPE pubsub) is
+// woken, subscribes again and is woken by the next release.
+func TestWaiterSurvivesPubSubConnectionLoss(t *testing.T) {
+	forEachEnv(t, realOnly, func(t *testing.T, e *env) {
+		holder := e.newMutex(t, "killed")
+		cb := counting(e.backend(t))
+		waiter, err := New("killed", []Backend{cb}, WithRetryDelay(time.Millisecond, 10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustLock(t, holder)
+		locked := make(chan error, 1)
+		go func() { locked <- waiter.LockCtx(context.Background()) }()
+		eventually(t, 5*time.Second, "the waiter's second attempt", func() bool { return cb.count("acquire") >= 2 })
+		e.do(t, "CLIENT", "KILL", "TYPE", "pubsub")
+		eventually(t, 5*time.Second, "the waiter subscribed again", func() bool {
+			return numsub(t, e, "netlock:{killed}:released") == 1 && cb.count("acquire") >= 3
+		})
+		mustUnlock(t, holder)
+		within(t, 5*time.Second, "LockCtx after the release", func() {
+			if err := <-locked; err != nil {
+				t.Errorf("LockCtx: %v", err)
+			}
+		})
+		mustUnlock(t, waiter)
+	})
+}
+
+// An Unlock whose release reached a subscribed waiter of another client
+// lets it go first: an immediate Lock of the releasing client yields.
+func TestUnlockYieldsToSubscribedWaiters(t *testing.T) {
+	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
+		a := e.newMutex(t, "yield")
+		cb := counting(e.backend(t))
+		b, err := New("yield", []Backend{cb}, WithRetryDelay(time.Millisecond, 10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustLock(t, a)
+		if a.yieldUntil.Load() != 0 {
+			t.Fatal("yield set before any release")
+		}
+		locked := make(chan error, 1)
+		go func() { locked <- b.LockCtx(context.Background()) }()
+		eventually(t, 5*time.Second, "the waiter's second attempt", func() bool { return cb.count("acquire") >= 2 })
+		mustUnlock(t, a)
+		if a.yieldUntil.Load() == 0 {
+			t.Errorf("no yield after a release that reached a subscribed waiter")
+		}
+		if err := <-locked; err != nil {
+			t.Fatal(err)
+		}
+		mustUnlock(t, b)
+	})
+}
+
+// pubsubClients counts the server's pub/sub connections.
+func pubsubClients(t testing.TB, e *env) int {
+	t.Helper()
+	list, err := redis.String(e.do(t, "CLIENT", "LIST", "TYPE", "pubsub"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Count(list, "\n")
+}
+
+// numsub returns the number of subscribers of channel.
+func numsub(t testing.TB, e *env, channel string) int {
+	t.Helper()
+	v, err := redis.Values(e.do(t, "PUBSUB", "NUMSUB", channel), nil)
+	if err != nil || len(v) != 2 {
+		t.Fatalf("PUBSUB NUMSUB: %v %v", v, err)
+	}
+	n, _ := redis.Int(v[1], nil)
+	return n
+}
