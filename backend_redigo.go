@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"time"
 
 	"github.com/gomodule/redigo/redis"
 )
@@ -48,12 +49,44 @@ func (b *redigoBackend) Eval(ctx context.Context, s *Script, keys, args []string
 	for _, a := range args {
 		argv = append(argv, a)
 	}
-	reply, err := redis.Int64s(redis.DoContext(conn, ctx, "EVALSHA", argv...))
+	// redis.DoContext runs every command on a goroutine of its own, to
+	// notice ctx's cancellation; that costs more than the round trip on a
+	// busy machine. The command is bounded by ctx's deadline (netlock's
+	// calls always have one: the node timeout) instead, so a cancellation
+	// is noticed when the reply comes, within the node timeout.
+	timeout, err := remaining(ctx)
+	if err != nil {
+		return nil, err
+	}
+	reply, err := redis.Int64s(redis.DoWithTimeout(conn, timeout, "EVALSHA", argv...))
 	if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
 		argv[0] = s.Source()
-		reply, err = redis.Int64s(redis.DoContext(conn, ctx, "EVAL", argv...))
+		if timeout, err = remaining(ctx); err != nil {
+			return nil, err
+		}
+		reply, err = redis.Int64s(redis.DoWithTimeout(conn, timeout, "EVAL", argv...))
+	}
+	if err != nil && ctx.Err() != nil {
+		err = context.Cause(ctx)
 	}
 	return reply, err
+}
+
+// remaining returns the time left before ctx's deadline (0, no bound, if it
+// has none), or ctx's error if it has ended.
+func remaining(ctx context.Context) (time.Duration, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return 0, nil
+	}
+	d := time.Until(dl)
+	if d <= 0 {
+		return 0, context.DeadlineExceeded
+	}
+	return d, nil
 }
 
 // finalErr reports whether err is an error reply of the server or means the

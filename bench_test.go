@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/gomodule/redigo/redis"
 
 	"github.com/netlock-go/netlock/internal/redistest"
 )
@@ -48,4 +49,82 @@ func BenchmarkLockUnlock(b *testing.B) {
 			})
 		}
 	}
+}
+
+// BenchmarkFloor measures what an uncontended lock cannot beat, on the same
+// server and clients as BenchmarkLockUnlock: a PING round trip, and a
+// hand-written lock cycle of two round trips (SET key value NX PX, then a
+// compare-and-delete script by EVALSHA), without netlock.
+//
+//	go test -run '^$' -bench 'Floor|LockUnlock/redis-1' -benchmem .
+func BenchmarkFloor(b *testing.B) {
+	ctx := context.Background()
+	const del = `if redis.call('GET', KEYS[1]) == ARGV[1] then return {redis.call('DEL', KEYS[1])} end return {0}`
+	s := newScript("floor", del)
+	addr := redistest.Start(b).Addr()
+	for _, client := range []string{"redigo", "rueidis"} {
+		backend := newBackend(b, client, addr)
+		b.Run("ping/"+client, func(b *testing.B) {
+			ping := floorPing(b, backend)
+			for b.Loop() {
+				if err := ping(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run("setnx+evalsha/"+client, func(b *testing.B) {
+			set := floorSet(b, backend)
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := set(ctx, "floor", "v", "8000"); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := backend.Eval(ctx, s, []string{"floor"}, []string{"v"}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+func floorPing(b *testing.B, backend Backend) func(context.Context) error {
+	switch c := backend.(type) {
+	case *redigoBackend:
+		return func(ctx context.Context) error {
+			conn, err := c.pool.GetContext(ctx)
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			_, err = redis.DoContext(conn, ctx, "PING")
+			return err
+		}
+	case *rueidisBackend:
+		return func(ctx context.Context) error {
+			return c.client.Do(ctx, c.client.B().Ping().Build()).Error()
+		}
+	}
+	b.Fatalf("no PING for %T", backend)
+	return nil
+}
+
+func floorSet(b *testing.B, backend Backend) func(ctx context.Context, key, value, px string) error {
+	switch c := backend.(type) {
+	case *redigoBackend:
+		return func(ctx context.Context, key, value, px string) error {
+			conn, err := c.pool.GetContext(ctx)
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			_, err = redis.String(redis.DoContext(conn, ctx, "SET", key, value, "NX", "PX", px))
+			return err
+		}
+	case *rueidisBackend:
+		return func(ctx context.Context, key, value, px string) error {
+			return c.client.Do(ctx, c.client.B().Set().Key(key).Value(value).Nx().PxMilliseconds(8000).Build()).Error()
+		}
+	}
+	b.Fatalf("no SET for %T", backend)
+	return nil
 }

@@ -8,18 +8,25 @@ import (
 )
 
 // A hold is one acquisition of a NetMutex, from acquire to Unlock.
+//
+// Its watchdog is a timer, not a goroutine: a hold that is released before
+// its first extend is due (most are) costs no goroutine and no context
+// switch. When the timer fires, tick runs on a goroutine of its own, extends
+// (with auto-extend) or declares the hold lost, and sets the timer again.
 type hold struct {
 	m     *NetMutex
 	value string // our random lock value, fresh for this acquisition
 	token uint64
 
-	ended  chan struct{}      // closed when the hold is lost or released (Lost)
-	stop   context.CancelFunc // ends the watchdog and any extend it runs
-	exited chan struct{}      // closed when the watchdog has returned
+	ended chan struct{} // closed when the hold is lost or released (Lost)
 
-	mu    sync.Mutex
-	until time.Time // local deadline, monotonic: the hold is lost when it passes
-	state holdState
+	mu      sync.Mutex
+	until   time.Time // local deadline, monotonic: the hold is lost when it passes
+	state   holdState
+	next    time.Time          // when the next extend is due, with auto-extend
+	timer   *time.Timer        // runs tick at min(next, until)
+	ticking chan struct{}      // non-nil while tick runs; closed when it returns
+	cancel  context.CancelFunc // cancels the extend tick runs, if any
 }
 
 type holdState int
@@ -33,66 +40,75 @@ const (
 // newHold starts the hold's watchdog, which extends the key while auto-extend
 // is on and declares the hold lost when until passes.
 func newHold(m *NetMutex, g grant) *hold {
-	ctx, stop := context.WithCancel(context.Background())
 	h := &hold{
-		m:      m,
-		value:  g.value,
-		token:  g.token,
-		ended:  make(chan struct{}),
-		stop:   stop,
-		exited: make(chan struct{}),
-		until:  g.until,
+		m:     m,
+		value: g.value,
+		token: g.token,
+		ended: make(chan struct{}),
+		until: g.until,
+		next:  g.start.Add(m.cfg.expiry / 3),
 	}
-	go h.watch(ctx, g.start)
+	h.mu.Lock()
+	h.timer = time.AfterFunc(h.wakeLocked(), h.tick)
+	h.mu.Unlock()
 	return h
 }
 
-// watch runs for the life of the hold. It wakes at the next extend (every
-// third of the expiry, with auto-extend) or at until, whichever is first.
-// Losing the hold depends on the local clock only: if until passes without a
-// successful extend, the hold is lost then, whatever the network is doing.
-func (h *hold) watch(ctx context.Context, start time.Time) {
-	defer close(h.exited)
-	cfg := &h.m.cfg
-	interval := cfg.expiry / 3
-	next := start.Add(interval) // next extend, when auto-extend is on
-	t := time.NewTimer(time.Hour)
-	defer t.Stop()
-	for {
-		until, ok := h.deadline()
-		if !ok {
-			return
-		}
-		wake := until
-		if cfg.autoExtend && next.Before(until) {
-			wake = next
-		}
-		t.Reset(time.Until(wake))
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-
-		now := time.Now()
-		if h.expire(now) {
-			return
-		}
-		if !cfg.autoExtend || now.Before(next) {
-			continue // woken early, or until moved by ExtendCtx
-		}
-		switch err := h.m.extendRound(ctx, h); {
-		case err == nil:
-			next = now.Add(interval)
-		case errors.Is(err, ErrLockLost):
-			h.lose()
-			return
-		default:
-			// The nodes could not be asked (down, slow, partitioned): try
-			// again soon, while until allows.
-			next = now.Add(max(interval/8, time.Millisecond))
-		}
+// wakeLocked returns the time until the watchdog must next wake: the next
+// extend (every third of the expiry, with auto-extend) or until, whichever
+// is first.
+func (h *hold) wakeLocked() time.Duration {
+	wake := h.until
+	if h.m.cfg.autoExtend && h.next.Before(wake) {
+		wake = h.next
 	}
+	return time.Until(wake)
+}
+
+// tick is the watchdog, run by the timer. Losing the hold depends on the
+// local clock only: if until passes without a successful extend, the hold is
+// lost then, whatever the network is doing.
+func (h *hold) tick() {
+	h.mu.Lock()
+	if h.state != held {
+		h.mu.Unlock()
+		return
+	}
+	done := make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	h.ticking, h.cancel = done, cancel
+	next := h.next
+	h.mu.Unlock()
+	defer func() {
+		cancel()
+		h.mu.Lock()
+		h.ticking, h.cancel = nil, nil
+		if h.state == held {
+			h.timer.Reset(h.wakeLocked())
+		}
+		h.mu.Unlock()
+		close(done)
+	}()
+
+	now := time.Now()
+	if h.expire(now) || !h.m.cfg.autoExtend || now.Before(next) {
+		return // lost; or woken early, until having moved (ExtendCtx)
+	}
+	interval := h.m.cfg.expiry / 3
+	switch err := h.m.extendRound(ctx, h); {
+	case err == nil:
+		next = now.Add(interval)
+	case errors.Is(err, ErrLockLost):
+		h.lose()
+		return
+	default:
+		// The nodes could not be asked (down, slow, partitioned): try
+		// again soon, while until allows.
+		next = now.Add(max(interval/8, time.Millisecond))
+	}
+	h.mu.Lock()
+	h.next = next
+	h.mu.Unlock()
 }
 
 // deadline returns the local deadline, and false if the hold has ended.
@@ -140,13 +156,12 @@ func (h *hold) moveUntil(until time.Time) bool {
 	return h.state == held
 }
 
-// end stops the watchdog, waits for it, and marks the hold released. It
-// reports whether the hold had been lost before.
+// end stops the watchdog, waits for a tick under way (cancelling its
+// extend), and marks the hold released. It reports whether the hold had been
+// lost before.
 func (h *hold) end() (wasLost bool) {
-	h.stop()
-	<-h.exited
 	h.mu.Lock()
-	defer h.mu.Unlock()
+	h.timer.Stop()
 	if h.state == held {
 		if !time.Now().Before(h.until) {
 			h.state = lost
@@ -155,6 +170,13 @@ func (h *hold) end() (wasLost bool) {
 	}
 	wasLost = h.state == lost
 	h.state = released
+	ticking, cancel := h.ticking, h.cancel
+	h.mu.Unlock()
+	if ticking != nil {
+		// Nothing of the hold outlives Unlock.
+		cancel()
+		<-ticking
+	}
 	return wasLost
 }
 
