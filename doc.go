@@ -28,6 +28,19 @@
 // NetMutex is safe for concurrent use; Unlock may come from a goroutine
 // other than the one that locked.
 //
+// # Waiting
+//
+// An uncontended Lock and Unlock are one round trip each. A LockCtx that
+// finds the lock held subscribes to its release channel (one pub/sub
+// connection per Backend, shared by all its waiters), attempts once more, and
+// sleeps until a release is published, the holder's TTL runs out, the retry
+// delay passes, or ctx ends: waiters do not poll. An Unlock whose release
+// woke other clients makes the next acquire of the same NetMutex wait a
+// moment, so that they get a turn. While goroutines of the process wait on
+// the same NetMutex, Unlock hands the hold to the first of them without a
+// round trip, a bounded number of times in a row (WithLocalHandoffs); the
+// hold keeps its fencing token.
+//
 // # Holding a lock
 //
 // The lock is a Redis key, p{name} (p is the prefix, "netlock:" by default),
