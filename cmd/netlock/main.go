@@ -17,8 +17,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"syscall"
 )
 
 // A command is one sub-command of netlock. run gets the arguments after the
@@ -43,11 +41,10 @@ const (
 	exitUsage = 2
 )
 
+// main runs the command with a context that never ends: each command handles
+// the signals it cares about (demo stops on SIGINT and SIGTERM).
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	os.Exit(code)
+	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
 }
 
 // run dispatches args (without the program name) to a sub-command.
