@@ -325,6 +325,13 @@ func TestDispatch(t *testing.T) {
 		{[]string{"help", "nope"}, 2, "", `unknown command "nope"`},
 		{[]string{"demo", "--help"}, 0, "Usage: netlock demo [flags]", ""},
 		{[]string{"demo", "-h"}, 0, "-backend", ""},
+		{[]string{"help"}, 0, "\trun     run a program while holding a lock", ""},
+		{[]string{"help"}, 0, "\tstatus  show whether a lock is held", ""},
+		{[]string{"help", "run"}, 0, "Usage: netlock run [flags] NAME -- PROGRAM [ARGS...]", ""},
+		{[]string{"run", "--help"}, 0, "  75         the hold was lost while PROGRAM ran", ""},
+		{[]string{"run", "-h"}, 0, "-conflict-exit-code code", ""},
+		{[]string{"help", "status"}, 0, "Usage: netlock status [flags] NAME", ""},
+		{[]string{"status", "--help"}, 0, "Exit status: 0 free, 1 held, 2 bad usage", ""},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			code, stdout, stderr := runCmd(t, t.Context(), tc.args...)
