@@ -8,36 +8,8 @@ import (
 	"github.com/gomodule/redigo/redis"
 )
 
-func TestKeySlot(t *testing.T) {
-	// Values from Redis's CLUSTER KEYSLOT.
-	tests := []struct {
-		key  string
-		want uint16
-	}{
-		{"foo", 12182},
-		{"123456789", 12739},
-		{"{user1000}.following", 3443},
-		{"foo{}{bar}", 8363}, // empty tag: the whole key
-		{"foo{{bar}}zap", 4015},
-		{"foo{bar}{zap}", 5061},
-	}
-	for _, tt := range tests {
-		if got := keySlot(tt.key); got != tt.want {
-			t.Errorf("keySlot(%q): got %d, want %d", tt.key, got, tt.want)
-		}
-	}
-}
-
-func TestSlotTagsCoverEverySlot(t *testing.T) {
-	for slot, tag := range slotTags() {
-		if tag == "" || len(tag) > 3 || strings.ContainsAny(tag, "{}") {
-			t.Fatalf("slot %d: tag %q, want 1 to 3 characters without braces", slot, tag)
-		}
-		if got := keySlot("netlock:{" + tag + "}:fence"); got != uint16(slot) {
-			t.Fatalf("fence key for slot %d hashes to %d", slot, got)
-		}
-	}
-}
+// The key names and slots themselves are tested in internal/keyspace; these
+// tests check what the NetMutex makes of them.
 
 func TestFenceKeySharesTheLockSlot(t *testing.T) {
 	for _, name := range []string{"a", "orders:42", "a}b", "{x}", "x{y", "ünïcode", strings.Repeat("z", 1000)} {

@@ -1,4 +1,5 @@
-// Command netlock shows and exercises the netlock distributed lock.
+// Command netlock runs programs under a netlock distributed lock, shows
+// locks, and demonstrates the library.
 //
 // Usage:
 //
@@ -6,6 +7,8 @@
 //
 // Commands:
 //
+//	run     run a program while holding a lock, like flock(1) over Redis
+//	status  show whether a lock is held, on each Redis node
 //	demo    run a lost-update race on a Redis counter, without and with a NetMutex
 //	help    show help for netlock or for one command
 //
@@ -17,8 +20,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"syscall"
 )
 
 // A command is one sub-command of netlock. run gets the arguments after the
@@ -33,6 +34,8 @@ type command struct {
 // commands lists the sub-commands, in the order "netlock help" shows them.
 // To add one, append it here and put its code in its own file.
 var commands = []command{
+	{name: "run", summary: "run a program while holding a lock, like flock(1) over Redis", run: runRun},
+	{name: "status", summary: "show whether a lock is held, on each Redis node", run: runStatus},
 	{name: "demo", summary: "run a lost-update race on a Redis counter, without and with a NetMutex", run: runDemo},
 }
 
@@ -43,11 +46,11 @@ const (
 	exitUsage = 2
 )
 
+// main runs the command with a context that never ends: each command handles
+// the signals it cares about (demo stops on SIGINT and SIGTERM; run forwards
+// them to its program).
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	os.Exit(code)
+	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
 }
 
 // run dispatches args (without the program name) to a sub-command.
@@ -88,7 +91,7 @@ func lookup(name string) *command {
 }
 
 func usage(w io.Writer) {
-	fmt.Fprint(w, "netlock shows and exercises the netlock distributed lock.\n\n")
+	fmt.Fprint(w, "netlock runs programs under a distributed lock on Redis, shows locks,\nand demonstrates the netlock library.\n\n")
 	fmt.Fprint(w, "Usage:\n\n\tnetlock <command> [flags]\n\nCommands:\n\n")
 	for _, c := range commands {
 		fmt.Fprintf(w, "\t%-8s%s\n", c.name, c.summary)

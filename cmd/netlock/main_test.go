@@ -3,7 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -15,13 +19,50 @@ import (
 	"github.com/netlock-go/netlock/internal/redistest"
 )
 
+// netlockBin is the netlock command, built once by TestMain, for the tests
+// that run it as a process: signals, exit statuses, several at once.
+var netlockBin string
+
 func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "netlock-cmd-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	netlockBin = filepath.Join(dir, "netlock")
+	if err := build(netlockBin); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
 	goleak.VerifyTestMain(m,
 		// When rueidis.NewClient fails to connect (TestDemoUnreachable), the
 		// client it abandoned schedules a topology refresh that sleeps up to
 		// about a second in its own goroutine, which nothing can stop.
 		goleak.IgnoreAnyFunction("github.com/redis/rueidis.(*call).DelayDo.func1"),
+		goleak.Cleanup(func(code int) {
+			os.RemoveAll(dir)
+			os.Exit(code)
+		}),
 	)
+}
+
+// build builds this package's command into bin, with the race detector when
+// the tests have it.
+func build(bin string) error {
+	goTool, err := exec.LookPath("go") // go test puts its own go first on PATH
+	if err != nil {
+		return err
+	}
+	args := []string{"build", "-o", bin}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	out, err := exec.Command(goTool, append(args, ".")...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return nil
 }
 
 // runCmd runs the command line args (without "netlock") and returns the exit
@@ -291,6 +332,13 @@ func TestDispatch(t *testing.T) {
 		{[]string{"help", "nope"}, 2, "", `unknown command "nope"`},
 		{[]string{"demo", "--help"}, 0, "Usage: netlock demo [flags]", ""},
 		{[]string{"demo", "-h"}, 0, "-backend", ""},
+		{[]string{"help"}, 0, "\trun     run a program while holding a lock", ""},
+		{[]string{"help"}, 0, "\tstatus  show whether a lock is held", ""},
+		{[]string{"help", "run"}, 0, "Usage: netlock run [flags] NAME -- PROGRAM [ARGS...]", ""},
+		{[]string{"run", "--help"}, 0, "  75         the hold was lost while PROGRAM ran", ""},
+		{[]string{"run", "-h"}, 0, "-conflict-exit-code code", ""},
+		{[]string{"help", "status"}, 0, "Usage: netlock status [flags] NAME", ""},
+		{[]string{"status", "--help"}, 0, "Exit status: 0 free, 1 held, 2 bad usage", ""},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			code, stdout, stderr := runCmd(t, t.Context(), tc.args...)

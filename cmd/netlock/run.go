@@ -1,0 +1,444 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/netlock-go/netlock"
+)
+
+// Exit codes of "netlock run" besides the program's own (see runHelp).
+const (
+	exitConflict = 1   // default of --conflict-exit-code, as flock -n
+	exitLost     = 75  // the hold was lost while the program ran (EX_TEMPFAIL)
+	exitNoExec   = 126 // the program was found but could not be started
+	exitNotFound = 127 // the program was not found
+)
+
+// forwarded are the signals netlock run passes on to the program.
+var forwarded = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP}
+
+const runHelp = `Usage: netlock run [flags] NAME -- PROGRAM [ARGS...]
+
+Runs PROGRAM while holding the lock NAME, so that one program at a time runs
+under that name, on any number of hosts: like flock(1), over Redis.
+
+netlock waits for the lock (--wait bounds the wait, --wait 0 tries once),
+starts PROGRAM, keeps the hold extended while PROGRAM runs, releases it when
+PROGRAM exits, and exits with PROGRAM's exit status. PROGRAM inherits
+netlock's stdin, stdout, stderr and environment, plus:
+
+  NETLOCK_NAME   the lock's name
+  NETLOCK_TOKEN  the hold's fencing token, a number that increases with every
+                 hold of NAME: give it to what PROGRAM writes to, so that a
+                 late write of an earlier holder can be refused
+
+netlock writes to stderr only, and only errors unless -v.
+
+SIGINT, SIGTERM and SIGHUP sent to netlock are forwarded to PROGRAM, and
+netlock waits for it to exit. If the hold is lost while PROGRAM runs (its key
+expired or was deleted, or Redis did not answer for --expiry), PROGRAM gets
+SIGTERM, then SIGKILL after --grace, and netlock exits with 75. PROGRAM runs
+in a process group of its own, so that these signals reach every process it
+started. On a terminal it stays in netlock's process group, so that it can
+read the terminal; Ctrl-C then reaches it directly, and netlock does not
+forward that SIGINT a second time.
+
+Exit status:
+
+  PROGRAM's  PROGRAM ran and exited with that status (128+N: killed by signal N)
+  1          the lock is held elsewhere and --wait ran out; PROGRAM did not run
+             (the code is --conflict-exit-code's)
+  2          bad usage, or Redis could not be asked; PROGRAM did not run and
+             nothing is held
+  75         the hold was lost while PROGRAM ran (or was found lost when
+             releasing it after PROGRAM exited)
+  126, 127   PROGRAM could not be started, or was not found
+  128+N      signal N arrived while waiting for the lock; PROGRAM did not run
+
+` + connHelp + `
+Flags:
+`
+
+// runConfig is "netlock run"'s validated command line.
+type runConfig struct {
+	conn     *conn
+	name     string
+	argv     []string      // PROGRAM and ARGS
+	expiry   time.Duration // of the lock key
+	wait     time.Duration // 0: try once; forever when waitSet is false
+	waitSet  bool
+	grace    time.Duration // SIGTERM to SIGKILL when the hold is lost
+	conflict int           // exit code when the lock is busy
+	verbose  bool
+}
+
+// runRun runs "netlock run" with args (the arguments after "run") and
+// returns the exit code.
+func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cfg, code, ok := parseRunFlags(args, stdout, stderr)
+	if !ok {
+		return code
+	}
+	r := &runner{cfg: cfg, stdout: stdout, stderr: stderr}
+	return r.run(ctx)
+}
+
+// parseRunFlags parses and validates args. When ok is false, the caller
+// should exit with code: help was shown (0) or the command line is bad (2,
+// the message already on stderr).
+func parseRunFlags(args []string, stdout, stderr io.Writer) (cfg runConfig, code int, ok bool) {
+	fs := flag.NewFlagSet("netlock run", flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // errors and help are printed below
+	var cf connFlags
+	cf.register(fs)
+	fs.DurationVar(&cfg.expiry, "expiry", netlock.DefaultExpiry, "TTL of the lock key: how long the lock outlives a netlock that dies\nwithout releasing it; the hold is extended every third of it")
+	fs.Func("wait", "wait at most `duration` for the lock, 0 to try once (default: as long as it takes)", func(s string) error {
+		d, err := time.ParseDuration(s)
+		if err != nil || d < 0 {
+			return errors.New("want a duration such as 30s, 5m or 0")
+		}
+		cfg.wait, cfg.waitSet = d, true
+		return nil
+	})
+	fs.DurationVar(&cfg.grace, "grace", 10*time.Second, "when the hold is lost: time between SIGTERM and SIGKILL to the program\n(0: SIGKILL at once)")
+	fs.IntVar(&cfg.conflict, "conflict-exit-code", exitConflict, "exit `code` when the lock is held elsewhere and --wait ran out, 0 to 255")
+	fs.BoolVar(&cfg.verbose, "v", false, "tell on stderr what netlock does")
+	bad := func(format string, a ...any) (runConfig, int, bool) {
+		fmt.Fprintf(stderr, "netlock run: "+format+"\n", a...)
+		fmt.Fprintln(stderr, `Run "netlock run --help" for usage.`)
+		return cfg, exitUsage, false
+	}
+
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(stdout, runHelp)
+			fs.SetOutput(stdout)
+			fs.PrintDefaults()
+			return cfg, exitOK, false
+		}
+		if msg := err.Error(); strings.Contains(msg, "flag -expiry:") || strings.Contains(msg, "flag -grace:") {
+			err = fmt.Errorf("%w; want a duration such as 30s, 5m or 1m30s", err)
+		}
+		return bad("%v", err)
+	}
+	rest := fs.Args()
+	switch {
+	case len(rest) == 0:
+		return bad("missing the lock name: netlock run [flags] NAME -- PROGRAM [ARGS...]")
+	case len(rest) == 1:
+		return bad("missing -- PROGRAM after the lock name %q", rest[0])
+	case rest[1] != "--" && strings.HasPrefix(rest[1], "-"):
+		return bad("%s after the lock name: flags go before NAME", rest[1])
+	case rest[1] != "--":
+		return bad("want -- between the lock name and the program: netlock run [flags] %s -- %s", rest[0], strings.Join(rest[1:], " "))
+	case len(rest) == 2:
+		return bad("missing the program after --")
+	case rest[2] == "":
+		return bad("empty program name")
+	}
+	cfg.name, cfg.argv = rest[0], rest[2:]
+
+	switch {
+	case cfg.expiry <= 0:
+		return bad("--expiry must be positive, not %v", cfg.expiry)
+	case cfg.grace < 0:
+		return bad("--grace must not be negative, not %v", cfg.grace)
+	case cfg.conflict < 0 || cfg.conflict > 255:
+		return bad("--conflict-exit-code must be between 0 and 255, not %d", cfg.conflict)
+	}
+	c, err := cf.resolve(os.Getenv)
+	if err != nil {
+		return bad("%v", err)
+	}
+	cfg.conn = c
+	return cfg, exitOK, true
+}
+
+// A runner is one "netlock run".
+type runner struct {
+	cfg            runConfig
+	stdout, stderr io.Writer
+}
+
+// errorf reports on stderr, always.
+func (r *runner) errorf(format string, a ...any) {
+	fmt.Fprintf(r.stderr, "netlock run: "+format+"\n", a...)
+}
+
+// logf reports on stderr with -v.
+func (r *runner) logf(format string, a ...any) {
+	if r.cfg.verbose {
+		r.errorf(format, a...)
+	}
+}
+
+// run acquires the lock, runs the program under it and releases it. It
+// returns the exit code.
+func (r *runner) run(ctx context.Context) int {
+	cfg := &r.cfg
+	// From here on, INT, TERM and HUP are netlock's to handle: they stop
+	// the wait for the lock, or go to the program. The buffer keeps a signal
+	// that arrives while the program is being started.
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, forwarded...)
+	defer signal.Stop(sigs)
+
+	pools := cfg.conn.pools()
+	defer closePools(pools)
+	backends := make([]netlock.Backend, len(pools))
+	for i, p := range pools {
+		backends[i] = netlock.NewRedigo(p)
+	}
+	m, err := netlock.New(cfg.name, backends, netlock.WithExpiry(cfg.expiry), netlock.WithPrefix(cfg.conn.prefix))
+	if err != nil {
+		r.errorf("%v", err)
+		return exitUsage
+	}
+
+	// A program that cannot run is reported before the lock is taken.
+	if _, err := exec.LookPath(cfg.argv[0]); err != nil {
+		var ee *exec.Error
+		if errors.As(err, &ee) {
+			err = ee.Err // without exec's own prefix
+		}
+		r.errorf("cannot run %q: %v", cfg.argv[0], err)
+		return startFailure(err)
+	}
+
+	start := time.Now()
+	sig, err := r.acquire(ctx, m, sigs)
+	switch {
+	case sig != nil:
+		r.errorf("%s while waiting for the lock %q; %s did not run", sigName(sig), cfg.name, cfg.argv[0])
+		return 128 + int(sig.(syscall.Signal))
+	case errors.Is(err, errBusy):
+		r.logf("the lock %q is held elsewhere%s; %s did not run", cfg.name, r.waited(), cfg.argv[0])
+		return cfg.conflict
+	case err != nil && ctx.Err() != nil:
+		r.errorf("stopped while waiting for the lock %q: %v", cfg.name, context.Cause(ctx))
+		return 130 // as for SIGINT
+	case err != nil:
+		r.errorf("cannot take the lock %q on Redis at %s: %s", cfg.name, cfg.conn.where(), oneLine(err))
+		return exitUsage
+	}
+	r.logf("acquired the lock %q with fencing token %d after %v", cfg.name, m.Token(), time.Since(start).Round(time.Millisecond))
+	return r.supervise(ctx, m, sigs)
+}
+
+// errBusy means the lock was held elsewhere until --wait ran out.
+var errBusy = errors.New("busy")
+
+// acquire takes the lock, once (--wait 0), until --wait runs out, or as long
+// as it takes. A signal from sigs stops it: acquire then returns the signal,
+// with nothing held. Otherwise it returns nil (m is held), errBusy, or the
+// error of LockCtx or TryLockCtx.
+func (r *runner) acquire(ctx context.Context, m *netlock.NetMutex, sigs <-chan os.Signal) (os.Signal, error) {
+	sctx, cancel := context.WithCancel(ctx) // cancelled by a signal
+	defer cancel()
+	actx := sctx
+	if r.cfg.waitSet && r.cfg.wait > 0 {
+		var stop context.CancelFunc
+		actx, stop = context.WithTimeout(sctx, r.cfg.wait)
+		defer stop()
+	}
+	var sig os.Signal
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		select {
+		case sig = <-sigs:
+			cancel()
+		case <-done:
+		}
+	})
+
+	var err error
+	r.logf("taking the lock %q on Redis at %s", r.cfg.name, r.cfg.conn.where())
+	if r.cfg.waitSet && r.cfg.wait == 0 {
+		var ok bool
+		ok, err = m.TryLockCtx(actx)
+		if err == nil && !ok {
+			err = errBusy
+		}
+	} else {
+		err = m.LockCtx(actx)
+	}
+	close(done)
+	wg.Wait() // sig is read after the goroutine wrote it
+
+	if sig != nil {
+		if err == nil {
+			// The lock came with the signal: give it back unused.
+			r.release(ctx, m)
+		}
+		return sig, nil
+	}
+	if err != nil && ctx.Err() == nil && errors.Is(err, netlock.ErrNotObtained) && errors.Is(err, context.DeadlineExceeded) {
+		return nil, errBusy // --wait ran out
+	}
+	return nil, err
+}
+
+// waited says how long netlock waited, for a message.
+func (r *runner) waited() string {
+	if r.cfg.wait == 0 {
+		return ""
+	}
+	return " for " + r.cfg.wait.String()
+}
+
+// supervise runs the program under the held lock m and returns the exit
+// code. It forwards signals, stops the program when the hold is lost, and
+// releases the lock when the program has exited.
+func (r *runner) supervise(ctx context.Context, m *netlock.NetMutex, sigs <-chan os.Signal) int {
+	cfg := &r.cfg
+	prog := cfg.argv[0]
+	token := m.Token()
+	cmd := exec.Command(prog, cfg.argv[1:]...)
+	cmd.Env = append(os.Environ(), "NETLOCK_NAME="+cfg.name, "NETLOCK_TOKEN="+strconv.FormatUint(token, 10))
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, r.stdout, r.stderr
+	ownGroup := !hasTerminal()
+	cmd.SysProcAttr = sysProcAttr(ownGroup)
+	if err := cmd.Start(); err != nil {
+		r.release(ctx, m)
+		r.errorf("cannot run %s: %v", prog, err)
+		return startFailure(err)
+	}
+	r.logf("started %s (pid %d)", prog, cmd.Process.Pid)
+	send := func(sig syscall.Signal) {
+		if err := signalProgram(cmd.Process, ownGroup, sig); err != nil {
+			r.errorf("send %s to %s (pid %d): %v", sigName(sig), prog, cmd.Process.Pid, err)
+		}
+	}
+
+	exited := make(chan struct{})
+	var waitErr error
+	go func() {
+		waitErr = cmd.Wait()
+		close(exited)
+	}()
+
+	lost := m.Lost()
+	ctxDone := ctx.Done()
+	var (
+		lostHold bool
+		kill     *time.Timer
+		killC    <-chan time.Time
+	)
+	for running := true; running; {
+		select {
+		case <-exited:
+			running = false
+		case sig := <-sigs:
+			if sig == syscall.SIGINT && !ownGroup {
+				// The program shares netlock's process group on the
+				// terminal, which sent this SIGINT to both.
+				continue
+			}
+			r.logf("forwarding %s to %s", sigName(sig), prog)
+			send(sig.(syscall.Signal))
+		case <-ctxDone:
+			// Only an in-process caller's context ends (main's never does):
+			// ask the program to stop, as a SIGTERM to netlock would.
+			ctxDone = nil
+			send(syscall.SIGTERM)
+		case <-lost:
+			lost, lostHold = nil, true
+			if cfg.grace == 0 {
+				r.errorf("lost the lock %q (fencing token %d) while %s ran; killing it", cfg.name, token, prog)
+				send(syscall.SIGKILL)
+				continue
+			}
+			r.errorf("lost the lock %q (fencing token %d) while %s ran; sending SIGTERM, SIGKILL in %v", cfg.name, token, prog, cfg.grace)
+			send(syscall.SIGTERM)
+			kill = time.NewTimer(cfg.grace)
+			killC = kill.C
+		case <-killC:
+			killC = nil
+			r.errorf("%s did not exit within %v of SIGTERM; sending SIGKILL", prog, cfg.grace)
+			send(syscall.SIGKILL)
+		}
+	}
+	if kill != nil {
+		kill.Stop()
+	}
+
+	code := exitFail
+	if ps := cmd.ProcessState; ps != nil {
+		code = exitStatus(ps)
+		r.logf("%s exited: %v", prog, ps)
+	} else {
+		r.errorf("wait for %s: %v", prog, waitErr)
+	}
+	if !r.release(ctx, m) && !lostHold {
+		r.errorf("the lock %q (fencing token %d) was lost while %s ran: found when releasing it", cfg.name, token, prog)
+		lostHold = true
+	}
+	if lostHold {
+		return exitLost
+	}
+	return code
+}
+
+// startFailure is the exit code for a program that could not be started,
+// as shells have it: 127 when it was not found, 126 otherwise.
+func startFailure(err error) int {
+	if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) || errors.Is(err, exec.ErrDot) {
+		return exitNotFound
+	}
+	return exitNoExec
+}
+
+// release unlocks m and reports whether the hold was still ours: false if
+// it had been lost. A release that could not reach Redis is reported; the key
+// then expires on its own within --expiry.
+func (r *runner) release(ctx context.Context, m *netlock.NetMutex) (held bool) {
+	// Detached: the release must happen even when ctx has ended. UnlockCtx
+	// bounds it by the node timeout.
+	switch err := m.UnlockCtx(context.WithoutCancel(ctx)); {
+	case errors.Is(err, netlock.ErrLockLost):
+		return false
+	case err != nil:
+		r.errorf("cannot release the lock %q (it expires within %v): %s", r.cfg.name, r.cfg.expiry, oneLine(err))
+	default:
+		r.logf("released the lock %q", r.cfg.name)
+	}
+	return true
+}
+
+// exitStatus is the status a shell would report for a process: its exit
+// code, or 128+N if signal N killed it.
+func exitStatus(ps *os.ProcessState) int {
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return 128 + int(ws.Signal())
+	}
+	return ps.ExitCode()
+}
+
+// sigName names a signal as ps and kill do: SIGTERM.
+func sigName(sig os.Signal) string {
+	switch sig {
+	case syscall.SIGINT:
+		return "SIGINT"
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	case syscall.SIGHUP:
+		return "SIGHUP"
+	case syscall.SIGKILL:
+		return "SIGKILL"
+	}
+	return sig.String()
+}

@@ -1,0 +1,571 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/netlock-go/netlock/internal/keyspace"
+	"github.com/netlock-go/netlock/internal/redistest"
+)
+
+// procTimeout bounds every netlock process a test starts: one that runs
+// longer is killed and the test fails, instead of hanging until go test's
+// own timeout.
+const procTimeout = time.Minute
+
+// A proc is a netlock process started by a test.
+type proc struct {
+	t      *testing.T
+	cmd    *exec.Cmd
+	stdout syncBuffer
+	stderr syncBuffer
+	done   chan struct{} // closed when cmd.Wait has returned
+}
+
+// syncBuffer is a bytes.Buffer that the test can read while the process
+// writes to it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// startNetlock starts the netlock binary with args, in an environment
+// without the test's own NETLOCK_ variables plus env. The process is killed
+// when the test ends, if it is still running.
+func startNetlock(t *testing.T, env []string, args ...string) *proc {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), procTimeout)
+	cmd := exec.CommandContext(ctx, netlockBin, args...)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "NETLOCK_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, env...)
+	p := &proc{t: t, cmd: cmd, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = &p.stdout, &p.stderr
+	if err := cmd.Start(); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	go func() {
+		cmd.Wait()
+		cancel()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-p.done
+	})
+	return p
+}
+
+// wait waits for the process to exit and returns its exit code.
+func (p *proc) wait() int {
+	p.t.Helper()
+	<-p.done
+	p.t.Logf("netlock %s: %v\nstdout:\n%s\nstderr:\n%s", strings.Join(p.cmd.Args[1:], " "), p.cmd.ProcessState, p.stdout.String(), p.stderr.String())
+	code := p.cmd.ProcessState.ExitCode()
+	if code < 0 {
+		p.t.Fatalf("netlock did not exit by itself: %v", p.cmd.ProcessState)
+	}
+	return code
+}
+
+// runNetlock runs the netlock binary with args and returns its exit code,
+// stdout and stderr.
+func runNetlock(t *testing.T, env []string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	p := startNetlock(t, env, args...)
+	code = p.wait()
+	return code, p.stdout.String(), p.stderr.String()
+}
+
+// waitFor polls until cond holds, failing the test if it does not within
+// procTimeout. It is for waiting on other processes, never for measuring.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(procTimeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %v for %s", procTimeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// exists reports whether the file at path exists.
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// readFile returns the content of path, "" if it does not exist.
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// redisDo sends one command to s and fails the test on an error.
+func redisDo(t *testing.T, s *redistest.Server, args ...string) string {
+	t.Helper()
+	reply, err := s.Do(args...)
+	if err != nil {
+		t.Fatalf("%s: %v", strings.Join(args, " "), err)
+	}
+	return reply
+}
+
+// lockKey is the lock key of name under the default prefix.
+func lockKey(name string) string { return keyspace.New("netlock:", name, true).Lock }
+
+// fenceKey is the fence counter of name under the default prefix.
+func fenceKey(name string) string { return keyspace.New("netlock:", name, true).Fence }
+
+// checkReleased checks that the lock key of name is gone from s.
+func checkReleased(t *testing.T, s *redistest.Server, name string) {
+	t.Helper()
+	if n := redisDo(t, s, "EXISTS", lockKey(name)); n != "0" {
+		t.Errorf("lock key %s still exists after netlock exited", lockKey(name))
+	}
+}
+
+// TestRunExclusive starts two netlock run at once on one lock, each running a
+// script that appends a start line, pauses and appends an end line: the
+// scripts must run one after the other, with increasing fencing tokens.
+func TestRunExclusive(t *testing.T) {
+	s := redistest.Start(t)
+	log := filepath.Join(t.TempDir(), "log")
+	script := `echo "start $NETLOCK_NAME $NETLOCK_TOKEN" >> "$1"; sleep 0.3; echo "end $NETLOCK_NAME $NETLOCK_TOKEN" >> "$1"`
+	var procs []*proc
+	for range 2 {
+		procs = append(procs, startNetlock(t, nil, "run", "--redis", s.Addr(), "job", "--", "sh", "-c", script, "sh", log))
+	}
+	for _, p := range procs {
+		if code := p.wait(); code != 0 {
+			t.Errorf("exit %d, want 0", code)
+		}
+	}
+
+	lines := strings.Split(strings.TrimSuffix(readFile(t, log), "\n"), "\n")
+	if len(lines) != 4 {
+		t.Fatalf("log has %d lines, want 4:\n%s", len(lines), strings.Join(lines, "\n"))
+	}
+	var last uint64
+	for i := 0; i < len(lines); i += 2 {
+		start, end := strings.Fields(lines[i]), strings.Fields(lines[i+1])
+		if len(start) != 3 || start[0] != "start" || start[1] != "job" || len(end) != 3 || end[0] != "end" || start[2] != end[2] {
+			t.Fatalf("lines %d and %d are %q and %q, want start and end of one run of job", i+1, i+2, lines[i], lines[i+1])
+		}
+		token, err := strconv.ParseUint(start[2], 10, 64)
+		if err != nil || token <= last {
+			t.Errorf("NETLOCK_TOKEN %q after %d, want a greater number", start[2], last)
+		}
+		last = token
+	}
+	checkReleased(t, s, "job")
+}
+
+// TestRunConflict: with the lock held elsewhere, netlock run gives up with
+// the conflict code once --wait runs out, without running the program or
+// touching the holder's key.
+func TestRunConflict(t *testing.T) {
+	s := redistest.Start(t)
+	redisDo(t, s, "SET", lockKey("job"), "someone-else:7", "PX", "600000")
+	for _, tc := range []struct {
+		flags  []string
+		code   int
+		stderr string // "" for none
+	}{
+		{[]string{"--wait", "0"}, 1, ""},
+		{[]string{"--wait", "0", "--conflict-exit-code", "9"}, 9, ""},
+		{[]string{"--wait", "0", "-v"}, 1, `the lock "job" is held elsewhere; touch did not run`},
+		{[]string{"--wait", "200ms", "-v"}, 1, `the lock "job" is held elsewhere for 200ms; touch did not run`},
+	} {
+		t.Run(strings.Join(tc.flags, " "), func(t *testing.T) {
+			marker := filepath.Join(t.TempDir(), "ran")
+			args := append(append([]string{"run", "--redis", s.Addr()}, tc.flags...), "job", "--", "touch", marker)
+			code, stdout, stderr := runNetlock(t, nil, args...)
+			if code != tc.code {
+				t.Errorf("exit %d, want %d", code, tc.code)
+			}
+			if exists(marker) {
+				t.Error("the program ran")
+			}
+			if stdout != "" {
+				t.Errorf("stdout: got %q, want nothing", stdout)
+			}
+			if tc.stderr == "" && stderr != "" {
+				t.Errorf("stderr: got %q, want nothing", stderr)
+			}
+			if !strings.Contains(stderr, tc.stderr) {
+				t.Errorf("stderr does not say %q", tc.stderr)
+			}
+			if v := redisDo(t, s, "GET", lockKey("job")); v != "someone-else:7" {
+				t.Errorf("lock key holds %q, want the other holder's someone-else:7", v)
+			}
+		})
+	}
+}
+
+// TestRunExitStatus: netlock run exits with the program's status, as a shell
+// reports it, and releases the lock.
+func TestRunExitStatus(t *testing.T) {
+	s := redistest.Start(t)
+	for _, tc := range []struct {
+		script string
+		code   int
+	}{
+		{"exit 0", 0},
+		{"exit 3", 3},
+		{"exit 255", 255},
+		{"kill -KILL $$", 128 + 9},
+		{"kill -TERM $$", 128 + 15},
+	} {
+		t.Run(tc.script, func(t *testing.T) {
+			code, _, stderr := runNetlock(t, nil, "run", "--redis", s.Addr(), "job", "--", "sh", "-c", tc.script)
+			if code != tc.code {
+				t.Errorf("exit %d, want %d", code, tc.code)
+			}
+			if stderr != "" {
+				t.Errorf("stderr: got %q, want nothing", stderr)
+			}
+			checkReleased(t, s, "job")
+		})
+	}
+}
+
+// TestRunEnvironment: the program gets the lock's name and its hold's
+// fencing token, which is the node's fence counter, and netlock's stdout.
+func TestRunEnvironment(t *testing.T) {
+	s := redistest.Start(t)
+	for want := 1; want <= 2; want++ {
+		code, stdout, _ := runNetlock(t, []string{"NETLOCK_TOKEN=stale", "KEEP=kept"}, "run", "--redis", s.Addr(), "orders:42", "--",
+			"sh", "-c", `echo "$NETLOCK_NAME $NETLOCK_TOKEN $KEEP $1"`, "sh", "arg")
+		if code != 0 {
+			t.Fatalf("exit %d, want 0", code)
+		}
+		if got, wantOut := stdout, "orders:42 "+strconv.Itoa(want)+" kept arg\n"; got != wantOut {
+			t.Errorf("program printed %q, want %q", got, wantOut)
+		}
+	}
+	if got := redisDo(t, s, "GET", fenceKey("orders:42")); got != "2" {
+		t.Errorf("fence counter %q, want 2", got)
+	}
+}
+
+// TestRunCannotStart: a program that is missing or not executable is
+// reported, with the shell's codes, before the lock is taken.
+func TestRunCannotStart(t *testing.T) {
+	s := redistest.Start(t)
+	notExec := filepath.Join(t.TempDir(), "not-executable")
+	if err := os.WriteFile(notExec, []byte("#!/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		program string
+		code    int
+	}{
+		{"netlock-no-such-program", 127},
+		{filepath.Join(t.TempDir(), "missing"), 127},
+		{notExec, 126},
+	} {
+		t.Run(filepath.Base(tc.program), func(t *testing.T) {
+			code, _, stderr := runNetlock(t, nil, "run", "--redis", s.Addr(), "job", "--", tc.program)
+			if code != tc.code {
+				t.Errorf("exit %d, want %d", code, tc.code)
+			}
+			if !strings.Contains(stderr, "netlock run: cannot run "+strconv.Quote(tc.program)) {
+				t.Errorf("stderr does not name the program: %q", stderr)
+			}
+		})
+	}
+	if keys := redisDo(t, s, "KEYS", "*"); keys != "" {
+		t.Errorf("keys %q on the server, want none: the lock was taken", keys)
+	}
+}
+
+// trapScript is a program for the signal tests: it traps sig by appending
+// "got <sig>" to the file $1 and exiting 5, says it is ready by creating $2,
+// and otherwise runs until stopped.
+func trapScript(sig string) string {
+	return `trap 'echo "got ` + sig + `" >> "$1"; exit 5' ` + sig + `
+echo ready > "$2"
+while :; do sleep 0.05; done`
+}
+
+// TestRunLostHold: when the hold is lost while the program runs, the
+// program gets SIGTERM and netlock exits with 75.
+func TestRunLostHold(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		lose func(s *redistest.Server)
+	}{
+		{"key deleted", func(s *redistest.Server) { redisDo(t, s, "DEL", lockKey("job")) }},
+		{"server paused", func(s *redistest.Server) { s.Pause() }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := redistest.Start(t)
+			dir := t.TempDir()
+			marker, ready := filepath.Join(dir, "marker"), filepath.Join(dir, "ready")
+			p := startNetlock(t, nil, "run", "--redis", s.Addr(), "--expiry", "1s", "job", "--", "sh", "-c", trapScript("TERM"), "sh", marker, ready)
+			waitFor(t, "the program to start", func() bool { return exists(ready) })
+			tc.lose(s)
+			code := p.wait()
+			s.Resume()
+			if code != exitLost {
+				t.Errorf("exit %d, want %d", code, exitLost)
+			}
+			if got := readFile(t, marker); got != "got TERM\n" {
+				t.Errorf("the program wrote %q, want %q", got, "got TERM\n")
+			}
+			if want := `netlock run: lost the lock "job" (fencing token 1) while sh ran; sending SIGTERM, SIGKILL in 10s`; !strings.Contains(p.stderr.String(), want) {
+				t.Errorf("stderr does not say %q", want)
+			}
+		})
+	}
+}
+
+// TestRunLostHoldKill: a program that ignores SIGTERM is killed, with what it
+// started, when --grace runs out after the hold is lost.
+func TestRunLostHoldKill(t *testing.T) {
+	s := redistest.Start(t)
+	dir := t.TempDir()
+	ready, childPid := filepath.Join(dir, "ready"), filepath.Join(dir, "child")
+	// The ignored SIGTERM is inherited by the background sleep.
+	script := `trap '' TERM; sleep 60 & echo $! > "$2"; echo ready > "$1"; wait`
+	p := startNetlock(t, nil, "run", "--redis", s.Addr(), "--expiry", "1s", "--grace", "100ms", "job", "--", "sh", "-c", script, "sh", ready, childPid)
+	waitFor(t, "the program to start", func() bool { return exists(ready) })
+	pid, err := strconv.Atoi(strings.TrimSpace(readFile(t, childPid)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	redisDo(t, s, "DEL", lockKey("job"))
+	if code := p.wait(); code != exitLost {
+		t.Errorf("exit %d, want %d", code, exitLost)
+	}
+	if want := "sh did not exit within 100ms of SIGTERM; sending SIGKILL"; !strings.Contains(p.stderr.String(), want) {
+		t.Errorf("stderr does not say %q", want)
+	}
+	waitFor(t, "the program's child to be killed", func() bool { return !alive(pid) })
+}
+
+// alive reports whether process pid runs (a zombie does not).
+func alive(pid int) bool {
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil { // no /proc: ask the kernel, for which zombies are alive
+		p, err := os.FindProcess(pid)
+		return err == nil && p.Signal(syscall.Signal(0)) == nil
+	}
+	i := bytes.LastIndexByte(stat, ')')
+	return i < 0 || i+2 >= len(stat) || stat[i+2] != 'Z'
+}
+
+// TestRunForwardsSignals: INT, TERM and HUP sent to netlock reach the
+// program; netlock exits with the program's status once it has released the
+// lock.
+func TestRunForwardsSignals(t *testing.T) {
+	s := redistest.Start(t)
+	for _, tc := range []struct {
+		name string
+		sig  syscall.Signal
+	}{
+		{"INT", syscall.SIGINT},
+		{"TERM", syscall.SIGTERM},
+		{"HUP", syscall.SIGHUP},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			marker, ready := filepath.Join(dir, "marker"), filepath.Join(dir, "ready")
+			p := startNetlock(t, nil, "run", "--redis", s.Addr(), "job", "--", "sh", "-c", trapScript(tc.name), "sh", marker, ready)
+			waitFor(t, "the program to start", func() bool { return exists(ready) })
+			if err := p.cmd.Process.Signal(tc.sig); err != nil {
+				t.Fatal(err)
+			}
+			if code := p.wait(); code != 5 {
+				t.Errorf("exit %d, want the program's 5", code)
+			}
+			if got, want := readFile(t, marker), "got "+tc.name+"\n"; got != want {
+				t.Errorf("the program wrote %q, want %q", got, want)
+			}
+			// sh may report that its sleep was killed by the signal too,
+			// but netlock has nothing to say.
+			if stderr := p.stderr.String(); strings.Contains(stderr, "netlock") {
+				t.Errorf("stderr: got %q, want nothing from netlock", stderr)
+			}
+			checkReleased(t, s, "job")
+		})
+	}
+}
+
+// TestRunSignalWhileWaiting: a signal that arrives while netlock waits for
+// the lock ends the wait; the program never runs.
+func TestRunSignalWhileWaiting(t *testing.T) {
+	s := redistest.Start(t)
+	redisDo(t, s, "SET", lockKey("job"), "someone-else:7", "PX", "600000")
+	marker := filepath.Join(t.TempDir(), "ran")
+	p := startNetlock(t, nil, "run", "-v", "--redis", s.Addr(), "job", "--", "touch", marker)
+	waitFor(t, "netlock to wait for the lock", func() bool { return strings.Contains(p.stderr.String(), "taking the lock") })
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.wait(); code != 128+15 {
+		t.Errorf("exit %d, want %d", code, 128+15)
+	}
+	if exists(marker) {
+		t.Error("the program ran")
+	}
+	if want := `netlock run: SIGTERM while waiting for the lock "job"; touch did not run`; !strings.Contains(p.stderr.String(), want) {
+		t.Errorf("stderr does not say %q", want)
+	}
+	if v := redisDo(t, s, "GET", lockKey("job")); v != "someone-else:7" {
+		t.Errorf("lock key holds %q, want the other holder's someone-else:7", v)
+	}
+}
+
+// TestRunQuorum: with three servers, netlock run holds the lock on all that
+// answer, and runs with one of them down.
+func TestRunQuorum(t *testing.T) {
+	servers := []*redistest.Server{redistest.Start(t), redistest.Start(t), redistest.Start(t)}
+	args := []string{"run"}
+	for _, s := range servers {
+		args = append(args, "--redis", s.Addr())
+	}
+	servers[2].Stop()
+	script := `exec "$1" status --redis "$2" --redis "$3" --redis "$4" "$NETLOCK_NAME"`
+	code, stdout, _ := runNetlock(t, nil, append(args, "job", "--", "sh", "-c", script, "sh", netlockBin, servers[0].Addr(), servers[1].Addr(), servers[2].Addr())...)
+	if code != exitHeld {
+		t.Errorf("exit %d, want netlock status's %d (held)", code, exitHeld)
+	}
+	if want := `lock "job": held, fencing token 1 on 2 of 3 nodes`; !strings.Contains(stdout, want) {
+		t.Errorf("status inside the run does not say %q", want)
+	}
+	for _, s := range servers[:2] {
+		checkReleased(t, s, "job")
+	}
+}
+
+// TestRunBadInput: a bad command line or an unreachable Redis is reported
+// with exit 2; the program does not run and nothing is held.
+func TestRunBadInput(t *testing.T) {
+	s := redistest.Start(t)
+	t.Setenv(envRedis, "")
+	t.Setenv(envPassword, "")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	unreachable := l.Addr().String()
+	l.Close() // nothing listens there now
+
+	for _, tc := range []struct {
+		args []string // before NAME -- PROGRAM, or instead when prog is false
+		prog bool     // append "job -- touch <marker>"
+		want string   // in the first line of stderr
+	}{
+		{nil, false, "missing the lock name"},
+		{[]string{"job"}, false, `missing -- PROGRAM after the lock name "job"`},
+		{[]string{"job", "touch", "x"}, false, "want -- between the lock name and the program"},
+		{[]string{"job", "--wait", "0", "--", "true"}, false, "--wait after the lock name: flags go before NAME"},
+		{[]string{"job", "--"}, false, "missing the program after --"},
+		{[]string{"job", "--", ""}, false, "empty program name"},
+		{[]string{"", "--", "true"}, false, "empty lock name"},
+		{[]string{"}job", "--", "true"}, false, `lock name "}job" starts with '}'`},
+		{[]string{"--wait", "soon"}, true, `invalid value "soon" for flag -wait: want a duration such as 30s, 5m or 0`},
+		{[]string{"--wait", "-1s"}, true, `invalid value "-1s" for flag -wait: want a duration`},
+		{[]string{"--expiry", "0"}, true, "--expiry must be positive"},
+		{[]string{"--expiry", "5"}, true, `invalid value "5" for flag -expiry: parse error; want a duration such as 30s`},
+		{[]string{"--grace", "soon"}, true, `invalid value "soon" for flag -grace: parse error; want a duration`},
+		{[]string{"--expiry", "1ms"}, true, "expiry 1ms leaves no validity"},
+		{[]string{"--grace", "-1s"}, true, "--grace must not be negative"},
+		{[]string{"--conflict-exit-code", "256"}, true, "--conflict-exit-code must be between 0 and 255"},
+		{[]string{"--prefix", "a{b"}, true, `prefix "a{b" contains '{'`},
+		{[]string{"--redis", "localhost"}, true, `--redis: "localhost" is not host:port`},
+		{[]string{"--redis", "127.0.0.1:99999"}, true, `--redis: "127.0.0.1:99999" is not host:port`},
+		{[]string{"--redis", "127.0.0.1:1", "--redis", "127.0.0.1:1"}, true, "--redis: 127.0.0.1:1 given twice"},
+		{[]string{"--user", "bob"}, true, "--user bob needs the password in $NETLOCK_PASSWORD"},
+		{[]string{"--tls-ca", filepath.Join(t.TempDir(), "missing.pem")}, true, "--tls-ca: open "},
+		{[]string{"--no-such-flag"}, true, "flag provided but not defined: -no-such-flag"},
+		{[]string{"--redis", unreachable}, true, `cannot take the lock "job" on Redis at ` + unreachable + ": "},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			marker := filepath.Join(t.TempDir(), "ran")
+			args := []string{"run"}
+			if !containsRedis(tc.args) {
+				args = append(args, "--redis", s.Addr())
+			}
+			args = append(args, tc.args...)
+			if tc.prog {
+				args = append(args, "job", "--", "touch", marker)
+			}
+			code, stdout, stderr := runCmd(t, t.Context(), args...)
+			if code != exitUsage {
+				t.Errorf("exit %d, want %d", code, exitUsage)
+			}
+			if stdout != "" {
+				t.Errorf("stdout: got %q, want nothing", stdout)
+			}
+			if first, _, _ := strings.Cut(stderr, "\n"); !strings.HasPrefix(first, "netlock run: ") || !strings.Contains(first, tc.want) {
+				t.Errorf("stderr's first line %q does not say %q", first, tc.want)
+			}
+			if exists(marker) {
+				t.Error("the program ran")
+			}
+			if keys := redisDo(t, s, "KEYS", "*"); keys != "" {
+				t.Errorf("keys %q on the server, want none", keys)
+			}
+		})
+	}
+}
+
+func containsRedis(args []string) bool {
+	for _, a := range args {
+		if a == "--redis" {
+			return true
+		}
+	}
+	return false
+}
+
+// TestRunRedisFromEnvironment: without --redis, the servers come from
+// NETLOCK_REDIS.
+func TestRunRedisFromEnvironment(t *testing.T) {
+	a, b := redistest.Start(t), redistest.Start(t)
+	code, _, stderr := runNetlock(t, []string{envRedis + "=" + a.Addr() + ", " + b.Addr()}, "run", "-v", "job", "--", "true")
+	if code != 0 {
+		t.Errorf("exit %d, want 0", code)
+	}
+	if want := "on Redis at node 0 " + a.Addr() + ", node 1 " + b.Addr(); !strings.Contains(stderr, want) {
+		t.Errorf("stderr does not say %q", want)
+	}
+	if got := redisDo(t, b, "GET", fenceKey("job")); got != "1" {
+		t.Errorf("fence counter on the second server: got %q, want 1", got)
+	}
+}

@@ -1,0 +1,124 @@
+// Package keyspace names the Redis keys of a netlock lock. The netlock
+// package uses it to build its keys, and cmd/netlock to read them ("netlock
+// status"), so both always agree.
+//
+// For lock name with prefix p:
+//
+//	p{name}               the lock key; it holds "<value>:<token>"
+//	p{name}:released      the release channel
+//	p{name}:gone:<value>  a released value's tombstone
+//	p{t}:fence            the fence counter of the lock key's hash slot
+//
+// The braces are a Redis Cluster hash tag. Fence counters are kept per hash
+// slot, not per name: t is a short tag chosen so that the counter lands in
+// the lock key's slot. An application that locks millions of distinct names
+// then leaves at most 16384 counter keys per prefix; a script may touch the
+// lock key and the counter together on a Redis Cluster; and a token, monotonic
+// per slot, is monotonic per name.
+package keyspace
+
+import "sync"
+
+// Keys are the Redis names of one lock.
+type Keys struct {
+	Lock    string // p{name}
+	Channel string // p{name}:released
+	Fence   string // p{t}:fence, in Lock's hash slot; "" when fencing is off
+}
+
+// New returns the names of lock name under prefix, with a fence counter when
+// fencing is on. It does not validate its input: the netlock package rejects
+// an empty name and a prefix containing '{' or '}'.
+func New(prefix, name string, fencing bool) Keys {
+	k := Keys{Lock: prefix + "{" + name + "}"}
+	k.Channel = k.Lock + ":released"
+	if fencing {
+		k.Fence = prefix + "{" + SlotTags()[Slot(k.Lock)] + "}:fence"
+	}
+	return k
+}
+
+// Tomb returns the tombstone key of value for the lock key lock:
+// p{name}:gone:<value>. A release that does not find value in the lock key
+// sets it, so that an acquire of value arriving late is refused.
+func Tomb(lock, value string) string { return lock + ":gone:" + value }
+
+// Slot is Redis Cluster's HASH_SLOT: CRC16 of the key's hash tag (the bytes
+// between the first '{' and the first '}' after it, if not empty), or of the
+// whole key, modulo 16384.
+func Slot(key string) uint16 {
+	for i := 0; i < len(key); i++ {
+		if key[i] == '{' {
+			for j := i + 1; j < len(key); j++ {
+				if key[j] == '}' {
+					if j > i+1 {
+						key = key[i+1 : j]
+					}
+					break
+				}
+			}
+			break
+		}
+	}
+	return CRC16(key) & 16383
+}
+
+// SlotTags returns, for every slot, a short string that hashes to it. The
+// table is computed once, on first use (about a millisecond): all strings of
+// one to three characters over [0-9a-zA-Z] cover every slot. It is shared:
+// callers must not modify it.
+var SlotTags = sync.OnceValue(func() *[16384]string {
+	const alphabet = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+	var tags [16384]string
+	left := len(tags)
+	buf := make([]byte, 0, 4)
+	var walk func(depth int) bool
+	walk = func(depth int) bool {
+		if depth == 0 {
+			s := CRC16(string(buf)) & 16383
+			if tags[s] == "" {
+				tags[s] = string(buf)
+				left--
+			}
+			return left == 0
+		}
+		for i := 0; i < len(alphabet); i++ {
+			buf = append(buf, alphabet[i])
+			done := walk(depth - 1)
+			buf = buf[:len(buf)-1]
+			if done {
+				return true
+			}
+		}
+		return false
+	}
+	for n := 1; left > 0; n++ {
+		walk(n)
+	}
+	return &tags
+})
+
+// CRC16 is CRC-16/XMODEM (polynomial 0x1021, initial value 0), as Redis
+// Cluster uses for key slots.
+func CRC16(s string) uint16 {
+	var crc uint16
+	for i := 0; i < len(s); i++ {
+		crc = crc<<8 ^ crc16Table[byte(crc>>8)^s[i]]
+	}
+	return crc
+}
+
+var crc16Table = func() (t [256]uint16) {
+	for i := range t {
+		c := uint16(i) << 8
+		for range 8 {
+			if c&0x8000 != 0 {
+				c = c<<1 ^ 0x1021
+			} else {
+				c <<= 1
+			}
+		}
+		t[i] = c
+	}
+	return t
+}()

@@ -1,0 +1,71 @@
+package keyspace
+
+import (
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func TestSlot(t *testing.T) {
+	// Values from Redis's CLUSTER KEYSLOT.
+	tests := []struct {
+		key  string
+		want uint16
+	}{
+		{"foo", 12182},
+		{"123456789", 12739},
+		{"{user1000}.following", 3443},
+		{"foo{}{bar}", 8363}, // empty tag: the whole key
+		{"foo{{bar}}zap", 4015},
+		{"foo{bar}{zap}", 5061},
+	}
+	for _, tt := range tests {
+		if got := Slot(tt.key); got != tt.want {
+			t.Errorf("Slot(%q): got %d, want %d", tt.key, got, tt.want)
+		}
+	}
+}
+
+func TestSlotTagsCoverEverySlot(t *testing.T) {
+	for slot, tag := range SlotTags() {
+		if tag == "" || len(tag) > 3 || strings.ContainsAny(tag, "{}") {
+			t.Fatalf("slot %d: tag %q, want 1 to 3 characters without braces", slot, tag)
+		}
+		if got := Slot("netlock:{" + tag + "}:fence"); got != uint16(slot) {
+			t.Fatalf("fence key for slot %d hashes to %d", slot, got)
+		}
+	}
+}
+
+func TestNew(t *testing.T) {
+	k := New("netlock:", "orders:42", true)
+	if k.Lock != "netlock:{orders:42}" || k.Channel != "netlock:{orders:42}:released" {
+		t.Errorf("New: got lock %q, channel %q; want netlock:{orders:42} and netlock:{orders:42}:released", k.Lock, k.Channel)
+	}
+	if !strings.HasPrefix(k.Fence, "netlock:{") || !strings.HasSuffix(k.Fence, "}:fence") {
+		t.Errorf("New: fence key %q, want netlock:{<tag>}:fence", k.Fence)
+	}
+	if got, want := Tomb(k.Lock, "v"), "netlock:{orders:42}:gone:v"; got != want {
+		t.Errorf("Tomb: got %q, want %q", got, want)
+	}
+	if k := New("p:", "a", false); k.Fence != "" {
+		t.Errorf("fence key with fencing off: got %q, want none", k.Fence)
+	}
+}
+
+func TestKeysShareTheLockSlot(t *testing.T) {
+	for _, name := range []string{"a", "orders:42", "a}b", "{x}", "x{y", "ünïcode", strings.Repeat("z", 1000)} {
+		k := New("p:", name, true)
+		ls := Slot(k.Lock)
+		for _, other := range []string{k.Fence, k.Channel, Tomb(k.Lock, "value")} {
+			if s := Slot(other); s != ls {
+				t.Errorf("name %q: %q in slot %d, lock key %q in slot %d", name, other, s, k.Lock, ls)
+			}
+		}
+	}
+}
