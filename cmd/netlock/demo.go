@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"golang.org/x/term"
 	"github.com/gomodule/redigo/redis"
 	"github.com/redis/rueidis"
 
@@ -466,11 +467,7 @@ func showProgress(stderr io.Writer, label string, total int64, done *atomic.Int6
 // isTerminal reports whether w is a terminal.
 func isTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+	return ok && term.IsTerminal(int(f.Fd())) // not /dev/null, also a character device
 }
 
 func plural(n int, word string) string {
