@@ -19,9 +19,9 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
-	"golang.org/x/term"
 	"github.com/gomodule/redigo/redis"
 	"github.com/redis/rueidis"
+	"golang.org/x/term"
 
 	"github.com/netlock-go/netlock"
 )
