@@ -104,6 +104,9 @@ func run(f flags) error {
 
 	scs := buildScenarios(contenders(), addrs)
 	for _, sc := range scs {
+		if ctx.Err() != nil {
+			break
+		}
 		if err := runScenario(ctx, f, sc); err != nil {
 			return err
 		}
