@@ -93,7 +93,11 @@ func writeSummary(p printer, scs []*scenario) {
 				return "", false, false
 			}
 			x := float64(a) / float64(b)
-			return fmt.Sprintf("%.2f× (%s vs %s)", x, fmtDur(a), fmtDur(b)), x <= max, true
+			v := fmt.Sprintf("%.2f× (%s vs %s)", x, fmtDur(a), fmtDur(b))
+			if a < 0 {
+				v += ", negative: the next holder's lock mostly returned before the old holder's unlock did"
+			}
+			return v, x <= max, true
 		}
 	}
 	p50Refs := func(id, prefix string) func() string {
