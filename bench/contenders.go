@@ -88,7 +88,7 @@ func contenders() []contender {
 	return []contender{
 		{
 			name: "hand-written/redigo", role: roleReference, module: "github.com/gomodule/redigo",
-			config:   "SET NX PX, then EVALSHA compare-and-delete; one pooled connection per command",
+			config:   "SET NX PX, then EVALSHA compare-and-delete; one pooled connection per command (GetContext, then Do)",
 			noQuorum: "a floor for one server only",
 			connect: func(addrs []string) (client, error) {
 				return &handRedigo{pool: newRedigoPool(addrs[0])}, nil
@@ -413,7 +413,7 @@ type handRedigoLocker struct {
 func (l handRedigoLocker) lock(ctx context.Context) (func(context.Context) error, error) {
 	value := randomValue()
 	err := l.do(ctx, func(conn redis.Conn) error {
-		_, err := redis.String(redis.DoContext(conn, ctx, "SET", l.key, value, "NX", "PX", expiryMS))
+		_, err := redis.String(conn.Do("SET", l.key, value, "NX", "PX", expiryMS))
 		return err
 	})
 	if errors.Is(err, redis.ErrNil) {
@@ -424,8 +424,8 @@ func (l handRedigoLocker) lock(ctx context.Context) (func(context.Context) error
 	}
 	return func(ctx context.Context) error {
 		return l.do(ctx, func(conn redis.Conn) error {
-			// Script.DoContext sends EVALSHA and falls back to EVAL on NOSCRIPT.
-			n, err := redis.Int(compareAndDeleteScript.DoContext(ctx, conn, l.key, value))
+			// Script.Do sends EVALSHA and falls back to EVAL on NOSCRIPT.
+			n, err := redis.Int(compareAndDeleteScript.Do(conn, l.key, value))
 			if err == nil && n != 1 {
 				err = errNotReleased
 			}
@@ -434,6 +434,9 @@ func (l handRedigoLocker) lock(ctx context.Context) (func(context.Context) error
 	}, nil
 }
 
+// do runs f on a pooled connection. The commands use Do, not DoContext,
+// which in redigo v1.9 starts a goroutine per command to watch ctx: ctx
+// bounds taking the connection, the dial's read timeout bounds the reply.
 func (l handRedigoLocker) do(ctx context.Context, f func(redis.Conn) error) error {
 	conn, err := l.pool.GetContext(ctx)
 	if err != nil {
@@ -484,7 +487,7 @@ func redigoPinger(pool *redis.Pool) pinger {
 			return err
 		}
 		defer conn.Close()
-		_, err = redis.DoContext(conn, ctx, "PING")
+		_, err = conn.Do("PING") // as the hand-written cycle: see handRedigoLocker.do
 		return err
 	}
 }
