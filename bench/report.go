@@ -153,8 +153,8 @@ func depVersion(d *debug.Module) string {
 	switch {
 	case d.Replace == nil:
 		return d.Version
-	case d.Replace.Version == "":
-		return d.Replace.Path + " (local)"
+	case d.Replace.Version == "" || d.Replace.Version == "(devel)":
+		return d.Replace.Path + " (local checkout)"
 	default:
 		return fmt.Sprintf("%s (replaces %s)", d.Replace.Version, d.Version)
 	}
@@ -204,17 +204,30 @@ func cpuModel() string {
 	return ""
 }
 
+// libraryFiles are git pathspecs, relative to ../, of what the library is
+// built from.
+var libraryFiles = []string{"*.go", "lua", "go.mod", "go.sum", ":(exclude)bench"}
+
 // netlockRevision names the library checked out next to bench/, which go.mod
 // puts in place of the module.
 func netlockRevision() string {
-	rev, err := exec.Command("git", "-C", "..", "rev-parse", "--short=12", "HEAD").Output()
+	rev, err := git("rev-parse", "--short=12", "HEAD")
 	if err != nil {
 		return "`../` (not a git checkout)"
 	}
 	s := fmt.Sprintf("`../` at commit %s", strings.TrimSpace(string(rev)))
-	dirty, err := exec.Command("git", "-C", "..", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench").Output()
+	lib, err := git(append([]string{"log", "-1", "--format=%h %s", "--abbrev=12", "--"}, libraryFiles...)...)
+	if err == nil && len(lib) > 0 {
+		s += fmt.Sprintf(" (library last changed in %s)", strings.TrimSpace(string(lib)))
+	}
+	dirty, err := git(append([]string{"status", "--porcelain", "--untracked-files=no", "--"}, libraryFiles...)...)
 	if err == nil && len(strings.TrimSpace(string(dirty))) > 0 {
 		s += " with uncommitted changes"
 	}
 	return s
+}
+
+// git runs git in ../, the library's checkout.
+func git(args ...string) ([]byte, error) {
+	return exec.Command("git", append([]string{"-C", ".."}, args...)...).Output()
 }
