@@ -1,0 +1,190 @@
+// Command bench measures netlock side by side with other Go Redis lock
+// libraries and writes the tables to RESULTS.md.
+//
+//	cd bench && go run .                       # every scenario, about 4 minutes
+//	cd bench && go run . -duration 1s -only 'clients8|netlock'
+//
+// It starts its own redis-server processes on free 127.0.0.1 ports (no
+// persistence), stops them by pid when it ends, also on error or ^C, and
+// measures the netlock checked out next to it (go.mod replaces the module
+// with ../). Each row of a scenario runs for -duration in all, split into
+// -rounds rounds; in every round each row runs once, in an order that turns
+// from round to round, so that drift of a noisy machine falls on all rows
+// alike.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"regexp"
+	"runtime"
+	"runtime/pprof"
+	"strings"
+	"syscall"
+	"time"
+)
+
+type flags struct {
+	duration time.Duration
+	rounds   int
+	warmup   time.Duration
+	out      string
+	only     *regexp.Regexp
+	note     string
+	profile  string
+}
+
+func main() {
+	var f flags
+	var only string
+	flag.DurationVar(&f.duration, "duration", 3*time.Second, "measured time per row of each scenario, split over -rounds")
+	flag.IntVar(&f.rounds, "rounds", 3, "rounds per scenario: each row runs once per round, order rotating")
+	flag.DurationVar(&f.warmup, "warmup", 200*time.Millisecond, "unmeasured run of each row before its first round")
+	flag.StringVar(&f.out, "out", "RESULTS.md", "Markdown report to write (- for standard output)")
+	flag.StringVar(&only, "only", "", "run only rows whose \"scenario/contender\" matches this regexp (scenarios: floor, uncontended, clients8, shared8, keys8, keys64, quorum5)")
+	flag.StringVar(&f.note, "note", "", "a line to put at the top of the report")
+	flag.StringVar(&f.profile, "cpuprofile", "", "write a CPU profile of the whole run to this file (narrow it with -only)")
+	flag.Parse()
+	if flag.NArg() > 0 || f.duration <= 0 || f.rounds < 1 || f.warmup < 0 {
+		flag.Usage()
+		os.Exit(2)
+	}
+	if only != "" {
+		var err error
+		if f.only, err = regexp.Compile(only); err != nil {
+			fmt.Fprintln(os.Stderr, "bench: -only:", err)
+			os.Exit(2)
+		}
+	}
+	if err := run(f); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(f flags) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	if f.profile != "" {
+		pf, err := os.Create(f.profile)
+		if err != nil {
+			return err
+		}
+		defer pf.Close()
+		if err := pprof.StartCPUProfile(pf); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+
+	started := time.Now()
+	var servers []*server
+	defer func() {
+		for _, s := range servers {
+			s.stop()
+		}
+	}()
+	for range quorumServers {
+		s, err := startServer()
+		if err != nil {
+			return err
+		}
+		servers = append(servers, s)
+	}
+	addrs := make([]string, len(servers))
+	for i, s := range servers {
+		addrs[i] = s.addr
+	}
+	logf("%d redis-servers on %s", len(servers), strings.Join(addrs, ", "))
+
+	scs := buildScenarios(contenders(), addrs)
+	for _, sc := range scs {
+		if ctx.Err() != nil {
+			break
+		}
+		if err := runScenario(ctx, f, sc); err != nil {
+			return err
+		}
+	}
+	if ctx.Err() != nil {
+		return errors.New("interrupted; no report written")
+	}
+	rep := report(f, scs, started, time.Since(started))
+	if f.out == "-" {
+		_, err := os.Stdout.WriteString(rep)
+		return err
+	}
+	if err := os.WriteFile(f.out, []byte(rep), 0o644); err != nil {
+		return err
+	}
+	logf("wrote %s (%v)", f.out, time.Since(started).Round(time.Second))
+	return nil
+}
+
+// runScenario sets up every selected row of sc, warms each up, then runs the
+// rounds, turning the order of the rows from round to round.
+func runScenario(ctx context.Context, f flags, sc *scenario) error {
+	type active struct {
+		r       *row
+		phase   func(context.Context, time.Duration, int) result
+		cleanup func()
+	}
+	var rows []active
+	defer func() {
+		for _, a := range rows {
+			a.cleanup()
+		}
+	}()
+	for _, r := range sc.rows {
+		if r.na != "" || (f.only != nil && !f.only.MatchString(sc.id+"/"+r.name)) {
+			continue
+		}
+		phase, cleanup, err := r.setup()
+		if err != nil {
+			r.setupErr = err
+			logf("%s/%s: setup: %v", sc.id, r.name, err)
+			continue
+		}
+		rows = append(rows, active{r, phase, cleanup})
+	}
+	if len(rows) == 0 {
+		return nil
+	}
+	logf("%s: %d rows × %v", sc.id, len(rows), f.duration)
+	per := f.duration / time.Duration(f.rounds)
+	for _, a := range rows {
+		if f.warmup > 0 {
+			a.phase(ctx, f.warmup, -1)
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+	}
+	for round := range f.rounds {
+		off := round * len(rows) / f.rounds
+		for i := range rows {
+			j := (off + i) % len(rows)
+			if round%2 == 1 {
+				j = len(rows) - 1 - j
+			}
+			a := rows[j]
+			runtime.GC() // no row pays for the garbage of the one before
+			res := a.phase(ctx, per, round)
+			if ctx.Err() != nil {
+				return nil
+			}
+			a.r.res.merge(res)
+			logf("  %s round %d/%d %-24s %s/s", sc.id, round+1, f.rounds, a.r.name, fmtRate(res.rate()))
+		}
+	}
+	return nil
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+}

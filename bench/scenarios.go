@@ -1,0 +1,223 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Sizes of the scenarios, as issue 4 sets them.
+const (
+	contendingClients = 8
+	sharingGoroutines = 8
+	quorumServers     = 5
+)
+
+var independentKeys = []int{8, 64}
+
+type shape int
+
+const (
+	shapeOps       shape = iota // independent operations: ops/s, p50, p99
+	shapeContended              // workers on one lock: critical sections/s, holder changes
+)
+
+// A scenario is one table of the report: rows measured side by side.
+type scenario struct {
+	id    string // for -only and the summary
+	title string
+	what  string // how it is measured, for the report
+	shape shape
+	rows  []*row
+}
+
+// A row is one contender (or one floor operation) in a scenario.
+type row struct {
+	name string
+	c    *contender // nil for a PING row
+	na   string     // why the contender cannot run this scenario
+	note string     // how it was set up here, if the scenario needs saying
+	// setup connects; the phase it returns runs one measured round on fresh
+	// lock names.
+	setup    func() (phase func(ctx context.Context, dur time.Duration, round int) result, cleanup func(), err error)
+	setupErr error
+	res      result
+}
+
+func buildScenarios(cs []contender, addrs []string) []*scenario {
+	one := addrs[:1]
+	var floor, uncontended, clients, shared, quorum scenario
+	keys := make([]scenario, len(independentKeys))
+
+	floor = scenario{
+		id: "floor", title: "1. Floor: one client, one server",
+		what:  "PING, and the hand-written lock cycle (SET NX PX, then EVALSHA compare-and-delete), one goroutine in a loop. Latency is per PING or per whole cycle.",
+		shape: shapeOps,
+	}
+	floor.rows = append(floor.rows,
+		&row{name: "PING/redigo", setup: func() (func(context.Context, time.Duration, int) result, func(), error) {
+			p := newRedigoPool(one[0])
+			ping := redigoPinger(p)
+			return func(ctx context.Context, dur time.Duration, _ int) result {
+				return runOps(ctx, dur, []func(context.Context) error{ping})
+			}, func() { p.Close() }, nil
+		}},
+		&row{name: "PING/rueidis", setup: func() (func(context.Context, time.Duration, int) result, func(), error) {
+			c, err := newRueidis(one[0])
+			if err != nil {
+				return nil, nil, err
+			}
+			ping := rueidisPinger(c)
+			return func(ctx context.Context, dur time.Duration, _ int) result {
+				return runOps(ctx, dur, []func(context.Context) error{ping})
+			}, c.Close, nil
+		}},
+	)
+
+	uncontended = scenario{
+		id: "uncontended", title: "2. Uncontended lock + unlock: one client, one goroutine",
+		what:  "One goroutine locks and unlocks one lock in a loop. Latency is per lock + unlock pair. The hand-written rows are the floor, not libraries.",
+		shape: shapeOps,
+	}
+	clients = scenario{
+		id: "clients8", title: fmt.Sprintf("3. %d clients on one lock", contendingClients),
+		what: fmt.Sprintf("%d clients, each its own client object and connections (like separate processes), each looping lock → critical section → unlock on one lock. "+
+			"CS/s: critical sections per second. Holder change: from unlock returning in one client to lock returning in a *different* client (negative when the new holder's lock returned before the old holder's unlock call did). "+
+			"Self-reacquire: acquisitions by the client that held the lock just before. Fairness: fewest/most acquisitions of one client. "+
+			"Gave up: lock calls that returned without the lock (retries exhausted, or no retry); the client then calls again at once. "+
+			"Overlaps: entries into a critical section another client was in; lost: counter updates lost to overlap; both must be 0.", contendingClients),
+		shape: shapeContended,
+	}
+	shared = scenario{
+		id: "shared8", title: fmt.Sprintf("4. %d goroutines sharing one lock object", sharingGoroutines),
+		what: fmt.Sprintf("One client; %d goroutines loop lock → critical section → unlock on one lock object, as they would share a sync.Mutex. "+
+			"Where a library's lock objects are not safe for concurrent use, each goroutine takes its own object from the shared client (see notes). Columns as in scenario 3, per goroutine.", sharingGoroutines),
+		shape: shapeContended,
+	}
+	for i, n := range independentKeys {
+		keys[i] = scenario{
+			id: fmt.Sprintf("keys%d", n), title: fmt.Sprintf("5%c. Independent keys, %d goroutines", 'a'+i, n),
+			what:  fmt.Sprintf("One client; %d goroutines, each looping lock + unlock on its own lock name: total ops/s, and latency per pair.", n),
+			shape: shapeOps,
+		}
+	}
+	quorum = scenario{
+		id: fmt.Sprintf("quorum%d", quorumServers), title: fmt.Sprintf("6. Quorum of %d independent servers, uncontended", quorumServers),
+		what:  fmt.Sprintf("One client with a connection to each of %d redis-servers (netlock: %d backends; redsync: %d pools); one goroutine locks and unlocks in a loop.", quorumServers, quorumServers, quorumServers),
+		shape: shapeOps,
+	}
+
+	for i := range cs {
+		c := &cs[i]
+		if c.role == roleReference {
+			floor.rows = append(floor.rows, opsRow(c, "floor", one, 1))
+		}
+		uncontended.rows = append(uncontended.rows, opsRow(c, "uncontended", one, 1))
+		for k, n := range independentKeys {
+			keys[k].rows = append(keys[k].rows, opsRow(c, keys[k].id, one, n))
+		}
+		if c.role == roleReference {
+			continue // the hand-written cycle does not wait
+		}
+		clients.rows = append(clients.rows, clientsRow(c, one))
+		shared.rows = append(shared.rows, sharedRow(c, one))
+		q := opsRow(c, quorum.id, addrs[:quorumServers], 1)
+		q.na = c.noQuorum
+		quorum.rows = append(quorum.rows, q)
+	}
+	out := []*scenario{&floor, &uncontended, &clients, &shared}
+	for i := range keys {
+		out = append(out, &keys[i])
+	}
+	return append(out, &quorum)
+}
+
+// lockName is a fresh lock name for one round of one row.
+func lockName(scenario, row string, round, i int) string {
+	return fmt.Sprintf("bench:%s:%s:%d:%d", scenario, row, round, i)
+}
+
+// opsRow: one client; n goroutines, each on its own lock name.
+func opsRow(c *contender, id string, addrs []string, n int) *row {
+	return &row{name: c.name, c: c, setup: func() (func(context.Context, time.Duration, int) result, func(), error) {
+		cl, err := c.connect(addrs)
+		if err != nil {
+			return nil, nil, err
+		}
+		return func(ctx context.Context, dur time.Duration, round int) result {
+			ops := make([]func(context.Context) error, n)
+			for i := range ops {
+				l, err := cl.locker(lockName(id, c.name, round, i))
+				if err != nil {
+					var r result
+					r.addErr(err)
+					return r
+				}
+				ops[i] = lockUnlock(l)
+			}
+			return runOps(ctx, dur, ops)
+		}, cl.close, nil
+	}}
+}
+
+// clientsRow: contendingClients clients, one lock name.
+func clientsRow(c *contender, addrs []string) *row {
+	return &row{name: c.name, c: c, setup: func() (func(context.Context, time.Duration, int) result, func(), error) {
+		cls := make([]client, contendingClients)
+		closeAll := func() {
+			for _, cl := range cls {
+				if cl != nil {
+					cl.close()
+				}
+			}
+		}
+		for i := range cls {
+			var err error
+			if cls[i], err = c.connect(addrs); err != nil {
+				closeAll()
+				return nil, nil, err
+			}
+		}
+		return func(ctx context.Context, dur time.Duration, round int) result {
+			name := lockName("clients", c.name, round, 0)
+			lockers := make([]locker, len(cls))
+			for i, cl := range cls {
+				var err error
+				if lockers[i], err = cl.locker(name); err != nil {
+					var r result
+					r.addErr(err)
+					return r
+				}
+			}
+			return runContended(ctx, dur, lockers)
+		}, closeAll, nil
+	}}
+}
+
+// sharedRow: one client, sharingGoroutines goroutines on one lock object
+// (or one each, if the library's objects are not safe for concurrent use).
+func sharedRow(c *contender, addrs []string) *row {
+	return &row{name: c.name, c: c, note: c.sharing, setup: func() (func(context.Context, time.Duration, int) result, func(), error) {
+		cl, err := c.connect(addrs)
+		if err != nil {
+			return nil, nil, err
+		}
+		return func(ctx context.Context, dur time.Duration, round int) result {
+			name := lockName("shared", c.name, round, 0)
+			lockers := make([]locker, sharingGoroutines)
+			for i := range lockers {
+				if i > 0 && cl.shared() {
+					lockers[i] = lockers[0]
+					continue
+				}
+				var err error
+				if lockers[i], err = cl.locker(name); err != nil {
+					var r result
+					r.addErr(err)
+					return r
+				}
+			}
+			return runContended(ctx, dur, lockers)
+		}, cl.close, nil
+	}}
+}
