@@ -47,8 +47,11 @@ var (
 	releaseLua string
 	//go:embed lua/extend.lua
 	extendLua string
+	//go:embed lua/leave.lua
+	leaveLua string
 
 	acquireScript = newScript("acquire", acquireLua)
 	releaseScript = newScript("release", releaseLua)
 	extendScript  = newScript("extend", extendLua)
+	leaveScript   = newScript("leave", leaveLua)
 )

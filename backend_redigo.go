@@ -102,7 +102,7 @@ func (b *redigoBackend) finalErr(err error) bool {
 // pool has no Dial function.
 func (b *redigoBackend) pubsub() *hub { return b.hub }
 
-func (b *redigoBackend) dialPubSub(ctx context.Context) (psConn, error) {
+func (b *redigoBackend) dialPubSub(ctx context.Context, onMessage func(channel, payload string)) (psConn, error) {
 	var conn redis.Conn
 	var err error
 	switch p := b.pool; {
@@ -114,11 +114,12 @@ func (b *redigoBackend) dialPubSub(ctx context.Context) (psConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &redigoPubSub{psc: redis.PubSubConn{Conn: conn}}, nil
+	return &redigoPubSub{psc: redis.PubSubConn{Conn: conn}, onMessage: onMessage}, nil
 }
 
 type redigoPubSub struct {
-	psc redis.PubSubConn
+	psc       redis.PubSubConn
+	onMessage func(channel, payload string)
 }
 
 func (c *redigoPubSub) subscribe(_ context.Context, channel string) error {
@@ -135,7 +136,7 @@ func (c *redigoPubSub) receive() (psEvent, error) {
 		// however long that is. close ends the wait.
 		switch v := c.psc.ReceiveWithTimeout(0).(type) {
 		case redis.Message:
-			return psEvent{kind: psMessage, channel: v.Channel}, nil
+			c.onMessage(v.Channel, string(v.Data))
 		case redis.Subscription:
 			switch v.Kind {
 			case "subscribe":

@@ -48,14 +48,15 @@ func (b *rueidisBackend) finalErr(err error) bool {
 
 func (b *rueidisBackend) pubsub() *hub { return b.hub }
 
-func (b *rueidisBackend) dialPubSub(ctx context.Context) (psConn, error) {
+func (b *rueidisBackend) dialPubSub(ctx context.Context, onMessage func(channel, payload string)) (psConn, error) {
 	dc, _ := b.client.Dedicate()
 	c := &rueidisPubSub{dc: dc, notify: make(chan struct{}, 1), closed: make(chan struct{})}
-	// The hooks run on rueidis's reading goroutine and must not block it
-	// (a SUBSCRIBE sent under the hub's lock waits for that goroutine), so
-	// events go to an unbounded queue.
+	// The hooks run on rueidis's reading goroutine. Messages are dispatched
+	// from there (the hub's registry lock is never held across I/O);
+	// confirmations go to an unbounded queue read by the hub, which may be
+	// sending a SUBSCRIBE that waits for this very goroutine.
 	c.errs = dc.SetPubSubHooks(rueidis.PubSubHooks{
-		OnMessage: func(m rueidis.PubSubMessage) { c.push(psEvent{kind: psMessage, channel: m.Channel}) },
+		OnMessage: func(m rueidis.PubSubMessage) { onMessage(m.Channel, m.Message) },
 		OnSubscription: func(s rueidis.PubSubSubscription) {
 			switch s.Kind {
 			case "subscribe":

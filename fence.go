@@ -7,6 +7,7 @@ import "github.com/netlock-go/netlock/internal/keyspace"
 type keys struct {
 	lock    string // p{name}
 	channel string // p{name}:released
+	waiters string // p{name}:waiters
 	fence   string // p{t}:fence, in lock's hash slot; "" when fencing is off
 }
 
@@ -19,7 +20,7 @@ func (k *keys) tomb(value string) string { return keyspace.Tomb(k.lock, value) }
 // kept per hash slot, not per name (see keyspace.New).
 func newKeys(prefix, name string, fencing bool) keys {
 	k := keyspace.New(prefix, name, fencing)
-	return keys{lock: k.Lock, channel: k.Channel, fence: k.Fence}
+	return keys{lock: k.Lock, channel: k.Channel, waiters: k.Waiters, fence: k.Fence}
 }
 
 // keySlot is Redis Cluster's HASH_SLOT of key (keyspace.Slot).

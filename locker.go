@@ -2,6 +2,7 @@ package netlock
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"reflect"
@@ -43,8 +44,11 @@ type NetMutex struct {
 	tombMS    string   // TTL of a tombstone: ten expiries
 	driftTerm time.Duration
 
-	hubs  []*hub // per node: its Backend's pub/sub hub, nil if it has none
-	epoch time.Time
+	hubs []*hub // per node: its Backend's pub/sub hub, nil if it has none
+	// waiterID names m in the waiters' queues while it waits. One id per
+	// NetMutex is enough: only the goroutine that owns m waits in Redis.
+	waiterID string
+	epoch    time.Time
 
 	mu sync.Mutex
 	// The local queue. A goroutine owns m in this process from the moment
@@ -122,6 +126,7 @@ func New(name string, backends []Backend, opts ...Option) (*NetMutex, error) {
 		tombMS:    strconv.FormatInt(10*cfg.expiry.Milliseconds(), 10),
 		driftTerm: cfg.driftTerm(),
 		hubs:      make([]*hub, len(backends)),
+		waiterID:  rand.Text(),
 		epoch:     time.Now(),
 	}
 	m.lockKeys = []string{m.keys.lock}

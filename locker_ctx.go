@@ -167,10 +167,21 @@ const maxBallots = 3
 // can, and makes another attempt before waiting, so a release published
 // before the subscription is not missed. An uncontended acquire is one round
 // trip and subscribes to nothing.
-func (m *NetMutex) acquire(ctx context.Context, wait bool) error {
+func (m *NetMutex) acquire(ctx context.Context, wait bool) (err error) {
 	b := backoff{min: m.cfg.minRetryDelay, max: m.cfg.maxRetryDelay}
-	var ws waitSet
+	ws := waitSet{}
 	defer ws.stop()
+	waiter := "" // TryLock does not queue
+	if wait {
+		waiter = m.waiterID
+		ws.id = waiter
+	}
+	queued := false // the waiters' queue of some node may hold our id
+	defer func() {
+		if queued && err != nil {
+			m.leave(ctx, waiter)
+		}
+	}()
 	var t *time.Timer
 	defer func() {
 		if t != nil {
@@ -181,10 +192,15 @@ func (m *NetMutex) acquire(ctx context.Context, wait bool) error {
 		if err := m.yield(ctx, &ws, &t); err != nil {
 			return err
 		}
+		// Where the channel is subscribed already (this Backend's waiters
+		// have been waiting for this lock lately), watch it before the
+		// first attempt: no round trip, and no second attempt needed.
+		m.joinAll(&ws)
 	}
 	for ballots := 0; ; {
 		start := time.Now()
-		g, busy, err := m.acquireRound(ctx)
+		g, busy, err := m.acquireRound(ctx, waiter)
+		queued = queued || waiter != "" && errors.Is(err, ErrNotObtained)
 		if err == nil {
 			h := newHold(m, g)
 			m.mu.Lock()

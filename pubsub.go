@@ -11,8 +11,9 @@ import (
 // channel. Each Backend made by NewRedigo or NewRueidis has one hub: at most
 // one pub/sub connection, shared by every waiter of every NetMutex on that
 // Backend, with one subscription per channel however many wait on it. A
-// channel is unsubscribed when its last waiter leaves, and the connection is
-// closed when no channel has been subscribed for hubLinger.
+// channel is unsubscribed about hubLinger after its last waiter left (a
+// waiter that comes back meanwhile joins it without a round trip), and the
+// connection is closed when no channel is subscribed.
 //
 // A Backend without a hub (another implementation of Backend) still works:
 // its waiters retry after jittered delays bounded by the holder's TTL.
@@ -23,20 +24,24 @@ type subscriber interface {
 	pubsub() *hub
 }
 
-// hubLinger is how long an idle pub/sub connection stays open: long enough
-// that a lock contended again and again does not dial for every wait, short
-// enough that the reading goroutine does not outlive its use by much.
+// hubLinger is how long a subscription stays after its last waiter left:
+// long enough that a lock contended again and again is not subscribed anew
+// for every wait, short enough that the connection and its reading goroutine
+// do not outlive their use by much.
 const hubLinger = 100 * time.Millisecond
 
 // psConn is one pub/sub connection. Sends (subscribe, unsubscribe) are
 // serialized by the hub; receive is called by one goroutine only, and close
-// may be called concurrently with it, making it return an error.
+// may be called concurrently with it, making it return an error. Messages do
+// not come through receive: the connection hands each to the onMessage
+// function it was dialed with, from its own reading goroutine, which saves a
+// goroutine hop on every wake-up.
 type psConn interface {
 	// subscribe sends SUBSCRIBE; its confirmation comes through receive.
 	subscribe(ctx context.Context, channel string) error
 	// unsubscribe sends UNSUBSCRIBE; its confirmation comes through receive.
 	unsubscribe(ctx context.Context, channel string) error
-	// receive blocks until the next confirmation or message.
+	// receive blocks until the next confirmation.
 	receive() (psEvent, error)
 	close()
 }
@@ -46,7 +51,6 @@ type psKind int
 const (
 	psSubscribed psKind = iota
 	psUnsubscribed
-	psMessage
 )
 
 type psEvent struct {
@@ -59,36 +63,47 @@ type psEvent struct {
 var errHubDown = errors.New("netlock: pub/sub connection lost")
 
 // A hub shares one pub/sub connection among the waiters of one Backend.
+//
+// Two locks: mu orders the connection's life and its sends (a SUBSCRIBE is
+// sent and its confirmation queued under mu); wmu guards the registry of
+// topics and watches and is never held across I/O, so that a message can be
+// dispatched from the connection's reading goroutine while a send waits.
+// Lock order: mu, then wmu.
 type hub struct {
-	dial func(ctx context.Context) (psConn, error)
+	dial func(ctx context.Context, onMessage func(channel, payload string)) (psConn, error)
 
-	mu     sync.Mutex
-	conn   psConn        // nil when closed
-	down   chan struct{} // closed when conn fails or is closed
-	topics map[string]*topic
+	mu   sync.Mutex
+	conn psConn        // nil when closed
+	down chan struct{} // closed when conn fails or is closed
 	// pending lists, per channel, the topics whose SUBSCRIBE the server has
 	// not confirmed yet, in the order sent: the server confirms in order.
 	pending map[string][]*topic
-	idle    *time.Timer // closes conn after hubLinger without topics
+	sweep   *time.Timer // set while a topic has no watches: unsubscribes it
+
+	wmu    sync.Mutex
+	topics map[string]*topic
 }
 
 // A topic is one subscribed channel and its waiters.
 type topic struct {
 	channel string
 	ready   chan struct{} // closed when the server confirmed the subscription
+	down    chan struct{} // its connection's down channel
 	watches map[*watch]struct{}
+	idle    time.Time // when its last watch stopped, if it has none
 }
 
 // A watch is one waiter's interest in one channel of one hub. A release
-// message on the channel, or the connection failing, is signalled on wake.
+// message naming its waiter (or no one), or the connection failing, is
+// signalled on wake.
 type watch struct {
 	hub   *hub
 	topic *topic
+	id    string          // the waiter's id: a release naming another waiter is not signalled
 	wake  chan<- struct{} // capacity 1; shared by all watches of one waiter
-	down  chan struct{}   // the connection's down channel
 }
 
-func newHub(dial func(ctx context.Context) (psConn, error)) *hub {
+func newHub(dial func(ctx context.Context, onMessage func(channel, payload string)) (psConn, error)) *hub {
 	return &hub{dial: dial, topics: make(map[string]*topic), pending: make(map[string][]*topic)}
 }
 
@@ -96,42 +111,44 @@ func newHub(dial func(ctx context.Context) (psConn, error)) *hub {
 // once the server has confirmed the subscription: every release published
 // afterwards is signalled on wake. ctx bounds the dial and the wait for the
 // confirmation. On error nothing is left subscribed for this waiter.
-func (h *hub) watch(ctx context.Context, channel string, wake chan<- struct{}) (*watch, error) {
+func (h *hub) watch(ctx context.Context, channel, id string, wake chan<- struct{}) (*watch, error) {
 	h.mu.Lock()
-	if h.idle != nil {
-		h.idle.Stop() // if it already fired, closeIdle finds topics and does nothing
-		h.idle = nil
-	}
 	if h.conn == nil {
 		// Dialing under h.mu: the waiters of this hub that arrive meanwhile
 		// need this same connection.
-		conn, err := h.dial(ctx)
+		conn, err := h.dial(ctx, h.dispatch)
 		if err != nil {
 			h.mu.Unlock()
 			return nil, err
 		}
 		h.conn, h.down = conn, make(chan struct{})
-		go h.read(conn, h.down)
+		go h.read(conn)
 	}
+	h.wmu.Lock()
 	t := h.topics[channel]
+	h.wmu.Unlock()
 	if t == nil {
-		t = &topic{channel: channel, ready: make(chan struct{}), watches: make(map[*watch]struct{})}
+		t = &topic{channel: channel, ready: make(chan struct{}), down: h.down, watches: make(map[*watch]struct{})}
 		if err := h.conn.subscribe(ctx, channel); err != nil {
 			h.failLocked(h.conn)
 			h.mu.Unlock()
 			return nil, err
 		}
-		h.topics[channel] = t
 		h.pending[channel] = append(h.pending[channel], t)
+		h.wmu.Lock()
+		h.topics[channel] = t
+		h.wmu.Unlock()
 	}
-	w := &watch{hub: h, topic: t, wake: wake, down: h.down}
+	w := &watch{hub: h, topic: t, id: id, wake: wake}
+	h.wmu.Lock()
 	t.watches[w] = struct{}{}
+	h.wmu.Unlock()
 	h.mu.Unlock()
 
 	select {
 	case <-t.ready:
 		return w, nil
-	case <-w.down:
+	case <-t.down:
 		w.stop()
 		return nil, errHubDown
 	case <-ctx.Done():
@@ -140,59 +157,123 @@ func (h *hub) watch(ctx context.Context, channel string, wake chan<- struct{}) (
 	}
 }
 
+// join watches channel if it is subscribed and confirmed already, without
+// any I/O; it returns nil otherwise. A waiter that joins before its first
+// attempt needs no attempt after subscribing.
+func (h *hub) join(channel, id string, wake chan<- struct{}) *watch {
+	h.wmu.Lock()
+	defer h.wmu.Unlock()
+	t := h.topics[channel]
+	if t == nil {
+		return nil
+	}
+	select {
+	case <-t.ready:
+	default:
+		return nil
+	}
+	w := &watch{hub: h, topic: t, id: id, wake: wake}
+	t.watches[w] = struct{}{}
+	return w
+}
+
 // dead reports whether the watch's connection has failed: the waiter must
 // watch again, and attempt again, to be sure not to miss a release.
 func (w *watch) dead() bool {
 	select {
-	case <-w.down:
+	case <-w.topic.down:
 		return true
 	default:
 		return false
 	}
 }
 
-// stop ends the watch. The channel is unsubscribed when its last watch
-// stops, and the connection closed after hubLinger without any.
+// stop ends the watch. A channel left without watches stays subscribed
+// for about hubLinger, then is unsubscribed; the connection is closed with
+// the last channel.
 func (w *watch) stop() {
 	h := w.hub
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.wmu.Lock()
+	defer h.wmu.Unlock()
 	t := w.topic
 	delete(t.watches, w)
 	if len(t.watches) > 0 || h.topics[t.channel] != t {
 		return
 	}
-	delete(h.topics, t.channel)
-	if len(h.topics) == 0 {
-		// Closing the connection, soon, drops the subscription too.
-		if h.conn != nil && h.idle == nil {
-			h.idle = time.AfterFunc(hubLinger, h.closeIdle)
-		}
-	}
-	if h.conn != nil {
-		// Unbounded by a caller's context: the waiter is leaving and the
-		// send is a write to a local socket buffer.
-		ctx, cancel := context.WithTimeout(context.Background(), hubLinger)
-		defer cancel()
-		if err := h.conn.unsubscribe(ctx, t.channel); err != nil {
-			h.failLocked(h.conn)
-		}
+	t.idle = time.Now()
+	if h.sweep == nil {
+		h.sweep = time.AfterFunc(hubLinger, h.sweepIdle)
 	}
 }
 
-// closeIdle closes the connection if no channel has been subscribed since
-// the timer was set.
-func (h *hub) closeIdle() {
+// sweepIdle unsubscribes the channels that have had no watch for hubLinger,
+// and closes the connection when none is left.
+func (h *hub) sweepIdle() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.idle = nil
-	if len(h.topics) == 0 && h.conn != nil {
-		h.failLocked(h.conn)
+	h.sweep = nil
+	if h.conn == nil {
+		return
+	}
+	var idle []string
+	var next time.Duration // until the next topic is due, if any
+	h.wmu.Lock()
+	for ch, t := range h.topics {
+		if len(t.watches) > 0 {
+			continue
+		}
+		if left := hubLinger - time.Since(t.idle); left > 0 {
+			if next == 0 || left < next {
+				next = left
+			}
+			continue
+		}
+		delete(h.topics, ch)
+		idle = append(idle, ch)
+	}
+	empty := len(h.topics) == 0
+	h.wmu.Unlock()
+	if empty {
+		h.failLocked(h.conn) // closing the connection drops the subscriptions
+		return
+	}
+	for _, ch := range idle {
+		// The send is a write to a local socket buffer; a caller's context
+		// has nothing to do with it.
+		ctx, cancel := context.WithTimeout(context.Background(), hubLinger)
+		err := h.conn.unsubscribe(ctx, ch)
+		cancel()
+		if err != nil {
+			h.failLocked(h.conn)
+			return
+		}
+	}
+	if next > 0 {
+		h.sweep = time.AfterFunc(next, h.sweepIdle)
 	}
 }
 
-// read dispatches the events of conn until it fails or is closed.
-func (h *hub) read(conn psConn, down chan struct{}) {
+// dispatch signals the watches of channel that a release was published
+// naming the waiter payload: only that waiter attempts, not every waiter at
+// once; "" wakes them all. It is called by the connection's reading
+// goroutine; a message from a connection that has just failed is harmless,
+// a wake-up being only a reason to attempt.
+func (h *hub) dispatch(channel, payload string) {
+	h.wmu.Lock()
+	defer h.wmu.Unlock()
+	if t := h.topics[channel]; t != nil {
+		for w := range t.watches {
+			if payload == "" || payload == w.id {
+				w.signal()
+			}
+		}
+	}
+}
+
+// read handles the confirmations of conn until it fails or is closed.
+func (h *hub) read(conn psConn) {
 	for {
 		ev, err := conn.receive()
 		h.mu.Lock()
@@ -205,20 +286,13 @@ func (h *hub) read(conn psConn, down chan struct{}) {
 			h.mu.Unlock()
 			return
 		}
-		switch ev.kind {
-		case psSubscribed:
+		if ev.kind == psSubscribed {
 			if q := h.pending[ev.channel]; len(q) > 0 {
 				close(q[0].ready)
 				if len(q) == 1 {
 					delete(h.pending, ev.channel)
 				} else {
 					h.pending[ev.channel] = q[1:]
-				}
-			}
-		case psMessage:
-			if t := h.topics[ev.channel]; t != nil {
-				for w := range t.watches {
-					w.signal()
 				}
 			}
 		}
@@ -236,16 +310,18 @@ func (h *hub) failLocked(conn psConn) {
 	conn.close()
 	close(h.down)
 	h.conn, h.down = nil, nil
+	h.wmu.Lock()
 	for _, t := range h.topics {
 		for w := range t.watches {
 			w.signal()
 		}
 	}
 	clear(h.topics)
+	h.wmu.Unlock()
 	clear(h.pending)
-	if h.idle != nil {
-		h.idle.Stop()
-		h.idle = nil
+	if h.sweep != nil {
+		h.sweep.Stop()
+		h.sweep = nil
 	}
 }
 
@@ -259,6 +335,7 @@ func (w *watch) signal() {
 // waitSet is the subscriptions of one waiting call: one watch per node
 // whose Backend has a hub, all signalling one wake channel.
 type waitSet struct {
+	id      string // the waiter's id in the waiters' queue
 	wake    chan struct{}
 	watches []*watch // per node; nil where not watching
 	// tries counts the watch attempts per node: a node that could not be
@@ -293,7 +370,7 @@ func (m *NetMutex) watchAll(ctx context.Context, ws *waitSet) bool {
 		do := func() {
 			ctx, cancel := context.WithTimeout(ctx, m.cfg.nodeTimeout)
 			defer cancel()
-			if w, err := h.watch(ctx, m.keys.channel, ws.wake); err == nil {
+			if w, err := h.watch(ctx, m.keys.channel, ws.id, ws.wake); err == nil {
 				ws.watches[i], fresh[i] = w, true
 			}
 		}
@@ -310,6 +387,22 @@ func (m *NetMutex) watchAll(ctx context.Context, ws *waitSet) bool {
 		}
 	}
 	return false
+}
+
+// joinAll watches the release channel on every node where it is subscribed
+// already, without I/O (see hub.join).
+func (m *NetMutex) joinAll(ws *waitSet) {
+	for i, h := range m.hubs {
+		if h == nil {
+			continue
+		}
+		if ws.wake == nil {
+			ws.wake = make(chan struct{}, 1)
+			ws.watches = make([]*watch, len(m.nodes))
+			ws.tries = make([]int, len(m.nodes))
+		}
+		ws.watches[i] = h.join(m.keys.channel, ws.id, ws.wake)
+	}
 }
 
 // watching reports whether at least one node's release channel is watched.

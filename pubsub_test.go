@@ -179,8 +179,8 @@ func TestWaitersShareOneSubscription(t *testing.T) {
 			}()
 		}
 		eventually(t, 5*time.Second, "every waiter subscribed", func() bool {
-			h.mu.Lock()
-			defer h.mu.Unlock()
+			h.wmu.Lock()
+			defer h.wmu.Unlock()
 			tp := h.topics["netlock:{shared}:released"]
 			return tp != nil && len(tp.watches) == waiters
 		})
@@ -207,6 +207,8 @@ func TestWaitersShareOneSubscription(t *testing.T) {
 		})
 		h.mu.Lock()
 		defer h.mu.Unlock()
+		h.wmu.Lock()
+		defer h.wmu.Unlock()
 		if len(h.topics) != 0 || len(h.pending) != 0 {
 			t.Errorf("hub after the waits: %d topics, %d pending; want none", len(h.topics), len(h.pending))
 		}

@@ -91,7 +91,7 @@ var errSplit = &wrapError{msg: ErrNotObtained.Error() + ": votes split", err: Er
 // granted, or that may yet apply our SET without our seeing the reply, must
 // not keep the key until its TTL runs out. The release leaves a tombstone
 // where the key is not ours, so a late SET is refused whenever it arrives.
-func (m *NetMutex) acquireRound(ctx context.Context) (g grant, busy time.Duration, err error) {
+func (m *NetMutex) acquireRound(ctx context.Context, waiter string) (g grant, busy time.Duration, err error) {
 	// A fresh value every round: a request of an earlier round that is still
 	// on its way to a stalled node can then only meet its own tombstone.
 	value := rand.Text() // 128 random bits
@@ -103,11 +103,11 @@ func (m *NetMutex) acquireRound(ctx context.Context) (g grant, busy time.Duratio
 	// starts after it, so start+validity is before any node's key expires
 	// (up to the drift allowance).
 	start := time.Now()
-	keys := []string{m.keys.lock, m.keys.tomb(value), m.keys.fence}
+	keys := []string{m.keys.lock, m.keys.tomb(value), m.keys.waiters, m.keys.fence}
 	if m.keys.fence == "" {
-		keys = keys[:2]
+		keys = keys[:3]
 	}
-	replies := m.fanout(ctx, acquireScript, keys, []string{value, m.expiryMS, proposal}, nil)
+	replies := m.fanout(ctx, acquireScript, keys, []string{value, m.expiryMS, proposal + ":" + waiter}, nil)
 	validity := m.cfg.expiry - time.Since(start) - m.driftTerm
 
 	busy = -1
@@ -209,9 +209,21 @@ func (m *NetMutex) releaseDetached(ctx context.Context, value string, targets []
 // targets is nil). Nodes that could not be asked get the release again later,
 // from the reaper.
 func (m *NetMutex) release(ctx context.Context, value string, targets []bool) []nodeReply {
-	replies := m.fanout(ctx, releaseScript, []string{m.keys.lock, m.keys.tomb(value)}, []string{value, m.keys.channel, m.tombMS}, targets)
+	replies := m.fanout(ctx, releaseScript, m.releaseKeys(value), []string{value, m.keys.channel, m.tombMS}, targets)
 	m.reapLater(value, replies, targets)
 	return replies
+}
+
+func (m *NetMutex) releaseKeys(value string) []string {
+	return []string{m.keys.lock, m.keys.tomb(value), m.keys.waiters}
+}
+
+// leave takes the waiter id off the waiters' queue of every node, under a
+// context detached from ctx's cancellation: a waiter that gives up must not
+// be woken later in the place of one still waiting. Best effort: an id left
+// behind costs one release that wakes nobody, and the waiters' retry delay.
+func (m *NetMutex) leave(ctx context.Context, waiter string) {
+	m.fanout(context.WithoutCancel(ctx), leaveScript, []string{m.keys.waiters}, []string{waiter}, nil)
 }
 
 // settle counts the replies of a release or extend: nil when a quorum did

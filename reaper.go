@@ -68,7 +68,7 @@ func (m *NetMutex) reap() {
 				continue
 			}
 			rep := m.call(context.Background(), p.node, releaseScript,
-				[]string{m.keys.lock, m.keys.tomb(p.value)}, []string{p.value, m.keys.channel, m.tombMS})
+				m.releaseKeys(p.value), []string{p.value, m.keys.channel, m.tombMS})
 			if rep.err != nil && !finalErr(m.nodes[p.node], rep.err) {
 				left = append(left, p)
 			}

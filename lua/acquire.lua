@@ -2,11 +2,18 @@
 --
 -- KEYS[1]  lock key, p{name}
 -- KEYS[2]  tombstone of our value, p{name}:gone:<value> (see release.lua)
--- KEYS[3]  fence counter, p{tag}:fence, same slot as KEYS[1]; absent when fencing is off
+-- KEYS[3]  waiters' queue, p{name}:waiters: a sorted set of waiter ids by
+--          arrival (see release.lua)
+-- KEYS[4]  fence counter, p{tag}:fence, same slot as KEYS[1]; absent when fencing is off
 -- ARGV[1]  our lock value (random, fresh for every acquisition)
 -- ARGV[2]  expiry in milliseconds (relative: PX, never an absolute time)
--- ARGV[3]  proposed fencing token; "0" asks the node to increment its counter
---          (single node), any other value is a ballot (quorum)
+-- ARGV[3]  "<proposal>:<waiter>". The proposed fencing token: "0" asks the
+--          node to increment its counter (single node), any other value is a
+--          ballot (quorum). Our waiter id, or "" when we will not wait
+--          (TryLock): while the lock is held, the id joins the queue, if it
+--          is not in it already. (One argument, not two: Redis refuses more
+--          than 10 words from a client not yet authenticated, and a clear
+--          NOAUTH is worth keeping.)
 --
 -- The key holds "<value>:<token>", so that a retry of our own request can
 -- return the token it was granted with (the fence counter is shared by every
@@ -23,11 +30,12 @@
 --                         late (a node that stalled) and must not take the key
 --
 -- A key of another type makes GET fail with WRONGTYPE before anything is written.
-local fenced = #KEYS > 2
+local fenced = #KEYS > 3
+local proposal, waiter = string.match(ARGV[3], '^(%d+):(.*)$')
 local cur = redis.call('GET', KEYS[1])
 local counter = 0
 if fenced then
-  counter = tonumber(redis.call('GET', KEYS[3]) or '0')
+  counter = tonumber(redis.call('GET', KEYS[4]) or '0')
 end
 
 local mine = ARGV[1] .. ':'
@@ -36,6 +44,11 @@ if cur and string.sub(cur, 1, #mine) == mine then
   return {1, tonumber(string.sub(cur, #mine + 1)), 0}
 end
 if cur then
+  if waiter ~= '' then
+    local t = redis.call('TIME')
+    redis.call('ZADD', KEYS[3], 'NX', t[1] * 1000000 + t[2], waiter)
+    redis.call('PEXPIRE', KEYS[3], 10 * tonumber(ARGV[2]))
+  end
   return {-1, counter, redis.call('PTTL', KEYS[1])}
 end
 if redis.call('EXISTS', KEYS[2]) == 1 then
@@ -44,15 +57,18 @@ end
 
 local token = 0
 if fenced then
-  local proposed = tonumber(ARGV[3])
+  local proposed = tonumber(proposal)
   if proposed == 0 then
-    token = redis.call('INCR', KEYS[3])
+    token = redis.call('INCR', KEYS[4])
   elseif proposed <= counter then
     return {-2, counter, 0}
   else
-    redis.call('SET', KEYS[3], ARGV[3])
+    redis.call('SET', KEYS[4], proposal)
     token = proposed
   end
 end
 redis.call('SET', KEYS[1], mine .. string.format('%d', token), 'PX', ARGV[2])
+if waiter ~= '' then
+  redis.call('ZREM', KEYS[3], waiter)
+end
 return {1, token, 0}

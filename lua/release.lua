@@ -1,14 +1,19 @@
 -- release: delete the lock key only if it holds exactly our value, and tell
--- waiters on the release channel. If our value is not there, leave a
--- tombstone for it: an acquire of ours that is still on its way (sent to a
--- node that stalled, and given up on) then finds it and does not take the
--- key, whichever of the two requests the node runs first.
+-- the waiter whose turn it is on the release channel. If our value is not
+-- there, leave a tombstone for it: an acquire of ours that is still on its
+-- way (sent to a node that stalled, and given up on) then finds it and does
+-- not take the key, whichever of the two requests the node runs first.
 --
 -- KEYS[1]  lock key, p{name}
 -- KEYS[2]  tombstone of our value, p{name}:gone:<value>
+-- KEYS[3]  waiters' queue, p{name}:waiters (see acquire.lua)
 -- ARGV[1]  our lock value; the key holds "<value>:<token>" (see acquire.lua)
 -- ARGV[2]  release channel, p{name}:released
 -- ARGV[3]  tombstone TTL in milliseconds (relative: PX)
+--
+-- The message is the id of the longest-waiting waiter, taken off the queue:
+-- only it wakes and attempts, instead of every waiter at once. With the
+-- queue empty the message is "": every waiter that hears it attempts.
 --
 -- Reply, an array of integers:
 --   { 1, n}  released, and published on the channel: n clients (pub/sub
@@ -19,7 +24,8 @@ local cur = redis.call('GET', KEYS[1])
 local mine = ARGV[1] .. ':'
 if cur and string.sub(cur, 1, #mine) == mine then
   redis.call('DEL', KEYS[1])
-  return {1, redis.call('PUBLISH', ARGV[2], '')}
+  local next = redis.call('ZPOPMIN', KEYS[3])
+  return {1, redis.call('PUBLISH', ARGV[2], next[1] or '')}
 end
 redis.call('SET', KEYS[2], '', 'PX', ARGV[3])
 if cur then

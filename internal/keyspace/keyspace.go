@@ -6,6 +6,7 @@
 //
 //	p{name}               the lock key; it holds "<value>:<token>"
 //	p{name}:released      the release channel
+//	p{name}:waiters       the waiters' queue, a sorted set of waiter ids
 //	p{name}:gone:<value>  a released value's tombstone
 //	p{t}:fence            the fence counter of the lock key's hash slot
 //
@@ -23,6 +24,7 @@ import "sync"
 type Keys struct {
 	Lock    string // p{name}
 	Channel string // p{name}:released
+	Waiters string // p{name}:waiters
 	Fence   string // p{t}:fence, in Lock's hash slot; "" when fencing is off
 }
 
@@ -32,6 +34,7 @@ type Keys struct {
 func New(prefix, name string, fencing bool) Keys {
 	k := Keys{Lock: prefix + "{" + name + "}"}
 	k.Channel = k.Lock + ":released"
+	k.Waiters = k.Lock + ":waiters"
 	if fencing {
 		k.Fence = prefix + "{" + SlotTags()[Slot(k.Lock)] + "}:fence"
 	}
