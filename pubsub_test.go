@@ -3,6 +3,7 @@ package netlock
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -290,4 +291,74 @@ func numsub(t testing.TB, e *env, channel string) int {
 	}
 	n, _ := redis.Int(v[1], nil)
 	return n
+}
+
+// A release wakes only the waiter that has waited longest (the waiters'
+// queue names it in the message): the others make no attempt, and the lock
+// goes round in order of arrival. A waiter that gives up leaves the queue.
+func TestReleaseWakesLongestWaiter(t *testing.T) {
+	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
+		holder := e.newMutex(t, "fifo")
+		mustLock(t, holder)
+		const n = 3
+		cbs := make([]*countingBackend, n)
+		ms := make([]*NetMutex, n)
+		locked := make([]chan error, n)
+		for i := range ms {
+			cbs[i] = counting(e.backend(t))
+			m, err := New("fifo", []Backend{cbs[i]}, WithRetryDelay(time.Millisecond, 10*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ms[i], locked[i] = m, make(chan error, 1)
+			go func() { locked[i] <- m.LockCtx(context.Background()) }()
+			eventually(t, 5*time.Second, "waiter queued and subscribed", func() bool { return cbs[i].count("acquire") >= 2 })
+		}
+		// One more that gives up: it must leave the queue.
+		quitter := counting(e.backend(t))
+		q, err := New("fifo", []Backend{quitter}, WithRetryDelay(time.Millisecond, 10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		gaveUp := make(chan error, 1)
+		go func() { gaveUp <- q.LockCtx(ctx) }()
+		eventually(t, 5*time.Second, "quitter queued", func() bool { return quitter.count("acquire") >= 1 })
+		cancel()
+		if err := <-gaveUp; !errors.Is(err, context.Canceled) {
+			t.Fatalf("quitter: got %v, want context.Canceled", err)
+		}
+		queue, err := redis.Strings(e.do(t, "ZRANGE", "netlock:{fifo}:waiters", 0, -1), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []string{ms[0].waiterID, ms[1].waiterID, ms[2].waiterID}
+		if !slices.Equal(queue, want) {
+			t.Fatalf("waiters' queue: got %v, want %v (arrival order, without the one that gave up)", queue, want)
+		}
+
+		prev := holder
+		for i := range ms {
+			before := make([]int, n)
+			for j := range cbs {
+				before[j] = cbs[j].count("acquire")
+			}
+			mustUnlock(t, prev)
+			within(t, 5*time.Second, "the longest waiter's LockCtx", func() {
+				if err := <-locked[i]; err != nil {
+					t.Fatalf("waiter %d: %v", i, err)
+				}
+			})
+			if got := cbs[i].count("acquire") - before[i]; got != 1 {
+				t.Errorf("waiter %d: %d attempts after the release, want 1", i, got)
+			}
+			for j := i + 1; j < n; j++ {
+				if got := cbs[j].count("acquire") - before[j]; got != 0 {
+					t.Errorf("release %d: waiter %d, not first in line, made %d attempts", i, j, got)
+				}
+			}
+			prev = ms[i]
+		}
+		mustUnlock(t, prev)
+	})
 }
