@@ -34,7 +34,8 @@
 // finds the lock held subscribes to its release channel (one pub/sub
 // connection per Backend, shared by all its waiters), attempts once more, and
 // sleeps until a release is published, the holder's TTL runs out, the retry
-// delay passes, or ctx ends: waiters do not poll. An Unlock whose release
+// delay passes, or ctx ends: waiters do not poll. Waiters queue in Redis in
+// order of arrival, and a release wakes only the one that waited longest. An Unlock whose release
 // woke other clients makes the next acquire of the same NetMutex wait a
 // moment, so that they get a turn. While goroutines of the process wait on
 // the same NetMutex, Unlock hands the hold to the first of them without a
