@@ -45,8 +45,7 @@ func TestToxiproxy(t *testing.T) {
 		if _, err := readReply(c.r); !errors.Is(err, os.ErrDeadlineExceeded) {
 			t.Errorf("reply through a blackhole: got %v, want a timeout", err)
 		}
-		p.Remove("hole")
-		if err := p.Cut(); err != nil {
+		if err := p.Cut("hole"); err != nil {
 			t.Fatal(err)
 		}
 		c.conn.SetReadDeadline(time.Now().Add(2 * time.Second))
