@@ -18,14 +18,15 @@ type backoff struct {
 // expired there is nothing left to wait for.
 func (b *backoff) next(busy time.Duration) time.Duration {
 	ceiling := b.max
-	if b.n < 20 && b.min<<b.n < b.max {
+	if b.n < 20 && b.min < b.max>>b.n { // then min<<n < max: no overflow
 		ceiling = b.min << b.n
 	}
 	b.n++
 	d := b.min + rand.N(ceiling-b.min+1)
 	if busy >= 0 && d > busy {
 		// Just past the expiry: Redis expires keys with 1ms resolution.
-		d = busy + rand.N(b.min+1)
+		// (Jitter below both min and d-busy: busy plus it cannot overflow.)
+		d = busy + rand.N(min(b.min, d-busy))
 	}
 	return d
 }
