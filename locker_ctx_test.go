@@ -3,12 +3,9 @@ package netlock
 import (
 	"context"
 	"errors"
-	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/gomodule/redigo/redis"
 )
 
 func TestExpiryFreesTheLock(t *testing.T) {
@@ -127,44 +124,6 @@ func TestAutoExtend(t *testing.T) {
 	})
 }
 
-func TestScriptFlush(t *testing.T) {
-	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
-		m := e.newMutex(t, "flush")
-		for range 3 {
-			e.do(t, "SCRIPT", "FLUSH")
-			mustLock(t, m)
-			e.do(t, "SCRIPT", "FLUSH")
-			if err := m.ExtendCtx(context.Background()); err != nil {
-				t.Fatalf("ExtendCtx after SCRIPT FLUSH: %v", err)
-			}
-			e.do(t, "SCRIPT", "FLUSH")
-			mustUnlock(t, m)
-		}
-	})
-}
-
-func TestWrongType(t *testing.T) {
-	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
-		e.do(t, "HSET", "netlock:{wrongtype}", "field", "kept")
-		m := e.newMutex(t, "wrongtype")
-		var err error
-		within(t, 5*time.Second, "LockCtx on a hash", func() { err = m.LockCtx(context.Background()) })
-		if err == nil || !strings.Contains(err.Error(), "WRONGTYPE") || !strings.Contains(err.Error(), "node 0") ||
-			!strings.Contains(err.Error(), "another type") {
-			t.Errorf("LockCtx: got %v, want a WRONGTYPE error naming node 0", err)
-		}
-		if errors.Is(err, ErrNotObtained) {
-			t.Errorf("LockCtx: got %v, want no ErrNotObtained: this is not contention", err)
-		}
-		if v, _ := redis.String(e.do(t, "HGET", "netlock:{wrongtype}", "field"), nil); v != "kept" {
-			t.Errorf("hash field after the failed lock: got %q, want %q", v, "kept")
-		}
-		if err := recoverErr(m.Lock); err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
-			t.Errorf("Lock: got panic %v, want the WRONGTYPE error", err)
-		}
-	})
-}
-
 func TestCancelWhileWaiting(t *testing.T) {
 	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
 		holder := e.newMutex(t, "cancel")
@@ -205,31 +164,6 @@ func TestCancelWhileWaitingLocally(t *testing.T) {
 			t.Errorf("TryLockCtx behind a local holder: got (%v, %v), want (false, nil)", ok, err)
 		}
 		mustUnlock(t, m)
-	})
-}
-
-func TestContextDoneOnEntry(t *testing.T) {
-	forEachEnv(t, miniOnly, func(t *testing.T, e *env) {
-		m := e.newMutex(t, "entry")
-		ctx, cancel := context.WithCancel(context.Background())
-		cancel()
-		if err := m.LockCtx(ctx); !errors.Is(err, ErrNotObtained) || !errors.Is(err, context.Canceled) {
-			t.Errorf("LockCtx: got %v, want ErrNotObtained and context.Canceled", err)
-		}
-		if ok, err := m.TryLockCtx(ctx); ok || !errors.Is(err, context.Canceled) {
-			t.Errorf("TryLockCtx: got (%v, %v), want (false, context.Canceled)", ok, err)
-		}
-		if e.exists(t, "netlock:{entry}") {
-			t.Error("lock key created by a call whose context was already done")
-		}
-		// Unlock ignores cancellation: the release must happen.
-		mustLock(t, m)
-		if err := m.UnlockCtx(ctx); err != nil {
-			t.Errorf("UnlockCtx with a done context: %v", err)
-		}
-		if e.exists(t, "netlock:{entry}") {
-			t.Error("lock key left behind by UnlockCtx with a done context")
-		}
 	})
 }
 
