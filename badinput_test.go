@@ -277,7 +277,8 @@ var hostileRows = []hostileRow{
 
 	{"§5 hold lost: expired", func(t *testing.T, client string) {
 		s := redistest.Start(t)
-		m := hostileMutex(t, client, s.Addr(), "expired", WithExpiry(200*time.Millisecond), WithAutoExtend(false))
+		m := hostileMutex(t, client, s.Addr(), "expired", WithExpiry(200*time.Millisecond), WithAutoExtend(false),
+			WithNodeTimeout(100*time.Millisecond)) // not a tenth of the expiry: a first call may take 20ms
 		mustLock(t, m)
 		until := holdUntil(m)
 		select {

@@ -39,7 +39,9 @@ func TestLostByLocalClock(t *testing.T) {
 	// local deadline passes, whatever the server says: miniredis's clock
 	// never moves here, so its key would live forever.
 	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
-		m := e.newMutex(t, "clock", WithExpiry(100*time.Millisecond), WithAutoExtend(false))
+		// The node timeout would be a tenth of the expiry, 10ms: too short
+		// for a first call (dial, NOSCRIPT, EVAL) on a loaded machine.
+		m := e.newMutex(t, "clock", WithExpiry(100*time.Millisecond), WithAutoExtend(false), WithNodeTimeout(50*time.Millisecond))
 		mustLock(t, m)
 		lost := m.Lost()
 		within(t, 10*time.Second, "Lost()", func() { <-lost })
