@@ -4,9 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -237,7 +238,7 @@ func TestChaos(t *testing.T) {
 	violations, fig := checkHistory(holds, resource.writes, func(from, to time.Time) time.Duration {
 		return chaosSlack + probe.longest(from, to)
 	})
-	for _, e := range sortedKeys(errs) {
+	for _, e := range slices.Sorted(maps.Keys(errs)) {
 		if strings.Contains(e, "UNDOCUMENTED") {
 			violations = append(violations, fmt.Sprintf("%d times %s", errs[e], e))
 		}
@@ -247,7 +248,7 @@ func TestChaos(t *testing.T) {
 			violations = append(violations, fmt.Sprintf("client %d held with token 0", h.client))
 		}
 	}
-	report(t, "%v, %d clients on %d servers: %d acquisitions, %d lost (%d in client stalls), %d stale writes rejected, latest Lost() %v after until (longest process stall %v); faults (server-episodes) %v; errors %v; violations %d",
+	reportFigures(t, "%v, %d clients on %d servers: %d acquisitions, %d lost (%d in client stalls), %d stale writes rejected, latest Lost() %v after until (longest process stall %v); faults (server-episodes) %v; errors %v; violations %d",
 		elapsed.Round(time.Second), chaosClients, chaosNodes, fig.holds, fig.lost, stalls.Load(), fig.staleRejected, fig.maxLate.Round(time.Millisecond), probe.longest(start, time.Now()).Round(time.Millisecond), faults, errs, len(violations))
 	for i, h := range holds {
 		if late := h.lostAt.Sub(h.until); h.signalled() && late > chaosSlack/2 {
@@ -378,13 +379,4 @@ func errKind(err error) string {
 		return "UNDOCUMENTED " + err.Error()
 	}
 	return strings.Join(kinds, "+")
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"slices"
@@ -66,10 +67,10 @@ func TestProperty(t *testing.T) {
 				}
 			}
 			total += int(steps.Load())
-			report(t, "N=%d: %d steps explored in %v; outcomes %v", n, steps.Load(), time.Since(start).Round(time.Millisecond), stats)
+			reportFigures(t, "N=%d: %d steps explored in %v; outcomes %v", n, steps.Load(), time.Since(start).Round(time.Millisecond), stats)
 		})
 	}
-	report(t, "%d steps explored in all", total)
+	reportFigures(t, "%d steps explored in all", total)
 }
 
 // rapidReproducing reports whether rapid was given a seed or a fail file:
@@ -98,15 +99,8 @@ func (s *propStats) add(name string) {
 func (s *propStats) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	keys := slices.Sorted(func(yield func(string) bool) {
-		for k := range s.m {
-			if !yield(k) {
-				return
-			}
-		}
-	})
 	var b strings.Builder
-	for i, k := range keys {
+	for i, k := range slices.Sorted(maps.Keys(s.m)) {
 		if i > 0 {
 			b.WriteString(" ")
 		}

@@ -14,9 +14,9 @@ const reportEnv = "NETLOCK_REPORT"
 
 var reportMu sync.Mutex
 
-// report logs a line of figures with t.Logf and appends it to the file named
+// reportFigures logs a line of figures with t.Logf and appends it to the file named
 // by $NETLOCK_REPORT, if set.
-func report(t testing.TB, format string, args ...any) {
+func reportFigures(t testing.TB, format string, args ...any) {
 	t.Helper()
 	line := fmt.Sprintf(format, args...)
 	t.Log(line)
