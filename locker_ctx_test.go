@@ -3,12 +3,9 @@ package netlock
 import (
 	"context"
 	"errors"
-	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/gomodule/redigo/redis"
 )
 
 func TestExpiryFreesTheLock(t *testing.T) {
@@ -42,7 +39,9 @@ func TestLostByLocalClock(t *testing.T) {
 	// local deadline passes, whatever the server says: miniredis's clock
 	// never moves here, so its key would live forever.
 	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
-		m := e.newMutex(t, "clock", WithExpiry(100*time.Millisecond), WithAutoExtend(false))
+		// The node timeout would be a tenth of the expiry, 10ms: too short
+		// for a first call (dial, NOSCRIPT, EVAL) on a loaded machine.
+		m := e.newMutex(t, "clock", WithExpiry(100*time.Millisecond), WithAutoExtend(false), WithNodeTimeout(50*time.Millisecond))
 		mustLock(t, m)
 		lost := m.Lost()
 		within(t, 10*time.Second, "Lost()", func() { <-lost })
@@ -127,44 +126,6 @@ func TestAutoExtend(t *testing.T) {
 	})
 }
 
-func TestScriptFlush(t *testing.T) {
-	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
-		m := e.newMutex(t, "flush")
-		for range 3 {
-			e.do(t, "SCRIPT", "FLUSH")
-			mustLock(t, m)
-			e.do(t, "SCRIPT", "FLUSH")
-			if err := m.ExtendCtx(context.Background()); err != nil {
-				t.Fatalf("ExtendCtx after SCRIPT FLUSH: %v", err)
-			}
-			e.do(t, "SCRIPT", "FLUSH")
-			mustUnlock(t, m)
-		}
-	})
-}
-
-func TestWrongType(t *testing.T) {
-	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
-		e.do(t, "HSET", "netlock:{wrongtype}", "field", "kept")
-		m := e.newMutex(t, "wrongtype")
-		var err error
-		within(t, 5*time.Second, "LockCtx on a hash", func() { err = m.LockCtx(context.Background()) })
-		if err == nil || !strings.Contains(err.Error(), "WRONGTYPE") || !strings.Contains(err.Error(), "node 0") ||
-			!strings.Contains(err.Error(), "another type") {
-			t.Errorf("LockCtx: got %v, want a WRONGTYPE error naming node 0", err)
-		}
-		if errors.Is(err, ErrNotObtained) {
-			t.Errorf("LockCtx: got %v, want no ErrNotObtained: this is not contention", err)
-		}
-		if v, _ := redis.String(e.do(t, "HGET", "netlock:{wrongtype}", "field"), nil); v != "kept" {
-			t.Errorf("hash field after the failed lock: got %q, want %q", v, "kept")
-		}
-		if err := recoverErr(m.Lock); err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
-			t.Errorf("Lock: got panic %v, want the WRONGTYPE error", err)
-		}
-	})
-}
-
 func TestCancelWhileWaiting(t *testing.T) {
 	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
 		holder := e.newMutex(t, "cancel")
@@ -205,31 +166,6 @@ func TestCancelWhileWaitingLocally(t *testing.T) {
 			t.Errorf("TryLockCtx behind a local holder: got (%v, %v), want (false, nil)", ok, err)
 		}
 		mustUnlock(t, m)
-	})
-}
-
-func TestContextDoneOnEntry(t *testing.T) {
-	forEachEnv(t, miniOnly, func(t *testing.T, e *env) {
-		m := e.newMutex(t, "entry")
-		ctx, cancel := context.WithCancel(context.Background())
-		cancel()
-		if err := m.LockCtx(ctx); !errors.Is(err, ErrNotObtained) || !errors.Is(err, context.Canceled) {
-			t.Errorf("LockCtx: got %v, want ErrNotObtained and context.Canceled", err)
-		}
-		if ok, err := m.TryLockCtx(ctx); ok || !errors.Is(err, context.Canceled) {
-			t.Errorf("TryLockCtx: got (%v, %v), want (false, context.Canceled)", ok, err)
-		}
-		if e.exists(t, "netlock:{entry}") {
-			t.Error("lock key created by a call whose context was already done")
-		}
-		// Unlock ignores cancellation: the release must happen.
-		mustLock(t, m)
-		if err := m.UnlockCtx(ctx); err != nil {
-			t.Errorf("UnlockCtx with a done context: %v", err)
-		}
-		if e.exists(t, "netlock:{entry}") {
-			t.Error("lock key left behind by UnlockCtx with a done context")
-		}
 	})
 }
 

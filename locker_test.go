@@ -1,16 +1,11 @@
 package netlock
 
 import (
-	"context"
 	"errors"
-	"net"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/gomodule/redigo/redis"
 )
 
 // section is a critical section that notices overlap: inside counts the
@@ -120,27 +115,6 @@ func TestTryLock(t *testing.T) {
 	})
 }
 
-func TestUnlockOfUnlockedPanics(t *testing.T) {
-	forEachEnv(t, miniOnly, func(t *testing.T, e *env) {
-		m := e.newMutex(t, "unlocked")
-		err := recoverErr(m.Unlock)
-		if !errors.Is(err, ErrNotHeld) {
-			t.Fatalf("panic value: got %v, want an error matching ErrNotHeld", err)
-		}
-		if want := "netlock: unlock of unlocked mutex"; err.Error() != want {
-			t.Errorf("panic message: got %q, want %q", err.Error(), want)
-		}
-		m.Lock()
-		m.Unlock()
-		if err := recoverErr(m.Unlock); !errors.Is(err, ErrNotHeld) {
-			t.Errorf("second Unlock: got %v, want a panic matching ErrNotHeld", err)
-		}
-		if err := m.UnlockCtx(context.Background()); !errors.Is(err, ErrNotHeld) {
-			t.Errorf("UnlockCtx unlocked: got %v, want ErrNotHeld", err)
-		}
-	})
-}
-
 // recoverErr runs fn and returns the error it panicked with (nil if it did
 // not panic).
 func recoverErr(fn func()) (err error) {
@@ -154,67 +128,4 @@ func recoverErr(fn func()) (err error) {
 	}()
 	fn()
 	return nil
-}
-
-func TestRedisDown(t *testing.T) {
-	// A port nobody listens on: the connection is refused at once.
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-
-	pool := &redis.Pool{DialContext: func(ctx context.Context) (redis.Conn, error) {
-		return redis.DialContext(ctx, "tcp", addr)
-	}}
-	t.Cleanup(func() { pool.Close() })
-	m, err := New("down", []Backend{NewRedigo(pool)}, WithNodeTimeout(200*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var lerr error
-	within(t, 5*time.Second, "Lock on a refused server", func() { lerr = recoverErr(m.Lock) })
-	if !errors.Is(lerr, ErrQuorum) || !strings.Contains(lerr.Error(), "node 0") {
-		t.Errorf("Lock panic: got %v, want an error matching ErrQuorum naming node 0", lerr)
-	}
-	within(t, 5*time.Second, "TryLockCtx on a refused server", func() {
-		ok, err := m.TryLockCtx(context.Background())
-		if ok || !errors.Is(err, ErrQuorum) {
-			t.Errorf("TryLockCtx: got (%v, %v), want (false, ErrQuorum)", ok, err)
-		}
-	})
-	// The failed attempts left m unlocked in this process.
-	if err := m.UnlockCtx(context.Background()); !errors.Is(err, ErrNotHeld) {
-		t.Errorf("UnlockCtx after failed Lock: got %v, want ErrNotHeld", err)
-	}
-}
-
-func TestRedisStalled(t *testing.T) {
-	forEachEnv(t, realOnly, func(t *testing.T, e *env) {
-		m := e.newMutex(t, "stalled", WithNodeTimeout(200*time.Millisecond))
-		e.server.Pause()
-		defer e.server.Resume()
-		var err error
-		within(t, 5*time.Second, "LockCtx on a stopped server", func() { err = m.LockCtx(context.Background()) })
-		if !errors.Is(err, ErrQuorum) || !strings.Contains(err.Error(), "node 0") {
-			t.Errorf("LockCtx: got %v, want an error matching ErrQuorum naming node 0", err)
-		}
-		e.server.Resume()
-		mustLock(t, m)
-		mustUnlock(t, m)
-	})
-}
-
-func TestZeroValue(t *testing.T) {
-	var m NetMutex
-	if err := m.LockCtx(context.Background()); err == nil || !strings.Contains(err.Error(), "New") {
-		t.Errorf("LockCtx on the zero value: got %v, want an error saying to use New", err)
-	}
-	if err := recoverErr(m.Lock); err == nil {
-		t.Error("Lock on the zero value did not panic")
-	}
-	if tok := m.Token(); tok != 0 {
-		t.Errorf("Token on the zero value: got %d, want 0", tok)
-	}
 }

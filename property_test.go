@@ -3,10 +3,14 @@ package netlock
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
+	"maps"
 	"net"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,208 +21,96 @@ import (
 	"pgregory.net/rapid"
 )
 
-// lockModel is what the clients of one lock name should see: who holds the
-// key on the server and until when (in miniredis time), and what each client
-// believes.
-type lockModel struct {
-	now, expiresAt time.Duration // miniredis time since the start
-	holder         int           // client whose value is in the key, or -1
-	held, lost     []bool        // per client: has a hold; the hold is known lost
-	lastToken      uint64
-}
+// propMinSteps is how many actions TestProperty runs at least for each node
+// count in a plain `go test`: rapid's default 100 checks of about 30 steps
+// each are repeated (with fresh seeds) until it is reached, so that one CI
+// run explores well over 10,000 steps in all. More with -rapid.checks or
+// -rapid.steps.
+const propMinSteps = 3400
 
-func (lm *lockModel) keyHeld() bool { return lm.holder >= 0 && lm.now < lm.expiresAt }
-
-// TestPropertySingleNode drives several clients of one lock name on one
-// miniredis node through random sequences of lock, try, unlock, extend,
-// time passing, script flushes and keys deleted behind their back, and checks
-// every answer against the model: at most one holder, tokens strictly
-// increasing, the documented errors, nothing left behind.
-func TestPropertySingleNode(t *testing.T) {
-	const expiry = 8 * time.Second
-	rapid.Check(t, func(rt *rapid.T) {
-		srv := miniredis.NewMiniRedis()
-		if err := srv.Start(); err != nil {
-			rt.Fatal(err)
-		}
-		defer srv.Close()
-		// Clients 0 and 1 share a pool (one process, two NetMutex objects);
-		// client 2 has its own, as another process.
-		var pools []*redis.Pool
-		newPool := func() Backend {
-			p := &redis.Pool{MaxIdle: 4, Dial: func() (redis.Conn, error) { return redis.Dial("tcp", srv.Addr()) }}
-			pools = append(pools, p)
-			return NewRedigo(p)
-		}
-		defer func() {
-			for _, p := range pools {
-				p.Close()
-			}
-		}()
-		shared := newPool()
-		backends := []Backend{shared, shared, newPool()}
-		// Auto-extend off and a long expiry: the local deadline never passes
-		// during a run, so only the server's clock (FastForward) ends holds.
-		clients := make([]*NetMutex, len(backends))
-		for i, b := range backends {
-			m, err := New("prop", []Backend{b}, WithExpiry(expiry), WithAutoExtend(false), WithRetryDelay(time.Millisecond, 2*time.Millisecond))
-			if err != nil {
-				rt.Fatal(err)
-			}
-			clients[i] = m
-		}
-		lm := &lockModel{holder: -1, held: make([]bool, len(clients)), lost: make([]bool, len(clients))}
-		defer func() {
-			for i, m := range clients {
-				if lm.held[i] {
-					m.UnlockCtx(context.Background())
+// TestProperty drives four clients of one lock name on 1, 3 and 5 miniredis
+// nodes through random sequences of TryLockCtx, LockCtx with a short
+// deadline, LockCtx cancelled midway through its acquire round, UnlockCtx,
+// ExtendCtx, time passing (by random amounts and to just around a key's
+// expiry, on every node, down or not), nodes crashing or partitioned and
+// coming back with their data, script flushes and lock keys deleted behind
+// the clients' back. Clients 0 and 1 share their connections (one process,
+// two NetMutex objects); clients 2 and 3 have their own, as other processes.
+//
+// The model follows every node's lock key and fence counter and every
+// client's hold and learned counter exactly, and each answer is checked
+// against it: the result and error of every call (always the documented
+// sentinels), the fencing token of every acquisition (strictly increasing),
+// and after every step the key (value, token, TTL) and counter on every node
+// (so nothing is left behind by an Unlock or a failed or cancelled acquire),
+// Token and Lost of every client, and that at most one client believes it
+// holds a quorum of intact keys.
+//
+// Deleting keys and moving the servers' clocks past the clients' (their
+// local deadline does not move with FastForward) break the model's
+// assumptions, so two clients may then both believe they hold. The test
+// checks that this happens only when the older hold had lost its quorum of
+// keys, and that the older holder then never hears success again: its next
+// ExtendCtx or UnlockCtx reports the loss (ErrLockLost, with Lost closed) or
+// fails for want of nodes.
+func TestProperty(t *testing.T) {
+	total := 0
+	for _, n := range []int{1, 3, 5} {
+		t.Run(fmt.Sprintf("nodes=%d", n), func(t *testing.T) {
+			var steps atomic.Int64
+			stats := &propStats{m: map[string]int{}}
+			start := time.Now()
+			for rounds := 0; ; rounds++ {
+				rapid.Check(t, func(rt *rapid.T) { checkModel(rt, n, stats, &steps) })
+				if steps.Load() >= propMinSteps || rapidReproducing() || t.Failed() {
+					break
 				}
 			}
-		}()
-		ctx := context.Background()
-		client := rapid.IntRange(0, len(clients)-1)
-
-		acquired := func(rt *rapid.T, i int) {
-			tok := clients[i].Token()
-			if tok <= lm.lastToken {
-				rt.Fatalf("client %d token %d, want above %d", i, tok, lm.lastToken)
-			}
-			lm.lastToken = tok
-			lm.holder, lm.expiresAt = i, lm.now+expiry
-			lm.held[i], lm.lost[i] = true, false
-		}
-
-		rt.Repeat(map[string]func(*rapid.T){
-			"TryLockCtx": func(rt *rapid.T) {
-				i := client.Draw(rt, "client")
-				ok, err := clients[i].TryLockCtx(ctx)
-				if err != nil {
-					rt.Fatalf("client %d TryLockCtx: %v", i, err)
-				}
-				want := !lm.held[i] && !lm.keyHeld()
-				if ok != want {
-					rt.Fatalf("client %d TryLockCtx: got %v, want %v (holder %d)", i, ok, want, lm.holder)
-				}
-				if ok {
-					acquired(rt, i)
-				}
-			},
-			"LockCtx short deadline": func(rt *rapid.T) {
-				i := client.Draw(rt, "client")
-				free := !lm.held[i] && !lm.keyHeld()
-				wait := 5 * time.Millisecond // held: LockCtx must give up
-				if free {
-					wait = 10 * time.Second // free: a generous bound on a loaded machine
-				}
-				dctx, cancel := context.WithTimeout(ctx, wait)
-				defer cancel()
-				err := clients[i].LockCtx(dctx)
-				if free {
-					if err != nil {
-						rt.Fatalf("client %d LockCtx on a free lock: %v", i, err)
-					}
-					acquired(rt, i)
-					return
-				}
-				if !errors.Is(err, ErrNotObtained) || !errors.Is(err, context.DeadlineExceeded) {
-					rt.Fatalf("client %d LockCtx on a held lock: got %v, want ErrNotObtained and DeadlineExceeded", i, err)
-				}
-			},
-			"UnlockCtx": func(rt *rapid.T) {
-				i := client.Draw(rt, "client")
-				err := clients[i].UnlockCtx(ctx)
-				switch {
-				case !lm.held[i]:
-					if !errors.Is(err, ErrNotHeld) {
-						rt.Fatalf("client %d UnlockCtx without a hold: got %v, want ErrNotHeld", i, err)
-					}
-				case lm.holder == i && lm.keyHeld() && !lm.lost[i]:
-					if err != nil {
-						rt.Fatalf("client %d UnlockCtx: %v", i, err)
-					}
-					lm.holder = -1
-				default:
-					if !errors.Is(err, ErrLockLost) {
-						rt.Fatalf("client %d UnlockCtx of a lapsed hold: got %v, want ErrLockLost", i, err)
-					}
-					if lm.holder == i {
-						lm.holder = -1 // released all the same: the key was still ours
-					}
-				}
-				lm.held[i], lm.lost[i] = false, false
-			},
-			"ExtendCtx": func(rt *rapid.T) {
-				i := client.Draw(rt, "client")
-				err := clients[i].ExtendCtx(ctx)
-				switch {
-				case !lm.held[i]:
-					if !errors.Is(err, ErrNotHeld) {
-						rt.Fatalf("client %d ExtendCtx without a hold: got %v, want ErrNotHeld", i, err)
-					}
-				case lm.holder == i && lm.keyHeld() && !lm.lost[i]:
-					if err != nil {
-						rt.Fatalf("client %d ExtendCtx: %v", i, err)
-					}
-					lm.expiresAt = lm.now + expiry
-				default:
-					if !errors.Is(err, ErrLockLost) {
-						rt.Fatalf("client %d ExtendCtx of a lapsed hold: got %v, want ErrLockLost", i, err)
-					}
-					lm.lost[i] = true
-					select {
-					case <-clients[i].Lost():
-					default:
-						rt.Fatalf("client %d: ExtendCtx reported ErrLockLost but Lost() is open", i)
-					}
-				}
-			},
-			"advance time": func(rt *rapid.T) {
-				d := time.Duration(rapid.IntRange(0, 12000).Draw(rt, "ms")) * time.Millisecond
-				srv.FastForward(d)
-				lm.now += d
-				if !lm.keyHeld() {
-					lm.holder = -1
-				}
-			},
-			"SCRIPT FLUSH": func(rt *rapid.T) {
-				c, err := redis.Dial("tcp", srv.Addr())
-				if err != nil {
-					rt.Fatal(err)
-				}
-				defer c.Close()
-				if _, err := c.Do("SCRIPT", "FLUSH"); err != nil {
-					rt.Fatal(err)
-				}
-			},
-			"delete key behind its back": func(rt *rapid.T) {
-				srv.Del("netlock:{prop}")
-				lm.holder = -1
-			},
-			"": func(rt *rapid.T) {
-				// Invariant: the server's key belongs to the model's holder.
-				if lm.keyHeld() != srv.Exists("netlock:{prop}") {
-					rt.Fatalf("key exists: got %v, model says %v", srv.Exists("netlock:{prop}"), lm.keyHeld())
-				}
-				valid := 0
-				for i := range clients {
-					if lm.held[i] && !lm.lost[i] && lm.holder == i && lm.keyHeld() {
-						valid++
-					}
-				}
-				if valid > 1 {
-					rt.Fatalf("%d clients hold a valid lock", valid)
-				}
-			},
+			total += int(steps.Load())
+			reportFigures(t, "N=%d: %d steps explored in %v; outcomes %v", n, steps.Load(), time.Since(start).Round(time.Millisecond), stats)
 		})
-	})
+	}
+	reportFigures(t, "%d steps explored in all", total)
 }
 
-// propQuorumSteps counts the actions TestPropertyQuorum has run, over all
-// its checks: the "steps explored" it reports.
-var propQuorumSteps atomic.Int64
+// rapidReproducing reports whether rapid was given a seed or a fail file:
+// then one Check replays it, and repeating it would replay it again.
+func rapidReproducing() bool {
+	for _, name := range []string{"rapid.seed", "rapid.failfile"} {
+		if f := flag.Lookup(name); f != nil && f.Value.String() != f.DefValue {
+			return true
+		}
+	}
+	return false
+}
 
-// quorumNode is the model of one miniredis node of TestPropertyQuorum, and
-// the node itself.
+// propStats counts the outcomes TestProperty met, by kind.
+type propStats struct {
+	mu sync.Mutex
+	m  map[string]int
+}
+
+func (s *propStats) add(name string) {
+	s.mu.Lock()
+	s.m[name]++
+	s.mu.Unlock()
+}
+
+func (s *propStats) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var b strings.Builder
+	for i, k := range slices.Sorted(maps.Keys(s.m)) {
+		if i > 0 {
+			b.WriteString(" ")
+		}
+		fmt.Fprintf(&b, "%s:%d", k, s.m[k])
+	}
+	return b.String()
+}
+
+// modelNode is the model of one miniredis node of TestProperty, and the node
+// itself.
 //
 // A node goes down in one of two ways, both with srv.Close (miniredis keeps
 // its data: no write is lost, as with AOF and fsync), chosen so that what the
@@ -230,12 +122,12 @@ var propQuorumSteps atomic.Int64
 //     connection, an i/o timeout for a new one), so every release sent to the
 //     node is queued and the reaper retries it until the node is back, then
 //     delivers it.
-type quorumNode struct {
+type modelNode struct {
 	srv     *miniredis.Miniredis
 	addr    string // srv.Addr, which panics while srv is closed
 	up      bool
-	key     quorumKey // the lock key; value "" when absent
-	counter uint64    // the fence counter (no TTL: survives everything)
+	key     modelKey // the lock key; value "" when absent
+	counter uint64   // the fence counter (no TTL: survives everything)
 
 	// queued holds the values of the holds unlocked while the node was
 	// partitioned: the reaper delivers their release when it is back.
@@ -255,25 +147,30 @@ type quorumNode struct {
 // a final error.
 var errPartitioned = &net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded}
 
-// quorumKey is what the model says one node's lock key holds.
-type quorumKey struct {
+// modelKey is what the model says one node's lock key holds.
+type modelKey struct {
 	value  string        // lock value of the hold that set it; "" when absent
 	token  uint64        // its fencing token: the key holds "<value>:<token>"
 	client int           // the client that acquired it
 	exp    time.Duration // model time at which it expires
 }
 
-// quorumClient is the model of one client (one NetMutex).
-type quorumClient struct {
+// modelClient is the model of one client (one NetMutex).
+type modelClient struct {
 	m          *NetMutex
-	held, lost bool   // has a hold; the hold was reported lost (ExtendCtx)
-	value      string // the current hold's lock value
+	cancel     []*cancelBackend // its backends, one per node
+	held, lost bool             // has a hold; the hold was reported lost
+	value      string           // the current hold's lock value
 	token      uint64
 	seen       uint64 // highest fence counter the client has learned
+	// overtaken: another client acquired while this one still believed it
+	// held (possible only after the model's assumptions were broken). Its
+	// next ExtendCtx or UnlockCtx must not succeed.
+	overtaken bool
 }
 
-// newPool returns a redigo pool on node n (see quorumNode).
-func (n *quorumNode) newPool() *redis.Pool {
+// newPool returns a redigo pool on node n (see modelNode).
+func (n *modelNode) newPool() *redis.Pool {
 	return &redis.Pool{
 		MaxIdle: 4,
 		DialContext: func(ctx context.Context) (redis.Conn, error) {
@@ -299,75 +196,94 @@ func (n *quorumNode) newPool() *redis.Pool {
 	}
 }
 
-// TestPropertyQuorum drives three clients of one lock name on 3 and on 5
-// miniredis nodes through random sequences of lock, try, unlock, extend,
-// time passing (on every node, down or not), nodes crashing or partitioned
-// and coming back with their data, script flushes and keys deleted behind
-// their back. The model follows every node's lock key and fence
-// counter and every client's hold and learned counter exactly, and each
-// answer is checked against it: the result and error of every call, the
-// fencing token of every acquisition (strictly increasing), and after every
-// step the key (value, token, TTL) and counter on every node, Token and Lost
-// of every client, and that at most one client believes it holds a quorum of
-// valid keys.
-func TestPropertyQuorum(t *testing.T) {
-	for _, n := range []int{3, 5} {
-		t.Run(strconv.Itoa(n), func(t *testing.T) {
-			stats := map[string]int{}
-			before := propQuorumSteps.Load()
-			start := time.Now()
-			rapid.Check(t, func(rt *rapid.T) { checkQuorum(rt, n, stats) })
-			t.Logf("N=%d: %d steps explored in %v; outcomes %v", n, propQuorumSteps.Load()-before, time.Since(start).Round(time.Millisecond), stats)
-		})
-	}
+// cancelBackend is a Backend that can cancel its caller's acquire midway: once
+// armed, its next acquire call runs fn (a context's cancel) just before or
+// just after passing the call on, while the other nodes' calls of the same
+// round are in flight.
+type cancelBackend struct {
+	Backend
+	fn    atomic.Pointer[func()]
+	after bool // set with fn, read after fn is taken
 }
 
-func checkQuorum(rt *rapid.T, nNodes int, stats map[string]int) {
+func (b *cancelBackend) arm(fn func(), after bool) {
+	b.after = after
+	b.fn.Store(&fn)
+}
+
+func (b *cancelBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
+	if s != acquireScript {
+		return b.Backend.Eval(ctx, s, keys, args)
+	}
+	fn := b.fn.Swap(nil)
+	if fn != nil && !b.after {
+		(*fn)()
+	}
+	vals, err := b.Backend.Eval(ctx, s, keys, args)
+	if fn != nil && b.after {
+		(*fn)()
+	}
+	return vals, err
+}
+
+func (b *cancelBackend) finalErr(err error) bool { return finalErr(b.Backend, err) }
+
+func checkModel(rt *rapid.T, nNodes int, stats *propStats, steps *atomic.Int64) {
 	const (
 		expiry  = 8 * time.Second
 		lockKey = "netlock:{prop}"
+		clients = 4
 	)
 	quorum := nNodes/2 + 1
 	ctx := context.Background()
 
-	nodes := make([]*quorumNode, nNodes)
+	nodes := make([]*modelNode, nNodes)
 	var pools []*redis.Pool
 	// Clients 0 and 1 share one pool per node (one process, two NetMutex
-	// objects); client 2 has its own, as another process.
+	// objects); clients 2 and 3 have their own, as other processes.
 	shared := make([]Backend, nNodes)
-	own := make([]Backend, nNodes)
 	for k := range nodes {
-		n := &quorumNode{srv: miniredis.NewMiniRedis(), queued: map[string]bool{}}
+		n := &modelNode{srv: miniredis.NewMiniRedis(), queued: map[string]bool{}}
 		if err := n.srv.Start(); err != nil {
 			rt.Fatal(err)
 		}
 		nodes[k] = n
 		n.addr, n.up = n.srv.Addr(), true
-		a, b := n.newPool(), n.newPool()
-		pools = append(pools, a, b)
-		shared[k], own[k] = NewRedigo(a), NewRedigo(b)
+		p := n.newPool()
+		pools = append(pools, p)
+		shared[k] = NewRedigo(p)
 	}
-	clients := make([]*quorumClient, 3)
-	for i := range clients {
-		backends := shared
-		if i == 2 {
-			backends = own
+	cs := make([]*modelClient, clients)
+	for i := range cs {
+		c := &modelClient{}
+		backends := make([]Backend, nNodes)
+		for k, n := range nodes {
+			b := shared[k]
+			if i >= 2 {
+				p := n.newPool()
+				pools = append(pools, p)
+				b = NewRedigo(p)
+			}
+			cb := &cancelBackend{Backend: b}
+			c.cancel = append(c.cancel, cb)
+			backends[k] = cb
 		}
 		m, err := New("prop", backends, WithExpiry(expiry), WithAutoExtend(false),
 			WithNodeTimeout(200*time.Millisecond), WithRetryDelay(time.Millisecond, 2*time.Millisecond))
 		if err != nil {
 			rt.Fatal(err)
 		}
-		clients[i] = &quorumClient{m: m}
+		c.m = m
+		cs[i] = c
 	}
-	fenceKey := clients[0].m.keys.fence
+	fenceKey := cs[0].m.keys.fence
 
 	// waitReapers waits until no client's reaper has releases pending.
 	waitReapers := func(rt *rapid.T) {
 		deadline := time.Now().Add(10 * time.Second)
 		for {
 			running := false
-			for _, c := range clients {
+			for _, c := range cs {
 				c.m.reaper.mu.Lock()
 				running = running || c.m.reaper.running
 				c.m.reaper.mu.Unlock()
@@ -382,7 +298,7 @@ func checkQuorum(rt *rapid.T, nNodes int, stats map[string]int) {
 		}
 	}
 	defer func() {
-		for _, c := range clients {
+		for _, c := range cs {
 			if c.held {
 				c.m.UnlockCtx(ctx)
 			}
@@ -399,15 +315,15 @@ func checkQuorum(rt *rapid.T, nNodes int, stats map[string]int) {
 
 	var now time.Duration // model time: every node's clock moves together
 	var lastToken uint64  // the token of the latest acquisition
-	client := rapid.IntRange(0, len(clients)-1)
+	client := rapid.IntRange(0, len(cs)-1)
 
 	// current reports whether key is of the current hold of its client
 	// (lost or not): such a key is never released behind the model's back.
-	current := func(key quorumKey) bool {
-		c := clients[key.client]
+	current := func(key modelKey) bool {
+		c := cs[key.client]
 		return key.value != "" && c.held && c.value == key.value
 	}
-	learn := func(c *quorumClient, counter uint64) { c.seen = max(c.seen, counter) }
+	learn := func(c *modelClient, counter uint64) { c.seen = max(c.seen, counter) }
 	count := func() (up, free int) {
 		for _, n := range nodes {
 			if n.up {
@@ -419,15 +335,29 @@ func checkQuorum(rt *rapid.T, nNodes int, stats map[string]int) {
 		}
 		return up, free
 	}
+	// intact counts the nodes, up or down, whose key still holds client i's
+	// current value.
+	intact := func(i int) int {
+		n := 0
+		for _, nd := range nodes {
+			if cs[i].held && nd.key.value != "" && nd.key.value == cs[i].value {
+				n++
+			}
+		}
+		return n
+	}
 
 	// round runs one acquire round of client i in the model (see
 	// acquireRound): "ok" (the hold is then recorded, with the token it must
 	// have), "quorum", "ballot" (the key is free on a quorum, a ballot was
-	// refused) or
-	// "busy".
+	// refused) or "busy".
 	round := func(i int) (string, uint64) {
-		c := clients[i]
+		c := cs[i]
 		proposal := c.seen + 1
+		if nNodes == 1 {
+			// One node: the script increments its own counter.
+			proposal = nodes[0].counter + 1
+		}
 		up, fenced, nFenced := 0, false, 0
 		var granted []int
 		for k, n := range nodes {
@@ -452,12 +382,12 @@ func checkQuorum(rt *rapid.T, nNodes int, stats map[string]int) {
 		case len(granted) >= quorum:
 			// The value is random: take it from the hold (acquired fails
 			// the check if the call did not acquire).
-			c.held, c.lost, c.token, c.value = true, false, proposal, ""
+			c.held, c.lost, c.overtaken, c.token, c.value = true, false, false, proposal, ""
 			if h := c.m.current(); h != nil {
 				c.value = h.value
 			}
 			for _, k := range granted {
-				nodes[k].key = quorumKey{value: c.value, token: proposal, client: i, exp: now + expiry}
+				nodes[k].key = modelKey{value: c.value, token: proposal, client: i, exp: now + expiry}
 			}
 			return "ok", proposal
 		case up < quorum:
@@ -469,8 +399,11 @@ func checkQuorum(rt *rapid.T, nNodes int, stats map[string]int) {
 	}
 	// acquired checks a successful acquisition of client i against the
 	// model's round: the token the round granted, above every earlier one.
+	// Another client that still believes it holds must have lost its quorum
+	// of keys behind its back (deleted, or expired by a server clock that ran
+	// ahead): it is marked overtaken.
 	acquired := func(rt *rapid.T, i int, want uint64) {
-		h := clients[i].m.current()
+		h := cs[i].m.current()
 		if h == nil {
 			rt.Fatalf("client %d acquired but has no hold", i)
 		}
@@ -478,6 +411,16 @@ func checkQuorum(rt *rapid.T, nNodes int, stats map[string]int) {
 			rt.Fatalf("client %d acquired with token %d, want %d (last token %d)", i, h.token, want, lastToken)
 		}
 		lastToken = want
+		for j, o := range cs {
+			if j == i || !o.held || o.lost {
+				continue
+			}
+			if n := intact(j); n >= quorum {
+				rt.Fatalf("client %d acquired while client %d still holds %d intact keys (quorum %d)", i, j, n, quorum)
+			}
+			o.overtaken = true
+			stats.add("overtaken (assumptions broken)")
+		}
 	}
 	// resync takes the fence counters of the up nodes and client i's learned
 	// counter from the servers, after a call that made an unknown number of
@@ -493,7 +436,7 @@ func checkQuorum(rt *rapid.T, nNodes int, stats map[string]int) {
 			}
 			n.counter = got
 		}
-		c := clients[i]
+		c := cs[i]
 		if got := c.m.seen.Load(); got < c.seen {
 			rt.Fatalf("client %d: learned counter went down from %d to %d", i, c.seen, got)
 		} else {
@@ -503,12 +446,12 @@ func checkQuorum(rt *rapid.T, nNodes int, stats map[string]int) {
 	// settleWant counts a release or extend of client i's hold on the up
 	// nodes, applying fn to those that hold its value, and returns the error
 	// settle must give.
-	settleWant := func(i int, fn func(n *quorumNode)) (okN, gone int, want error) {
+	settleWant := func(i int, fn func(n *modelNode)) (okN, gone int, want error) {
 		for _, n := range nodes {
 			if !n.up {
 				continue
 			}
-			if n.key.value != "" && n.key.value == clients[i].value {
+			if n.key.value != "" && n.key.value == cs[i].value {
 				okN++
 				fn(n)
 			} else {
@@ -527,10 +470,39 @@ func checkQuorum(rt *rapid.T, nNodes int, stats map[string]int) {
 		if want == nil && err != nil || want != nil && !errors.Is(err, want) {
 			rt.Fatalf("%s: got %v, want %v", what, err, want)
 		}
+		if err != nil && !documented(err) {
+			rt.Fatalf("%s: error %v matches no documented sentinel", what, err)
+		}
+	}
+	// overtaken checks the answer of an ExtendCtx or UnlockCtx of a client
+	// that was overtaken: never success.
+	overtaken := func(rt *rapid.T, i int, what string, err error) {
+		if !cs[i].overtaken {
+			return
+		}
+		if err == nil {
+			rt.Fatalf("client %d %s after another client acquired: got success, want the loss reported", i, what)
+		}
+		if errors.Is(err, ErrLockLost) {
+			stats.add("overtaken: loss detected by " + what)
+		} else {
+			stats.add("overtaken: " + what + " failed, nodes down")
+		}
 	}
 	step := func(name string) {
-		propQuorumSteps.Add(1)
-		stats[name]++
+		steps.Add(1)
+		stats.add(name)
+	}
+	// advance moves every node's clock (down or not: a partition, not a
+	// stopped clock) and the model's by d.
+	advance := func(d time.Duration) {
+		now += d
+		for _, n := range nodes {
+			n.srv.FastForward(d)
+			if n.key.value != "" && n.key.exp <= now {
+				n.key = modelKey{}
+			}
+		}
 	}
 
 	// drawNode draws a node that is up (or down), and reports false if
@@ -555,7 +527,7 @@ func checkQuorum(rt *rapid.T, nNodes int, stats map[string]int) {
 	rt.Repeat(map[string]func(*rapid.T){
 		"TryLockCtx": func(rt *rapid.T) {
 			i := client.Draw(rt, "client")
-			c := clients[i]
+			c := cs[i]
 			up, free := count()
 			ok, err := c.m.TryLockCtx(ctx)
 			if c.held {
@@ -584,6 +556,7 @@ func checkQuorum(rt *rapid.T, nNodes int, stats map[string]int) {
 				if ok || !errors.Is(err, ErrQuorum) {
 					rt.Fatalf("client %d TryLockCtx (%d up): got %v, %v, want an ErrQuorum error", i, up, ok, err)
 				}
+				checkErr(rt, "TryLockCtx", err, ErrQuorum)
 			default:
 				// Contended: (false, nil). A quorum of free nodes with
 				// refused ballots is retried at once (above), so this is
@@ -599,11 +572,11 @@ func checkQuorum(rt *rapid.T, nNodes int, stats map[string]int) {
 			}
 			step("try/" + res)
 		},
-		"LockCtx": func(rt *rapid.T) {
+		"LockCtx short deadline": func(rt *rapid.T) {
 			// Short deadline when it must fail (held here, or too few free
 			// nodes), a generous one when it must succeed or fail at once.
 			i := client.Draw(rt, "client")
-			c := clients[i]
+			c := cs[i]
 			up, free := count()
 			wait := 10 * time.Second
 			if c.held || (up >= quorum && free < quorum) {
@@ -621,9 +594,7 @@ func checkQuorum(rt *rapid.T, nNodes int, stats map[string]int) {
 				step("lock/held")
 			case up < quorum:
 				round(i)
-				if !errors.Is(err, ErrQuorum) {
-					rt.Fatalf("client %d LockCtx with %d nodes up: got %v, want an ErrQuorum error", i, up, err)
-				}
+				checkErr(rt, fmt.Sprintf("client %d LockCtx with %d nodes up", i, up), err, ErrQuorum)
 				step("lock/quorum")
 			case free >= quorum:
 				// The first failed round learns every answering counter,
@@ -652,20 +623,62 @@ func checkQuorum(rt *rapid.T, nNodes int, stats map[string]int) {
 				step("lock/busy")
 			}
 		},
+		"LockCtx cancelled midway": func(rt *rapid.T) {
+			// The caller's context is cancelled while the acquire round is
+			// under way: on one node just before or just after its call,
+			// while the other nodes' calls are in flight. Whatever the nodes
+			// answered, the call fails with the cancellation and leaves
+			// nothing held: the invariant compares every node's key with the
+			// model, which this call must not change.
+			i := client.Draw(rt, "client")
+			c := cs[i]
+			if c.held {
+				step("cancel/held") // would wait locally, never reaching a node
+				return
+			}
+			k := rapid.IntRange(0, nNodes-1).Draw(rt, "cancel at node")
+			after := rapid.Bool().Draw(rt, "cancel after the call")
+			cctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			c.cancel[k].arm(cancel, after)
+			var err error
+			if rapid.Bool().Draw(rt, "try") {
+				var ok bool
+				ok, err = c.m.TryLockCtx(cctx)
+				if ok {
+					rt.Fatalf("client %d TryLockCtx cancelled midway: got true", i)
+				}
+			} else {
+				err = c.m.LockCtx(cctx)
+			}
+			if c.cancel[k].fn.Load() != nil {
+				rt.Fatalf("client %d: the acquire never reached node %d", i, k)
+			}
+			if !errors.Is(err, ErrNotObtained) || !errors.Is(err, context.Canceled) {
+				rt.Fatalf("client %d acquire cancelled midway: got %v, want ErrNotObtained and context.Canceled", i, err)
+			}
+			if h := c.m.current(); h != nil {
+				rt.Fatalf("client %d holds after a cancelled acquire", i)
+			}
+			// Grants on free nodes were released; their counters moved.
+			resync(rt, i)
+			step(fmt.Sprintf("cancel/after=%v", after))
+		},
 		"UnlockCtx": func(rt *rapid.T) {
 			i := client.Draw(rt, "client")
-			c := clients[i]
+			c := cs[i]
 			err := c.m.UnlockCtx(ctx)
 			if !c.held {
 				checkErr(rt, fmt.Sprintf("client %d UnlockCtx without a hold", i), err, ErrNotHeld)
 				step("unlock/notheld")
 				return
 			}
-			okN, gone, want := settleWant(i, func(n *quorumNode) { n.key = quorumKey{} })
+			okN, gone, want := settleWant(i, func(n *modelNode) { n.key = modelKey{} })
 			if c.lost {
 				want = ErrLockLost
 			}
 			checkErr(rt, fmt.Sprintf("client %d UnlockCtx (%d released, %d gone, lost %v)", i, okN, gone, c.lost), err, want)
+			overtaken(rt, i, "unlock", err)
 			// Down nodes keep the key: stale, until it expires, or until
 			// the reaper delivers the release when a partitioned node is
 			// back.
@@ -674,12 +687,12 @@ func checkQuorum(rt *rapid.T, nNodes int, stats map[string]int) {
 					n.queued[c.value] = true
 				}
 			}
-			c.held, c.lost = false, false
+			c.held, c.lost, c.overtaken = false, false, false
 			step("unlock/" + errName(want))
 		},
 		"ExtendCtx": func(rt *rapid.T) {
 			i := client.Draw(rt, "client")
-			c := clients[i]
+			c := cs[i]
 			err := c.m.ExtendCtx(ctx)
 			switch {
 			case !c.held:
@@ -693,23 +706,35 @@ func checkQuorum(rt *rapid.T, nNodes int, stats map[string]int) {
 			}
 			// Every node that holds our value is extended, whatever the
 			// outcome.
-			okN, gone, want := settleWant(i, func(n *quorumNode) { n.key.exp = now + expiry })
+			okN, gone, want := settleWant(i, func(n *modelNode) { n.key.exp = now + expiry })
 			checkErr(rt, fmt.Sprintf("client %d ExtendCtx (%d extended, %d gone)", i, okN, gone), err, want)
+			overtaken(rt, i, "extend", err)
 			if want == ErrLockLost {
 				c.lost = true
 			}
 			step("extend/" + errName(want))
 		},
 		"advance time": func(rt *rapid.T) {
-			d := time.Duration(rapid.IntRange(0, 12000).Draw(rt, "ms")) * time.Millisecond
-			now += d
+			advance(time.Duration(rapid.IntRange(0, 12000).Draw(rt, "ms")) * time.Millisecond)
+			step("advance time")
+		},
+		"advance to around an expiry": func(rt *rapid.T) {
+			// To 1ms before, exactly at, or 1ms after a key's expiry (or
+			// one expiry from now when no key is set): the boundary where a
+			// key is still there, or just gone.
+			d := expiry
+			var exps []time.Duration
 			for _, n := range nodes {
-				n.srv.FastForward(d) // down nodes too: a partition, not a stopped clock
-				if n.key.value != "" && n.key.exp <= now {
-					n.key = quorumKey{}
+				if n.key.value != "" {
+					exps = append(exps, n.key.exp-now)
 				}
 			}
-			step("advance time")
+			if len(exps) > 0 {
+				d = exps[rapid.IntRange(0, len(exps)-1).Draw(rt, "key")]
+			}
+			d += time.Duration(rapid.IntRange(-1, 1).Draw(rt, "ms off")) * time.Millisecond
+			advance(max(d, 0))
+			step("advance to expiry")
 		},
 		"node down": func(rt *rapid.T) {
 			k, ok := drawNode(rt, true)
@@ -762,8 +787,8 @@ func checkQuorum(rt *rapid.T, nNodes int, stats map[string]int) {
 					}
 					time.Sleep(time.Millisecond)
 				}
-				n.key = quorumKey{}
-				stats["reaped stale key"]++
+				n.key = modelKey{}
+				stats.add("reaped stale key")
 			}
 			clear(n.queued)
 			step("node up")
@@ -791,7 +816,7 @@ func checkQuorum(rt *rapid.T, nNodes int, stats map[string]int) {
 				return
 			}
 			nodes[k].srv.Del(lockKey)
-			nodes[k].key = quorumKey{}
+			nodes[k].key = modelKey{}
 			step("delete key")
 		},
 		"": func(rt *rapid.T) {
@@ -820,7 +845,7 @@ func checkQuorum(rt *rapid.T, nNodes int, stats map[string]int) {
 				}
 			}
 			believers := 0
-			for i, c := range clients {
+			for i, c := range cs {
 				if got := c.m.seen.Load(); got != c.seen {
 					rt.Fatalf("client %d: learned counter %d, model says %d", i, got, c.seen)
 				}
@@ -859,6 +884,17 @@ func checkQuorum(rt *rapid.T, nNodes int, stats map[string]int) {
 	})
 }
 
+// documented reports whether err matches one of netlock's sentinel errors or
+// a context error, as every error netlock returns must.
+func documented(err error) bool {
+	for _, s := range []error{ErrNotObtained, ErrNotHeld, ErrLockLost, ErrQuorum, context.Canceled, context.DeadlineExceeded} {
+		if errors.Is(err, s) {
+			return true
+		}
+	}
+	return false
+}
+
 // serverCounter reads a node's fence counter (0 when absent).
 func serverCounter(rt *rapid.T, srv *miniredis.Miniredis, key string) uint64 {
 	v, err := srv.Get(key)
@@ -872,7 +908,7 @@ func serverCounter(rt *rapid.T, srv *miniredis.Miniredis, key string) uint64 {
 	return n
 }
 
-// errName names an expected outcome in TestPropertyQuorum's statistics.
+// errName names an expected outcome in TestProperty's statistics.
 func errName(err error) string {
 	switch err {
 	case nil:

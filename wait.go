@@ -26,7 +26,7 @@ func (b *backoff) next(busy time.Duration) time.Duration {
 	if b.subscribed {
 		b.n = 20
 	}
-	if b.n < 20 && b.min<<b.n < b.max {
+	if b.n < 20 && b.min < b.max>>b.n { // then min<<n < max: no overflow
 		ceiling = b.min << b.n
 	}
 	b.n++
@@ -37,7 +37,8 @@ func (b *backoff) next(busy time.Duration) time.Duration {
 	d := floor + rand.N(ceiling-floor+1)
 	if busy >= 0 && d > busy {
 		// Just past the expiry: Redis expires keys with 1ms resolution.
-		d = busy + rand.N(b.min+1)
+		// (Jitter below both min and d-busy: busy plus it cannot overflow.)
+		d = busy + rand.N(min(b.min, d-busy))
 	}
 	return d
 }

@@ -15,7 +15,11 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	var opts []goleak.Option
+	for _, fn := range ToxiproxyLeaks { // toxiproxy's own goroutines, see there
+		opts = append(opts, goleak.IgnoreAnyFunction(fn))
+	}
+	goleak.VerifyTestMain(m, opts...)
 }
 
 func mustDo(t *testing.T, s *Server, want string, args ...string) {
