@@ -13,7 +13,7 @@ type fuzzBackend struct{ Backend }
 
 // FuzzName checks that any byte string given to New as a lock name is either
 // rejected with a clear error or mapped to keys (lock, release channel,
-// fence counter, tombstone) in one Redis Cluster slot, computed here by a
+// waiters' queue, fence counter, tombstone) in one Redis Cluster slot, computed here by a
 // reference implementation of Redis's HASH_SLOT independent of keySlot; and
 // that two different names never share a key, but for the fence counter,
 // which is per slot by design.
@@ -45,7 +45,7 @@ func FuzzName(f *testing.F) {
 			}
 			k := c.m.keys
 			slot := refSlot(k.lock)
-			for _, key := range []string{k.channel, k.fence, k.tomb(lockValue)} {
+			for _, key := range []string{k.channel, k.waiters, k.fence, k.tomb(lockValue)} {
 				if got := refSlot(key); got != slot {
 					t.Fatalf("name %q: key %q in slot %d, lock key %q in slot %d", c.name, key, got, k.lock, slot)
 				}
@@ -57,8 +57,8 @@ func FuzzName(f *testing.F) {
 		if erra != nil || errb != nil || a == b {
 			return
 		}
-		ka := []string{ma.keys.lock, ma.keys.channel, ma.keys.tomb(lockValue)}
-		kb := []string{mb.keys.lock, mb.keys.channel, mb.keys.tomb(lockValue)}
+		ka := []string{ma.keys.lock, ma.keys.channel, ma.keys.waiters, ma.keys.tomb(lockValue)}
+		kb := []string{mb.keys.lock, mb.keys.channel, mb.keys.waiters, mb.keys.tomb(lockValue)}
 		for _, x := range ka {
 			for _, y := range kb {
 				if x == y {
