@@ -19,7 +19,7 @@ const (
 	DefaultNodeTimeout = 500 * time.Millisecond
 	// DefaultLocalHandoffs bounds how many times in a row Unlock passes a
 	// hold to a goroutine of this process waiting on the same NetMutex.
-	DefaultLocalHandoffs = 8
+	DefaultLocalHandoffs = 16
 )
 
 // An Option configures a NetMutex. Options are applied and validated once, by
@@ -87,7 +87,7 @@ func WithPrefix(p string) Option { return func(c *config) { c.prefix = p } }
 // Token returns 0 and no counter key is kept.
 func WithFencing(on bool) Option { return func(c *config) { c.fencing = on } }
 
-// WithLocalHandoffs bounds the hand-offs in a row (default 8; 0 turns them
+// WithLocalHandoffs bounds the hand-offs in a row (default 16; 0 turns them
 // off). When goroutines of this process wait on the same NetMutex, Unlock
 // passes the still-valid hold to the first of them without a round trip to
 // Redis: it keeps its key, its fencing token and its Lost channel. After n
