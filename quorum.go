@@ -32,32 +32,36 @@ type nodeReply struct {
 }
 
 // fanout runs s on the nodes selected by targets (all when targets is nil),
-// in parallel, each call bounded by the node timeout, and returns one reply
-// per node. It joins every per-node goroutine before returning, so no call
-// outlives it. With one node it calls inline.
+// in parallel, all calls bounded by one node timeout (they start together),
+// and returns one reply per node. It joins every per-node goroutine before
+// returning, so no call outlives it; the last call runs on the calling
+// goroutine.
 func (m *NetMutex) fanout(ctx context.Context, s *Script, keys, args []string, targets []bool) []nodeReply {
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.nodeTimeout)
+	defer cancel()
 	replies := make([]nodeReply, len(m.nodes))
-	if len(m.nodes) == 1 {
-		if targets == nil || targets[0] {
-			replies[0] = m.call(ctx, 0, s, keys, args)
+	last := -1
+	for i := range m.nodes {
+		if targets == nil || targets[i] {
+			last = i
 		}
-		return replies
 	}
 	var wg sync.WaitGroup
 	for i := range m.nodes {
-		if targets == nil || targets[i] {
+		if i != last && (targets == nil || targets[i]) {
 			wg.Go(func() { replies[i] = m.call(ctx, i, s, keys, args) })
 		}
+	}
+	if last >= 0 {
+		replies[last] = m.call(ctx, last, s, keys, args)
 	}
 	wg.Wait()
 	return replies
 }
 
-// call runs s on node i, bounded by the node timeout, and checks the shape of
-// the reply: want integers.
+// call runs s on node i and checks the shape of the reply: want integers.
+// ctx must be bounded by the node timeout.
 func (m *NetMutex) call(ctx context.Context, i int, s *Script, keys, args []string) nodeReply {
-	ctx, cancel := context.WithTimeout(ctx, m.cfg.nodeTimeout)
-	defer cancel()
 	vals, err := m.nodes[i].Eval(ctx, s, keys, args)
 	if err == nil && (len(vals) == 0 || (s == acquireScript && len(vals) != 3)) {
 		err = fmt.Errorf("%s script: unexpected reply %v", s.Name(), vals)

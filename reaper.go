@@ -67,8 +67,10 @@ func (m *NetMutex) reap() {
 			if time.Now().After(p.giveUp) {
 				continue
 			}
-			rep := m.call(context.Background(), p.node, releaseScript,
+			ctx, cancel := context.WithTimeout(context.Background(), m.cfg.nodeTimeout)
+			rep := m.call(ctx, p.node, releaseScript,
 				m.releaseKeys(p.value), []string{p.value, m.keys.channel, m.tombMS})
+			cancel()
 			if rep.err != nil && !finalErr(m.nodes[p.node], rep.err) {
 				left = append(left, p)
 			}
