@@ -248,8 +248,8 @@ func TestChaos(t *testing.T) {
 			violations = append(violations, fmt.Sprintf("client %d held with token 0", h.client))
 		}
 	}
-	reportFigures(t, "%v, %d clients on %d servers: %d acquisitions, %d lost (%d in client stalls), %d stale writes rejected, latest Lost() %v after until (longest process stall %v); faults (server-episodes) %v; errors %v; violations %d",
-		elapsed.Round(time.Second), chaosClients, chaosNodes, fig.holds, fig.lost, stalls.Load(), fig.staleRejected, fig.maxLate.Round(time.Millisecond), probe.longest(start, time.Now()).Round(time.Millisecond), faults, errs, len(violations))
+	reportFigures(t, "%v, %d clients on %d servers: %d acquisitions, %d lost, %d stale writes rejected, latest Lost() %v after until (longest process stall %v); faults (servers hit, by kind) %v, client stalls %d; errors %v; violations %d",
+		elapsed.Round(time.Second), chaosClients, chaosNodes, fig.holds, fig.lost, fig.staleRejected, fig.maxLate.Round(time.Millisecond), probe.longest(start, time.Now()).Round(time.Millisecond), faults, stalls.Load(), errs, len(violations))
 	for i, h := range holds {
 		if late := h.lostAt.Sub(h.until); h.signalled() && late > chaosSlack/2 {
 			t.Logf("hold %d: client %d (%s), paused %v: held %v, Lost() %v after until, process stalled %v meanwhile, unlock %v",
