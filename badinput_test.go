@@ -425,6 +425,9 @@ var hostileRows = []hostileRow{
 		if err := nilMutex.LockCtx(ctx); err == nil || !strings.Contains(err.Error(), "New") {
 			t.Errorf("LockCtx on a nil *NetMutex: got %v, want an error saying to use New", err)
 		}
+		if nilMutex.Token() != 0 || isOpen(nilMutex.Lost()) || nilMutex.Name() != "" {
+			t.Errorf("nil *NetMutex: Token %d, Lost open %v, Name %q; want 0, closed, empty", nilMutex.Token(), isOpen(nilMutex.Lost()), nilMutex.Name())
+		}
 	}},
 }
 

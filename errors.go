@@ -6,8 +6,10 @@ import (
 	"strings"
 )
 
-// Sentinel errors. Every error netlock returns wraps one of these (or a
-// context error), so callers test them with errors.Is.
+// Sentinel errors. Every error a NetMutex method returns wraps one of these
+// (or a context error), so callers test them with errors.Is; the exceptions
+// are misuse found before any work: New's validation errors and the use of a
+// NetMutex not made by New, which say what is wrong in their message.
 var (
 	// ErrNotObtained means the lock could not be obtained: it was held by
 	// someone else (TryLock, TryLockCtx) or the caller's context ended while

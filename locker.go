@@ -139,7 +139,12 @@ func New(name string, backends []Backend, opts ...Option) (*NetMutex, error) {
 }
 
 // Name returns the lock's name, as given to New.
-func (m *NetMutex) Name() string { return m.name }
+func (m *NetMutex) Name() string {
+	if m == nil {
+		return ""
+	}
+	return m.name
+}
 
 // Lock locks m, blocking until the lock is acquired, however long that takes.
 // It panics with the error if acquiring fails for any other reason than
@@ -209,6 +214,9 @@ var closedChan = func() chan struct{} {
 }()
 
 func (m *NetMutex) current() *hold {
+	if m == nil {
+		return nil // a nil *NetMutex holds nothing, like the zero value
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.hold

@@ -62,7 +62,7 @@ func TestLostByLocalClock(t *testing.T) {
 
 func TestLostWhenKeyDeleted(t *testing.T) {
 	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
-		m := e.newMutex(t, "deleted", WithExpiry(300*time.Millisecond))
+		m := e.newMutex(t, "deleted", WithExpiry(300*time.Millisecond), WithNodeTimeout(100*time.Millisecond))
 		mustLock(t, m)
 		e.do(t, "DEL", "netlock:{deleted}")
 		// The watchdog's next extend (a third of the expiry on) finds the key
@@ -103,7 +103,7 @@ func TestExtendKeepsHold(t *testing.T) {
 
 func TestAutoExtend(t *testing.T) {
 	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
-		m := e.newMutex(t, "auto", WithExpiry(300*time.Millisecond))
+		m := e.newMutex(t, "auto", WithExpiry(300*time.Millisecond), WithNodeTimeout(100*time.Millisecond))
 		other := e.newMutex(t, "auto")
 		mustLock(t, m)
 		// Hold for five expiries of real time. miniredis's clock only moves
@@ -205,7 +205,7 @@ func TestDo(t *testing.T) {
 
 func TestDoCancelsOnLoss(t *testing.T) {
 	forEachEnv(t, miniOnly, func(t *testing.T, e *env) {
-		m := e.newMutex(t, "doloss", WithExpiry(300*time.Millisecond))
+		m := e.newMutex(t, "doloss", WithExpiry(300*time.Millisecond), WithNodeTimeout(100*time.Millisecond))
 		_, err := Do(context.Background(), m, func(ctx context.Context) (int, error) {
 			e.do(t, "DEL", "netlock:{doloss}")
 			var cause error

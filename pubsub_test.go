@@ -124,7 +124,7 @@ func TestWaiterPollsWithoutPubSub(t *testing.T) {
 // wakes, when the holder's TTL runs out, not after its (long) retry delay.
 func TestWaiterWakesOnExpiry(t *testing.T) {
 	forEachEnv(t, realOnly, func(t *testing.T, e *env) {
-		holder := e.newMutex(t, "expiry", WithExpiry(300*time.Millisecond), WithAutoExtend(false))
+		holder := e.newMutex(t, "expiry", WithExpiry(300*time.Millisecond), WithAutoExtend(false), WithNodeTimeout(100*time.Millisecond))
 		cb := counting(e.backend(t))
 		waiter, err := New("expiry", []Backend{cb}, WithRetryDelay(time.Millisecond, time.Hour))
 		if err != nil {
