@@ -46,6 +46,29 @@ func (c *countingBackend) count(script string) int {
 	return c.calls[script]
 }
 
+// waitingMutex returns a NetMutex for name on a counting backend of its own,
+// with a retry delay so long that only a wake-up explains a prompt attempt.
+func waitingMutex(t *testing.T, e *env, name string) (*NetMutex, *countingBackend) {
+	t.Helper()
+	cb := counting(e.backend(t))
+	m, err := New(name, []Backend{cb}, WithRetryDelay(time.Millisecond, 10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, cb
+}
+
+// lockInBackground starts m.LockCtx and waits until it has made its second
+// attempt (the one after subscribing): it is then waiting. Its result comes
+// on the returned channel.
+func lockInBackground(t *testing.T, m *NetMutex, cb *countingBackend) <-chan error {
+	t.Helper()
+	locked := make(chan error, 1)
+	go func() { locked <- m.LockCtx(context.Background()) }()
+	eventually(t, 5*time.Second, "the waiter's second attempt", func() bool { return cb.count("acquire") >= 2 })
+	return locked
+}
+
 // eventually fails the test unless cond holds within d, checking every
 // millisecond.
 func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
@@ -68,15 +91,9 @@ func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 func TestWaiterWakesOnRelease(t *testing.T) {
 	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
 		holder := e.newMutex(t, "wake")
-		cb := counting(e.backend(t))
-		waiter, err := New("wake", []Backend{cb}, WithRetryDelay(time.Millisecond, 10*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
+		waiter, cb := waitingMutex(t, e, "wake")
 		mustLock(t, holder)
-		locked := make(chan error, 1)
-		go func() { locked <- waiter.LockCtx(context.Background()) }()
-		eventually(t, 5*time.Second, "the waiter's second attempt", func() bool { return cb.count("acquire") >= 2 })
+		locked := lockInBackground(t, waiter, cb)
 		time.Sleep(150 * time.Millisecond) // polling would attempt here
 		if n := cb.count("acquire"); n != 2 {
 			t.Errorf("attempts while the lock was held: got %d, want 2", n)
@@ -221,15 +238,9 @@ func TestWaitersShareOneSubscription(t *testing.T) {
 func TestWaiterSurvivesPubSubConnectionLoss(t *testing.T) {
 	forEachEnv(t, realOnly, func(t *testing.T, e *env) {
 		holder := e.newMutex(t, "killed")
-		cb := counting(e.backend(t))
-		waiter, err := New("killed", []Backend{cb}, WithRetryDelay(time.Millisecond, 10*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
+		waiter, cb := waitingMutex(t, e, "killed")
 		mustLock(t, holder)
-		locked := make(chan error, 1)
-		go func() { locked <- waiter.LockCtx(context.Background()) }()
-		eventually(t, 5*time.Second, "the waiter's second attempt", func() bool { return cb.count("acquire") >= 2 })
+		locked := lockInBackground(t, waiter, cb)
 		e.do(t, "CLIENT", "KILL", "TYPE", "pubsub")
 		eventually(t, 5*time.Second, "the waiter subscribed again", func() bool {
 			return numsub(t, e, "netlock:{killed}:released") == 1 && cb.count("acquire") >= 3
@@ -249,18 +260,12 @@ func TestWaiterSurvivesPubSubConnectionLoss(t *testing.T) {
 func TestUnlockYieldsToSubscribedWaiters(t *testing.T) {
 	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
 		a := e.newMutex(t, "yield")
-		cb := counting(e.backend(t))
-		b, err := New("yield", []Backend{cb}, WithRetryDelay(time.Millisecond, 10*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
+		b, cb := waitingMutex(t, e, "yield")
 		mustLock(t, a)
 		if a.yieldUntil.Load() != 0 {
 			t.Fatal("yield set before any release")
 		}
-		locked := make(chan error, 1)
-		go func() { locked <- b.LockCtx(context.Background()) }()
-		eventually(t, 5*time.Second, "the waiter's second attempt", func() bool { return cb.count("acquire") >= 2 })
+		locked := lockInBackground(t, b, cb)
 		mustUnlock(t, a)
 		if a.yieldUntil.Load() == 0 {
 			t.Errorf("no yield after a release that reached a subscribed waiter")
@@ -303,23 +308,13 @@ func TestReleaseWakesLongestWaiter(t *testing.T) {
 		const n = 3
 		cbs := make([]*countingBackend, n)
 		ms := make([]*NetMutex, n)
-		locked := make([]chan error, n)
+		locked := make([]<-chan error, n)
 		for i := range ms {
-			cbs[i] = counting(e.backend(t))
-			m, err := New("fifo", []Backend{cbs[i]}, WithRetryDelay(time.Millisecond, 10*time.Second))
-			if err != nil {
-				t.Fatal(err)
-			}
-			ms[i], locked[i] = m, make(chan error, 1)
-			go func() { locked[i] <- m.LockCtx(context.Background()) }()
-			eventually(t, 5*time.Second, "waiter queued and subscribed", func() bool { return cbs[i].count("acquire") >= 2 })
+			ms[i], cbs[i] = waitingMutex(t, e, "fifo")
+			locked[i] = lockInBackground(t, ms[i], cbs[i])
 		}
 		// One more that gives up: it must leave the queue.
-		quitter := counting(e.backend(t))
-		q, err := New("fifo", []Backend{quitter}, WithRetryDelay(time.Millisecond, 10*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
+		q, quitter := waitingMutex(t, e, "fifo")
 		ctx, cancel := context.WithCancel(context.Background())
 		gaveUp := make(chan error, 1)
 		go func() { gaveUp <- q.LockCtx(ctx) }()
