@@ -22,6 +22,7 @@ func TestScripts(t *testing.T) {
 	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
 		b := e.backend(t)
 		k := newKeys("netlock:", "s", true)
+		// waiter is "<id>", or "<id>:q" when the id may be queued.
 		acquireAs := func(waiter, value, proposal string) []int64 {
 			return evalOK(t, b, acquireScript, []string{k.lock, k.tomb(value), k.waiters, k.fence}, []string{value, "8000", proposal + ":" + waiter})
 		}
@@ -97,7 +98,7 @@ func TestScripts(t *testing.T) {
 		acquireAs("w5", "r", "8")
 		check("release after ballot", release("v3"), 1, 0)
 		// w4 was named; w5 takes the lock and leaves the queue.
-		check("acquire by a queued waiter", acquireAs("w5", "r", "8"), 1, 8, 0)
+		check("acquire by a queued waiter", acquireAs("w5:q", "r", "8"), 1, 8, 0)
 		if q := queue(); len(q) != 0 {
 			t.Errorf("waiters' queue after w5 took the lock: got %v, want empty", q)
 		}

@@ -199,7 +199,7 @@ func (m *NetMutex) acquire(ctx context.Context, wait bool) (err error) {
 	}
 	for ballots := 0; ; {
 		start := time.Now()
-		g, busy, err := m.acquireRound(ctx, waiter)
+		g, busy, err := m.acquireRound(ctx, waiter, queued)
 		queued = queued || waiter != "" && errors.Is(err, ErrNotObtained)
 		if err == nil {
 			h := newHold(m, g)

@@ -95,7 +95,7 @@ var errSplit = &wrapError{msg: ErrNotObtained.Error() + ": votes split", err: Er
 // granted, or that may yet apply our SET without our seeing the reply, must
 // not keep the key until its TTL runs out. The release leaves a tombstone
 // where the key is not ours, so a late SET is refused whenever it arrives.
-func (m *NetMutex) acquireRound(ctx context.Context, waiter string) (g grant, busy time.Duration, err error) {
+func (m *NetMutex) acquireRound(ctx context.Context, waiter string, queued bool) (g grant, busy time.Duration, err error) {
 	// A fresh value every round: a request of an earlier round that is still
 	// on its way to a stalled node can then only meet its own tombstone.
 	value := rand.Text() // 128 random bits
@@ -111,7 +111,11 @@ func (m *NetMutex) acquireRound(ctx context.Context, waiter string) (g grant, bu
 	if m.keys.fence == "" {
 		keys = keys[:3]
 	}
-	replies := m.fanout(ctx, acquireScript, keys, []string{value, m.expiryMS, proposal + ":" + waiter}, nil)
+	arg := proposal + ":" + waiter
+	if queued {
+		arg += ":q" // taking the lock takes us off the waiters' queue
+	}
+	replies := m.fanout(ctx, acquireScript, keys, []string{value, m.expiryMS, arg}, nil)
 	validity := m.cfg.expiry - time.Since(start) - m.driftTerm
 
 	busy = -1

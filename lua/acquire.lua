@@ -7,13 +7,14 @@
 -- KEYS[4]  fence counter, p{tag}:fence, same slot as KEYS[1]; absent when fencing is off
 -- ARGV[1]  our lock value (random, fresh for every acquisition)
 -- ARGV[2]  expiry in milliseconds (relative: PX, never an absolute time)
--- ARGV[3]  "<proposal>:<waiter>". The proposed fencing token: "0" asks the
---          node to increment its counter (single node), any other value is a
---          ballot (quorum). Our waiter id, or "" when we will not wait
+-- ARGV[3]  "<proposal>:<waiter>[:q]". The proposed fencing token: "0" asks
+--          the node to increment its counter (single node), any other value
+--          is a ballot (quorum). Our waiter id, or "" when we will not wait
 --          (TryLock): while the lock is held, the id joins the queue, if it
---          is not in it already. (One argument, not two: Redis refuses more
---          than 10 words from a client not yet authenticated, and a clear
---          NOAUTH is worth keeping.)
+--          is not in it already. ":q" when we may be in the queue: taking
+--          the lock takes us off it. (One argument, not three: Redis refuses
+--          more than 10 words from a client not yet authenticated, and a
+--          clear NOAUTH is worth keeping.)
 --
 -- The key holds "<value>:<token>", so that a retry of our own request can
 -- return the token it was granted with (the fence counter is shared by every
@@ -30,12 +31,18 @@
 --                         late (a node that stalled) and must not take the key
 --
 -- A key of another type makes GET fail with WRONGTYPE before anything is written.
+--
+-- Every redis.call costs a few microseconds of Lua overhead, more than the
+-- command itself: the free path makes four (GET, EXISTS, INCR, SET). Not
+-- MGET: it reads a key of another type as nil, where GET fails.
 local fenced = #KEYS > 3
-local proposal, waiter = string.match(ARGV[3], '^(%d+):(.*)$')
+local proposal, waiter, queued = string.match(ARGV[3], '^(%d+):([^:]*):?(.*)$')
 local cur = redis.call('GET', KEYS[1])
-local counter = 0
-if fenced then
-  counter = tonumber(redis.call('GET', KEYS[4]) or '0')
+local function counter()
+  if fenced then
+    return tonumber(redis.call('GET', KEYS[4]) or '0')
+  end
+  return 0
 end
 
 local mine = ARGV[1] .. ':'
@@ -49,10 +56,10 @@ if cur then
     redis.call('ZADD', KEYS[3], 'NX', t[1] * 1000000 + t[2], waiter)
     redis.call('PEXPIRE', KEYS[3], 10 * tonumber(ARGV[2]))
   end
-  return {-1, counter, redis.call('PTTL', KEYS[1])}
+  return {-1, counter(), redis.call('PTTL', KEYS[1])}
 end
 if redis.call('EXISTS', KEYS[2]) == 1 then
-  return {-3, counter, 0}
+  return {-3, counter(), 0}
 end
 
 local token = 0
@@ -60,15 +67,17 @@ if fenced then
   local proposed = tonumber(proposal)
   if proposed == 0 then
     token = redis.call('INCR', KEYS[4])
-  elseif proposed <= counter then
-    return {-2, counter, 0}
   else
+    local c = counter()
+    if proposed <= c then
+      return {-2, c, 0}
+    end
     redis.call('SET', KEYS[4], proposal)
     token = proposed
   end
 end
 redis.call('SET', KEYS[1], mine .. string.format('%d', token), 'PX', ARGV[2])
-if waiter ~= '' then
+if queued == 'q' then
   redis.call('ZREM', KEYS[3], waiter)
 end
 return {1, token, 0}

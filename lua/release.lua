@@ -13,11 +13,13 @@
 --
 -- The message is the id of the longest-waiting waiter, taken off the queue:
 -- only it wakes and attempts, instead of every waiter at once. With the
--- queue empty the message is "": every waiter that hears it attempts.
+-- queue empty nothing is published: a waiter that sleeps is always queued
+-- (its failed attempt queued it, and a waiter named by a release that fails
+-- to take the lock is queued again by that attempt).
 --
 -- Reply, an array of integers:
---   { 1, n}  released, and published on the channel: n clients (pub/sub
---            connections of waiters) received the message
+--   { 1, n}  released; n clients (pub/sub connections of waiters) received
+--            the message naming the next waiter (0 if none was queued)
 --   { 0}     absent: the key expired or was deleted
 --   {-1}     held by another value: not ours, left untouched
 local cur = redis.call('GET', KEYS[1])
@@ -25,7 +27,10 @@ local mine = ARGV[1] .. ':'
 if cur and string.sub(cur, 1, #mine) == mine then
   redis.call('DEL', KEYS[1])
   local next = redis.call('ZPOPMIN', KEYS[3])
-  return {1, redis.call('PUBLISH', ARGV[2], next[1] or '')}
+  if next[1] then
+    return {1, redis.call('PUBLISH', ARGV[2], next[1])}
+  end
+  return {1, 0}
 end
 redis.call('SET', KEYS[2], '', 'PX', ARGV[3])
 if cur then
