@@ -47,8 +47,9 @@ type NetMutex struct {
 	hubs []*hub // per node: its Backend's pub/sub hub, nil if it has none
 	// waiterID names m in the waiters' queues while it waits. One id per
 	// NetMutex is enough: only the goroutine that owns m waits in Redis.
-	waiterID string
-	epoch    time.Time
+	waiterID   string
+	subscribes bool // every node's Backend has a hub: waiters may queue
+	epoch      time.Time
 
 	mu sync.Mutex
 	// The local queue. A goroutine owns m in this process from the moment
@@ -130,10 +131,12 @@ func New(name string, backends []Backend, opts ...Option) (*NetMutex, error) {
 		epoch:     time.Now(),
 	}
 	m.lockKeys = []string{m.keys.lock}
+	m.subscribes = true
 	for i, b := range backends {
 		if s, ok := b.(subscriber); ok {
 			m.hubs[i] = s.pubsub()
 		}
+		m.subscribes = m.subscribes && m.hubs[i] != nil
 	}
 	return m, nil
 }

@@ -171,8 +171,10 @@ func (m *NetMutex) acquire(ctx context.Context, wait bool) (err error) {
 	b := backoff{min: m.cfg.minRetryDelay, max: m.cfg.maxRetryDelay}
 	ws := waitSet{}
 	defer ws.stop()
-	waiter := "" // TryLock does not queue
-	if wait {
+	// TryLock does not queue; nor does a waiter that cannot hear its turn
+	// (a Backend without pub/sub): a release naming it would wake nobody.
+	waiter := ""
+	if wait && m.subscribes {
 		waiter = m.waiterID
 		ws.id = waiter
 	}

@@ -126,6 +126,10 @@ func TestWaiterPollsWithoutPubSub(t *testing.T) {
 		locked := make(chan error, 1)
 		go func() { locked <- waiter.LockCtx(context.Background()) }()
 		time.Sleep(150 * time.Millisecond)
+		// It cannot hear its turn, so it does not queue for one.
+		if n, _ := redis.Int(e.do(t, "ZCARD", "netlock:{poll}:waiters"), nil); n != 0 {
+			t.Errorf("a polling waiter queued: %d ids in the waiters' queue, want 0", n)
+		}
 		mustUnlock(t, holder)
 		if err := <-locked; err != nil {
 			t.Fatalf("LockCtx: %v", err)
