@@ -48,7 +48,8 @@ type NetMutex struct {
 	// waiterID names m in the waiters' queues while it waits. One id per
 	// NetMutex is enough: only the goroutine that owns m waits in Redis.
 	waiterID   string
-	subscribes bool // every node's Backend has a hub: waiters may queue
+	waitChan   string // its own release channel, p{name}:released:<waiterID>
+	subscribes bool   // every node's Backend has a hub: waiters may queue
 	epoch      time.Time
 
 	mu sync.Mutex
@@ -131,6 +132,7 @@ func New(name string, backends []Backend, opts ...Option) (*NetMutex, error) {
 		epoch:     time.Now(),
 	}
 	m.lockKeys = []string{m.keys.lock}
+	m.waitChan = m.keys.channel + ":" + m.waiterID
 	m.subscribes = true
 	for i, b := range backends {
 		if s, ok := b.(subscriber); ok {

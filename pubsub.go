@@ -7,13 +7,15 @@ import (
 	"time"
 )
 
-// Waiters are woken by the release script's PUBLISH on the lock's release
-// channel. Each Backend made by NewRedigo or NewRueidis has one hub: at most
-// one pub/sub connection, shared by every waiter of every NetMutex on that
-// Backend, with one subscription per channel however many wait on it. A
-// channel is unsubscribed about hubLinger after its last waiter left (a
-// waiter that comes back meanwhile joins it without a round trip), and the
-// connection is closed when no channel is subscribed.
+// Waiters are woken by the release script's PUBLISH. A release tells only
+// the waiter whose turn it is (the head of the lock's waiters' queue), on
+// that waiter's own channel, p{name}:released:<waiter id>: one NetMutex,
+// whose goroutines share the one subscription. Each Backend made by
+// NewRedigo or NewRueidis has one hub: at most one pub/sub connection,
+// shared by every waiter of every NetMutex on that Backend. A channel is
+// unsubscribed about hubLinger after its last watch stopped (a waiter that
+// comes back meanwhile joins it without a round trip), and the connection
+// is closed when no channel is subscribed.
 //
 // A Backend without a hub (another implementation of Backend) still works:
 // its waiters retry after jittered delays bounded by the holder's TTL.
@@ -370,7 +372,7 @@ func (m *NetMutex) watchAll(ctx context.Context, ws *waitSet) bool {
 		do := func() {
 			ctx, cancel := context.WithTimeout(ctx, m.cfg.nodeTimeout)
 			defer cancel()
-			if w, err := h.watch(ctx, m.keys.channel, ws.id, ws.wake); err == nil {
+			if w, err := h.watch(ctx, m.waitChan, ws.id, ws.wake); err == nil {
 				ws.watches[i], fresh[i] = w, true
 			}
 		}
@@ -401,7 +403,7 @@ func (m *NetMutex) joinAll(ws *waitSet) {
 			ws.watches = make([]*watch, len(m.nodes))
 			ws.tries = make([]int, len(m.nodes))
 		}
-		ws.watches[i] = h.join(m.keys.channel, ws.id, ws.wake)
+		ws.watches[i] = h.join(m.waitChan, ws.id, ws.wake)
 	}
 }
 

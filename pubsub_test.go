@@ -166,9 +166,9 @@ func TestWaiterWakesOnExpiry(t *testing.T) {
 	})
 }
 
-// Many waiters on one Backend share one pub/sub connection and one
-// subscription; when they are done (acquired, cancelled, timed out), nothing
-// stays subscribed and the connection is closed.
+// Many waiters on one Backend share one pub/sub connection, each NetMutex
+// with its own subscription; when they are done (acquired, cancelled),
+// nothing stays subscribed and the connection is closed.
 func TestWaitersShareOneSubscription(t *testing.T) {
 	forEachEnv(t, realOnly, func(t *testing.T, e *env) {
 		const waiters = 12
@@ -203,14 +203,21 @@ func TestWaitersShareOneSubscription(t *testing.T) {
 		eventually(t, 5*time.Second, "every waiter subscribed", func() bool {
 			h.wmu.Lock()
 			defer h.wmu.Unlock()
-			tp := h.topics["netlock:{shared}:released"]
-			return tp != nil && len(tp.watches) == waiters
+			n := 0
+			for _, m := range ms {
+				if tp := h.topics[m.waitChan]; tp != nil {
+					n += len(tp.watches)
+				}
+			}
+			return n == waiters
 		})
 		if n := pubsubClients(t, e); n != 1 {
 			t.Errorf("pub/sub connections while %d wait: got %d, want 1", waiters, n)
 		}
-		if n := numsub(t, e, "netlock:{shared}:released"); n != 1 {
-			t.Errorf("subscriptions to the channel: got %d, want 1", n)
+		for i, m := range ms {
+			if n := numsub(t, e, m.waitChan); n != 1 {
+				t.Errorf("waiter %d: subscriptions to its channel: got %d, want 1", i, n)
+			}
 		}
 		cancel()
 		mustUnlock(t, holder)
@@ -219,8 +226,13 @@ func TestWaitersShareOneSubscription(t *testing.T) {
 				t.Errorf("waiter: %v", err)
 			}
 		}
-		eventually(t, 5*time.Second, "channel unsubscribed", func() bool {
-			return numsub(t, e, "netlock:{shared}:released") == 0
+		eventually(t, 5*time.Second, "channels unsubscribed", func() bool {
+			for _, m := range ms {
+				if numsub(t, e, m.waitChan) != 0 {
+					return false
+				}
+			}
+			return true
 		})
 		eventually(t, 5*time.Second, "pub/sub connection closed", func() bool {
 			h.mu.Lock()
@@ -247,7 +259,7 @@ func TestWaiterSurvivesPubSubConnectionLoss(t *testing.T) {
 		locked := lockInBackground(t, waiter, cb)
 		e.do(t, "CLIENT", "KILL", "TYPE", "pubsub")
 		eventually(t, 5*time.Second, "the waiter subscribed again", func() bool {
-			return numsub(t, e, "netlock:{killed}:released") == 1 && cb.count("acquire") >= 3
+			return numsub(t, e, waiter.waitChan) == 1 && cb.count("acquire") >= 3
 		})
 		mustUnlock(t, holder)
 		within(t, 5*time.Second, "LockCtx after the release", func() {

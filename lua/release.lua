@@ -8,11 +8,13 @@
 -- KEYS[2]  tombstone of our value, p{name}:gone:<value>
 -- KEYS[3]  waiters' queue, p{name}:waiters (see acquire.lua)
 -- ARGV[1]  our lock value; the key holds "<value>:<token>" (see acquire.lua)
--- ARGV[2]  release channel, p{name}:released
+-- ARGV[2]  release channel, p{name}:released; each waiter listens on its
+--          own, p{name}:released:<waiter id>
 -- ARGV[3]  tombstone TTL in milliseconds (relative: PX)
 --
--- The message is the id of the longest-waiting waiter, taken off the queue:
--- only it wakes and attempts, instead of every waiter at once. With the
+-- The longest-waiting waiter is taken off the queue and told on its own
+-- channel (the message is its id): only it wakes and attempts, and only its
+-- connection hears of it, instead of every waiter at once. With the
 -- queue empty nothing is published: a waiter that sleeps is always queued
 -- (its failed attempt queued it, and a waiter named by a release that fails
 -- to take the lock is queued again by that attempt).
@@ -28,7 +30,7 @@ if cur and string.sub(cur, 1, #mine) == mine then
   redis.call('DEL', KEYS[1])
   local next = redis.call('ZPOPMIN', KEYS[3])
   if next[1] then
-    return {1, redis.call('PUBLISH', ARGV[2], next[1])}
+    return {1, redis.call('PUBLISH', ARGV[2] .. ':' .. next[1], next[1])}
   end
   return {1, 0}
 end

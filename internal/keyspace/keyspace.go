@@ -5,7 +5,8 @@
 // For lock name with prefix p:
 //
 //	p{name}               the lock key; it holds "<value>:<token>"
-//	p{name}:released      the release channel
+//	p{name}:released      the release channel (a waiter listens on
+//	                      p{name}:released:<waiter id>)
 //	p{name}:waiters       the waiters' queue, a sorted set of waiter ids
 //	p{name}:gone:<value>  a released value's tombstone
 //	p{t}:fence            the fence counter of the lock key's hash slot
