@@ -25,11 +25,3 @@ func newKeys(prefix, name string, fencing bool) keys {
 
 // keySlot is Redis Cluster's HASH_SLOT of key (keyspace.Slot).
 func keySlot(key string) uint16 { return keyspace.Slot(key) }
-
-// slotTags returns, for every slot, a short string that hashes to it
-// (keyspace.SlotTags). The table is shared: do not modify it.
-func slotTags() *[16384]string { return keyspace.SlotTags() }
-
-// crc16 is CRC-16/XMODEM, as Redis Cluster uses for key slots
-// (keyspace.CRC16).
-func crc16(s string) uint16 { return keyspace.CRC16(s) }

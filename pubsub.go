@@ -179,6 +179,13 @@ func (h *hub) join(channel, id string, wake chan<- struct{}) *watch {
 	return w
 }
 
+// subscribed reports whether channel has a subscription (confirmed or not).
+func (h *hub) subscribed(channel string) bool {
+	h.wmu.Lock()
+	defer h.wmu.Unlock()
+	return h.topics[channel] != nil
+}
+
 // dead reports whether the watch's connection has failed: the waiter must
 // watch again, and attempt again, to be sure not to miss a release.
 func (w *watch) dead() bool {
@@ -395,8 +402,8 @@ func (m *NetMutex) watchAll(ctx context.Context, ws *waitSet) bool {
 // already, without I/O (see hub.join).
 func (m *NetMutex) joinAll(ws *waitSet) {
 	for i, h := range m.hubs {
-		if h == nil {
-			continue
+		if h == nil || !h.subscribed(m.waitChan) {
+			continue // the uncontended path allocates nothing here
 		}
 		if ws.wake == nil {
 			ws.wake = make(chan struct{}, 1)
