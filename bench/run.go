@@ -30,14 +30,8 @@ func runOps(ctx context.Context, dur time.Duration, ops []func(context.Context) 
 				err := op(rctx)
 				t1 := time.Now()
 				if err != nil {
-					if cutShort(rctx, deadline) {
+					if r.failed(rctx, deadline, err) {
 						break
-					}
-					if errors.Is(err, errBusy) {
-						r.busy++
-					} else {
-						r.addErr(err)
-						time.Sleep(errorPause)
 					}
 					continue
 				}
@@ -63,6 +57,22 @@ func runOps(ctx context.Context, dur time.Duration, ops []func(context.Context) 
 // the round rather than failing on its own. The context's Err can lag behind
 // its deadline: a client that turned the deadline into a socket deadline may
 // fail with an I/O timeout before the context's timer has fired.
+// failed counts a call that returned err: a refusal (busy) or an error,
+// after which it pauses a moment. It reports whether the round is over (its
+// deadline cut the call short), in which case nothing is counted.
+func (r *result) failed(rctx context.Context, deadline time.Time, err error) (over bool) {
+	if cutShort(rctx, deadline) {
+		return true
+	}
+	if errors.Is(err, errBusy) {
+		r.busy++
+	} else {
+		r.addErr(err)
+		time.Sleep(errorPause)
+	}
+	return false
+}
+
 func cutShort(ctx context.Context, deadline time.Time) bool {
 	return ctx.Err() != nil || !time.Now().Before(deadline)
 }
@@ -112,14 +122,8 @@ func runContended(ctx context.Context, dur time.Duration, lockers []locker) resu
 				unlock, err := l.lock(rctx)
 				locked := time.Since(start).Nanoseconds()
 				if err != nil {
-					if cutShort(rctx, deadline) {
+					if r.failed(rctx, deadline, err) {
 						break
-					}
-					if errors.Is(err, errBusy) {
-						r.busy++
-					} else {
-						r.addErr(err)
-						time.Sleep(errorPause)
 					}
 					continue
 				}

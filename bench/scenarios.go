@@ -180,18 +180,27 @@ func clientsRow(c *contender, addrs []string) *row {
 		}
 		return func(ctx context.Context, dur time.Duration, round int) result {
 			name := lockName("clients", c.name, round, 0)
-			lockers := make([]locker, len(cls))
-			for i, cl := range cls {
-				var err error
-				if lockers[i], err = cl.locker(name); err != nil {
-					var r result
-					r.addErr(err)
-					return r
-				}
+			lockers, err := makeLockers(len(cls), func(i int) (locker, error) { return cls[i].locker(name) })
+			if err != nil {
+				var r result
+				r.addErr(err)
+				return r
 			}
 			return runContended(ctx, dur, lockers)
 		}, closeAll, nil
 	}}
+}
+
+// makeLockers returns n lockers made by get, or get's first error.
+func makeLockers(n int, get func(i int) (locker, error)) ([]locker, error) {
+	lockers := make([]locker, n)
+	for i := range lockers {
+		var err error
+		if lockers[i], err = get(i); err != nil {
+			return nil, err
+		}
+	}
+	return lockers, nil
 }
 
 // sharedRow: one client, sharingGoroutines goroutines on one lock object
@@ -204,18 +213,19 @@ func sharedRow(c *contender, addrs []string) *row {
 		}
 		return func(ctx context.Context, dur time.Duration, round int) result {
 			name := lockName("shared", c.name, round, 0)
-			lockers := make([]locker, sharingGoroutines)
-			for i := range lockers {
+			var first locker
+			lockers, err := makeLockers(sharingGoroutines, func(i int) (locker, error) {
 				if i > 0 && cl.shared() {
-					lockers[i] = lockers[0]
-					continue
+					return first, nil
 				}
-				var err error
-				if lockers[i], err = cl.locker(name); err != nil {
-					var r result
-					r.addErr(err)
-					return r
-				}
+				l, err := cl.locker(name)
+				first = l
+				return l, err
+			})
+			if err != nil {
+				var r result
+				r.addErr(err)
+				return r
 			}
 			return runContended(ctx, dur, lockers)
 		}, cl.close, nil
