@@ -32,7 +32,13 @@ func (m *NetMutex) own(ctx context.Context) (*hold, error) {
 
 	select {
 	case h := <-w.turn:
-		return h, nil
+		if ctx.Err() == nil {
+			return h, nil
+		}
+		// The turn and ctx's end were both ready and select picked the
+		// turn at random: a caller whose ctx has ended must not hold m.
+		m.passTurn(h)
+		return nil, context.Cause(ctx)
 	case <-ctx.Done():
 	}
 	m.mu.Lock()
@@ -44,12 +50,20 @@ func (m *NetMutex) own(ctx context.Context) (*hold, error) {
 	m.mu.Unlock()
 	// Our turn came as ctx ended: pass it on, so a cancelled caller never
 	// holds m.
-	if h := <-w.turn; h != nil {
-		m.UnlockCtx(context.Background()) // h is m.hold: hand it on or release it
+	m.passTurn(<-w.turn)
+	return nil, context.Cause(ctx)
+}
+
+// passTurn gives up a turn that reached a caller who no longer wants it
+// ("acquired after we were cancelled: pretend we didn't", as
+// x/sync/semaphore puts it): a hold handed over (h, which is m.hold) goes to
+// the next local waiter or is released; ownership alone passes on.
+func (m *NetMutex) passTurn(h *hold) {
+	if h != nil {
+		m.UnlockCtx(context.Background())
 	} else {
 		m.passOwnership()
 	}
-	return nil, context.Cause(ctx)
 }
 
 // tryOwn makes the calling goroutine the owner of m if no goroutine of this

@@ -25,15 +25,20 @@ func (m *NetMutex) LockCtx(ctx context.Context) error {
 		return notObtained(context.Cause(ctx))
 	}
 	h, err := m.own(ctx)
-	switch {
-	case err != nil:
+	if err != nil {
 		return notObtained(err)
-	case h != nil:
-		return nil // handed over by the previous local holder
 	}
-	if err := m.acquire(ctx, true); err != nil {
-		m.passOwnership()
-		return err
+	if h == nil { // not handed over by the previous local holder
+		if err := m.acquire(ctx, true); err != nil {
+			m.passOwnership()
+			return err
+		}
+	}
+	if ctx.Err() != nil {
+		// ctx ended as the hold came: whichever came first, a caller
+		// whose ctx has ended when LockCtx returns never holds m.
+		m.UnlockCtx(context.WithoutCancel(ctx))
+		return notObtained(context.Cause(ctx))
 	}
 	return nil
 }
