@@ -38,6 +38,13 @@ type contender struct {
 	// noQuorum is why it cannot lock over several independent servers; empty
 	// if it can.
 	noQuorum string
+	// waits says how it waits in the waiting scenario: the options, and how
+	// its holder keeps the lock past the key's expiry.
+	waits string
+	// noWait is why it cannot wait (it makes one attempt); empty if it can.
+	noWait string
+	// waitingOnly marks an option set that only the waiting scenario needs.
+	waitingOnly bool
 	// connect makes one client, as one process would have: its own
 	// connections to every address (one address: a plain lock; several: a
 	// quorum).
@@ -69,6 +76,13 @@ type locker interface {
 	// function that releases this hold. An attempt that gave up because the
 	// lock is held elsewhere returns an error wrapping errBusy.
 	lock(ctx context.Context) (unlock func(context.Context) error, err error)
+}
+
+// An extendable locker's library does not extend a hold by itself.
+// lockExtendable is lock that also returns extend, which pushes the hold's
+// expiry out to a full lockExpiry again.
+type extendable interface {
+	lockExtendable(ctx context.Context) (unlock, extend func(context.Context) error, err error)
 }
 
 // errBusy marks an attempt that ended while the lock was held elsewhere: the
@@ -110,6 +124,7 @@ func contenders() []contender {
 			name: "netlock/redigo", role: roleNetlock, module: "github.com/netlock-go/netlock",
 			config:  "netlock.New(name, NewRedigo(pool)...), default options",
 			sharing: "one *NetMutex shared by all goroutines",
+			waits:   netlockWaits,
 			connect: func(addrs []string) (client, error) {
 				c := &netlockClient{}
 				for _, a := range addrs {
@@ -124,6 +139,7 @@ func contenders() []contender {
 			name: "netlock/rueidis", role: roleNetlock, module: "github.com/netlock-go/netlock",
 			config:  "netlock.New(name, NewRueidis(client)...), default options",
 			sharing: "one *NetMutex shared by all goroutines",
+			waits:   netlockWaits,
 			connect: func(addrs []string) (client, error) {
 				c := &netlockClient{}
 				for _, a := range addrs {
@@ -144,23 +160,11 @@ func contenders() []contender {
 		redsyncContender("redsync/goredis tuned", "WithRetryDelay(1ms), WithTries(MaxInt32)", redsyncTuned, redsyncGoredisPool),
 		redsyncContender("redsync/rueidis", "defaults (32 tries, 50–250 ms between)", nil, redsyncRueidisPool),
 		redsyncContender("redsync/rueidis tuned", "WithRetryDelay(1ms), WithTries(MaxInt32)", redsyncTuned, redsyncRueidisPool),
-		bsmContender("redislock no-retry", "Obtain with NoRetry (the default); a waiting caller calls it again at once", redislock.NoRetry()),
+		bsmNoWait(bsmContender("redislock no-retry", "Obtain with NoRetry (the default); a waiting caller calls it again at once", redislock.NoRetry())),
 		bsmContender("redislock linear-1ms", "Obtain with LinearBackoff(1ms), bounded by the run's deadline", redislock.LinearBackoff(time.Millisecond)),
-		{
-			name: "rueidislock", role: rolePeer, module: "github.com/redis/rueidis",
-			config:   "NewLocker defaults (KeyMajority 2: 3 keys, client-side-caching wake-up), WithContext",
-			sharing:  "one Locker shared (safe for concurrent use)",
-			noQuorum: "its majority is over keys in one deployment, not over independent servers",
-			connect: func(addrs []string) (client, error) {
-				l, err := rueidislock.NewLocker(rueidislock.LockerOption{
-					ClientOption: rueidis.ClientOption{InitAddress: []string{addrs[0]}},
-				})
-				if err != nil {
-					return nil, err
-				}
-				return &rueidislockClient{l: l}, nil
-			},
-		},
+		bsmWaitingOnly(bsmContender("redislock linear-100ms", "Obtain with LinearBackoff(100ms), bounded by the run's deadline", redislock.LinearBackoff(100*time.Millisecond))),
+		rueidislockContender("rueidislock", "NewLocker defaults (KeyMajority 2: 3 keys, client-side-caching wake-up), WithContext", false),
+		rueidislockContender("rueidislock noloop", "NewLocker with NoLoopTracking (as its README advises for Redis ≥ 7.0.5), otherwise defaults, WithContext (waiting scenario only)", true),
 	}
 }
 
@@ -209,6 +213,8 @@ func (c *netlockClient) close() {
 	}
 }
 
+const netlockWaits = "LockCtx, default options; the holder's watchdog extends its key (every third of the 8 s expiry)"
+
 type netlockLocker struct{ m *netlock.NetMutex }
 
 func (l netlockLocker) lock(ctx context.Context) (func(context.Context) error, error) {
@@ -225,6 +231,7 @@ func redsyncContender(name, config string, opts []redsync.Option, pool func(stri
 		name: name, role: rolePeer, module: "github.com/go-redsync/redsync/v4",
 		config:  config,
 		sharing: "one *redsync.Mutex per goroutine (not safe for concurrent use) on one shared Redsync",
+		waits:   redsyncWaits(opts),
 		connect: func(addrs []string) (client, error) {
 			c := &redsyncClient{opts: opts}
 			var pools []redsyncredis.Pool
@@ -241,6 +248,15 @@ func redsyncContender(name, config string, opts []redsync.Option, pool func(stri
 			return c, nil
 		},
 	}
+}
+
+// redsyncWaits says how a redsync contender waits in the waiting scenario.
+func redsyncWaits(opts []redsync.Option) string {
+	how := "LockContext with WithRetryDelay(1ms), WithTries(MaxInt32)"
+	if opts == nil {
+		how = "LockContext, defaults: 32 tries 50–250 ms apart, then it gives up and the waiter calls it again at once (gave up)"
+	}
+	return how + fmt.Sprintf("; the holder calls ExtendContext every %.1f s (redsync does not extend by itself)", extendEvery.Seconds())
 }
 
 type pooled struct {
@@ -289,21 +305,34 @@ func (c *redsyncClient) close() {
 type redsyncLocker struct{ m *redsync.Mutex }
 
 func (l redsyncLocker) lock(ctx context.Context) (func(context.Context) error, error) {
+	unlock, _, err := l.lockExtendable(ctx)
+	return unlock, err
+}
+
+func (l redsyncLocker) lockExtendable(ctx context.Context) (unlock, extend func(context.Context) error, err error) {
 	if err := l.m.LockContext(ctx); err != nil {
 		var taken *redsync.ErrTaken
 		var nodeTaken *redsync.ErrNodeTaken
 		if errors.Is(err, redsync.ErrFailed) || errors.As(err, &taken) || errors.As(err, &nodeTaken) {
-			return nil, fmt.Errorf("%w: %v", errBusy, err)
+			return nil, nil, fmt.Errorf("%w: %v", errBusy, err)
 		}
-		return nil, err
+		return nil, nil, err
 	}
-	return func(ctx context.Context) error {
+	unlock = func(ctx context.Context) error {
 		ok, err := l.m.UnlockContext(ctx)
 		if err == nil && !ok {
 			err = errors.New("redsync: unlock reported not released")
 		}
 		return err
-	}, nil
+	}
+	extend = func(ctx context.Context) error {
+		ok, err := l.m.ExtendContext(ctx)
+		if err == nil && !ok {
+			err = errors.New("redsync: extend reported not extended")
+		}
+		return err
+	}
+	return unlock, extend, nil
 }
 
 // bsm/redislock
@@ -314,11 +343,27 @@ func bsmContender(name, config string, retry redislock.RetryStrategy) contender 
 		config:   config + "; go-redis v9 client",
 		sharing:  "one redislock.Client shared; every Obtain returns a *Lock of its own",
 		noQuorum: "locks on one Redis client only",
+		waits:    config + fmt.Sprintf("; the holder calls Refresh every %.1f s (redislock does not extend by itself)", extendEvery.Seconds()),
 		connect: func(addrs []string) (client, error) {
 			rdb := newGoredis(addrs[0])
 			return &bsmClient{rdb: rdb, c: redislock.New(rdb), retry: retry}, nil
 		},
 	}
+}
+
+// bsmNoWait marks a redislock contender that makes one attempt only.
+func bsmNoWait(c contender) contender {
+	c.noWait = "NoRetry makes one attempt; redislock's waiting is measured with the linear-backoff rows"
+	return c
+}
+
+// bsmWaitingOnly marks a redislock contender for the waiting scenario only:
+// redislock has no default retry, and a 100 ms one is what a caller that
+// waits might pick (the other scenarios have the 1 ms one).
+func bsmWaitingOnly(c contender) contender {
+	c.waitingOnly = true
+	c.config += " (waiting scenario only)"
+	return c
 }
 
 type bsmClient struct {
@@ -343,17 +388,55 @@ type bsmLocker struct {
 }
 
 func (l bsmLocker) lock(ctx context.Context) (func(context.Context) error, error) {
+	unlock, _, err := l.lockExtendable(ctx)
+	return unlock, err
+}
+
+func (l bsmLocker) lockExtendable(ctx context.Context) (unlock, extend func(context.Context) error, err error) {
 	lk, err := l.c.c.Obtain(ctx, l.key, lockExpiry, &redislock.Options{RetryStrategy: l.c.retry})
 	if errors.Is(err, redislock.ErrNotObtained) {
-		return nil, fmt.Errorf("%w: %v", errBusy, err)
+		return nil, nil, fmt.Errorf("%w: %v", errBusy, err)
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return lk.Release, nil
+	extend = func(ctx context.Context) error { return lk.Refresh(ctx, lockExpiry, nil) }
+	return lk.Release, extend, nil
 }
 
 // rueidislock
+
+// rueidislockContender: with noLoop, the waiting scenario's row only. By
+// default, a holder's Locker is told of its own extends (no NOLOOP) and
+// extends again on each, from its first extend on, as fast as Redis answers;
+// every waiter wakes on each of them. Only a hold past the first extend
+// (half the validity) shows it, which only the waiting scenario has.
+func rueidislockContender(name, config string, noLoop bool) contender {
+	waits := "WithContext, defaults: a waiter tries again whenever client-side caching invalidates one of the keys; " +
+		"the holder's Locker extends its keys itself every 2.5 s (half of their 5 s validity), and, told of its own extends (no NOLOOP), again on each from the first on"
+	if noLoop {
+		waits = "WithContext with NoLoopTracking: a waiter tries again whenever client-side caching invalidates one of the keys, as each extend does; " +
+			"the holder's Locker extends its keys itself every 2.5 s (half of their 5 s validity)"
+	}
+	return contender{
+		name: name, role: rolePeer, module: "github.com/redis/rueidis",
+		config:      config,
+		sharing:     "one Locker shared (safe for concurrent use)",
+		noQuorum:    "its majority is over keys in one deployment, not over independent servers",
+		waits:       waits,
+		waitingOnly: noLoop,
+		connect: func(addrs []string) (client, error) {
+			l, err := rueidislock.NewLocker(rueidislock.LockerOption{
+				ClientOption:   rueidis.ClientOption{InitAddress: []string{addrs[0]}},
+				NoLoopTracking: noLoop,
+			})
+			if err != nil {
+				return nil, err
+			}
+			return &rueidislockClient{l: l}, nil
+		},
+	}
+}
 
 type rueidislockClient struct{ l rueidislock.Locker }
 

@@ -1,8 +1,9 @@
 // Command bench measures netlock side by side with other Go Redis lock
 // libraries and writes the tables to RESULTS.md.
 //
-//	cd bench && go run .                       # every scenario, about 4 minutes
+//	cd bench && go run .                       # every scenario, about 6 minutes
 //	cd bench && go run . -duration 1s -only 'clients8|netlock'
+//	cd bench && go run . -only waiting40 -out -   # the waiting scenario only, about 2 minutes
 //
 // It starts its own redis-server processes on free 127.0.0.1 ports (no
 // persistence), stops them by pid when it ends, also on error or ^C, and
@@ -10,7 +11,7 @@
 // with ../). Each row of a scenario runs for -duration in all, split into
 // -rounds rounds; in every round each row runs once, in an order that turns
 // from round to round, so that drift of a noisy machine falls on all rows
-// alike.
+// alike. The waiting scenario measures each row once, for -window.
 package main
 
 import (
@@ -32,6 +33,7 @@ type flags struct {
 	duration time.Duration
 	rounds   int
 	warmup   time.Duration
+	window   time.Duration
 	out      string
 	only     *regexp.Regexp
 	note     string
@@ -44,12 +46,13 @@ func main() {
 	flag.DurationVar(&f.duration, "duration", 3*time.Second, "measured time per row of each scenario, split over -rounds")
 	flag.IntVar(&f.rounds, "rounds", 3, "rounds per scenario: each row runs once per round, order rotating")
 	flag.DurationVar(&f.warmup, "warmup", 200*time.Millisecond, "unmeasured run of each row before its first round")
+	flag.DurationVar(&f.window, "window", lockExpiry, fmt.Sprintf("measured window of each row of the waiting scenario, after its %v warm-up", waitWarmup))
 	flag.StringVar(&f.out, "out", "RESULTS.md", "Markdown report to write (- for standard output)")
-	flag.StringVar(&only, "only", "", "run only rows whose \"scenario/contender\" matches this regexp (scenarios: floor, uncontended, clients8, shared8, keys8, keys64, quorum5)")
+	flag.StringVar(&only, "only", "", "run only rows whose \"scenario/contender\" matches this regexp (scenarios: floor, uncontended, clients8, shared8, keys8, keys64, quorum5, waiting40)")
 	flag.StringVar(&f.note, "note", "", "a line to put at the top of the report")
 	flag.StringVar(&f.profile, "cpuprofile", "", "write a CPU profile of the whole run to this file (narrow it with -only)")
 	flag.Parse()
-	if flag.NArg() > 0 || f.duration <= 0 || f.rounds < 1 || f.warmup < 0 {
+	if flag.NArg() > 0 || f.duration <= 0 || f.rounds < 1 || f.warmup < 0 || f.window <= 0 {
 		flag.Usage()
 		os.Exit(2)
 	}
@@ -126,14 +129,16 @@ func run(f flags) error {
 	return nil
 }
 
+// An active row is a row that was set up.
+type active struct {
+	r       *row
+	phase   func(context.Context, time.Duration, int) result
+	cleanup func()
+}
+
 // runScenario sets up every selected row of sc, warms each up, then runs the
 // rounds, turning the order of the rows from round to round.
 func runScenario(ctx context.Context, f flags, sc *scenario) error {
-	type active struct {
-		r       *row
-		phase   func(context.Context, time.Duration, int) result
-		cleanup func()
-	}
 	var rows []active
 	defer func() {
 		for _, a := range rows {
@@ -153,6 +158,10 @@ func runScenario(ctx context.Context, f flags, sc *scenario) error {
 		rows = append(rows, active{r, phase, cleanup})
 	}
 	if len(rows) == 0 {
+		return nil
+	}
+	if sc.shape == shapeWaiting {
+		runOnce(ctx, f, sc, rows)
 		return nil
 	}
 	logf("%s: %d rows × %v", sc.id, len(rows), f.duration)
@@ -183,6 +192,28 @@ func runScenario(ctx context.Context, f flags, sc *scenario) error {
 		}
 	}
 	return nil
+}
+
+// runOnce runs each row once for the window, in order: a row of the waiting
+// scenario measures the whole server, so rows cannot overlap, and it brings
+// its own warm-up.
+func runOnce(ctx context.Context, f flags, sc *scenario, rows []active) {
+	logf("%s: %d rows × (%v warm-up + %v)", sc.id, len(rows), waitWarmup, f.window)
+	for _, a := range rows {
+		runtime.GC()
+		start := time.Now()
+		res := a.phase(ctx, f.window, 0)
+		if ctx.Err() != nil {
+			return
+		}
+		a.r.res.merge(res)
+		if w := res.wait; w != nil {
+			logf("  %s %-24s %s commands per waiter-second (%s); %d/%d served after the release in %v; %d errors; took %v",
+				sc.id, a.r.name, fmtRate(w.perWaiterSecond()), fmtTop(w), w.served, w.waiters, w.handover.Round(time.Millisecond), res.errs, time.Since(start).Round(100*time.Millisecond))
+		} else {
+			logf("  %s %-24s not measured: %s", sc.id, a.r.name, strings.Join(sortedErrTexts(res.errTexts), "; "))
+		}
+	}
 }
 
 func logf(format string, args ...any) {

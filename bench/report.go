@@ -30,6 +30,7 @@ func report(f flags, scs []*scenario, started time.Time, took time.Duration) str
 	p("| netlock | %s |\n", netlockRevision())
 	p("| per row | %v measured per scenario, in %d rounds of %v, after a %v warm-up; rows alternate within each round, in an order that turns from round to round |\n",
 		f.duration, f.rounds, f.duration/time.Duration(f.rounds), f.warmup)
+	p("| waiting scenario | each row once, one after another: a %v warm-up, then a %v window |\n", waitWarmup, f.window)
 	p("\n")
 
 	writeSummary(p, scs)
@@ -41,6 +42,8 @@ func report(f flags, scs []*scenario, started time.Time, took time.Duration) str
 			writeOpsTable(p, sc)
 		case shapeContended:
 			writeContendedTable(p, sc)
+		case shapeWaiting:
+			writeWaitingTable(p, sc)
 		}
 		p("\n")
 	}
@@ -81,6 +84,45 @@ func writeContendedTable(p printer, sc *scenario) {
 		p("| %s | %s | %s | %s | %s | %.2f (%d/%d) | %d | %d | %d / %d | %s |\n", rowName(r), fmtRate(r.res.rate()),
 			fmtPct(&r.res, 0.50), fmtPct(&r.res, 0.99), self, fair, lo, hi, r.res.busy, r.res.errs, r.res.overlaps, r.res.lost, r.note)
 	}
+}
+
+func writeWaitingTable(p printer, sc *scenario) {
+	low, _ := lowestWaiting(sc, nil)
+	p("| contender | commands per waiter-second | × lowest | commands/s | top commands, per waiter-second | after the release | gave up | errors | overlaps | notes |\n")
+	p("|---|--:|--:|--:|---|--:|--:|--:|--:|---|\n")
+	for _, r := range sc.rows {
+		if status, ok := rowStatus(r); !ok {
+			p("| %s | %s | | | | | | | | %s |\n", r.name, status, r.na)
+			continue
+		}
+		w := r.res.wait
+		if w == nil {
+			p("| %s | not measured (see Errors) | | | | | %d | %d | %d | %s |\n", rowName(r), r.res.busy, r.res.errs, r.res.overlaps, r.note)
+			continue
+		}
+		ratio := "–"
+		if low != nil && low.perWaiterSecond() > 0 {
+			ratio = fmt.Sprintf("%.1f×", w.perWaiterSecond()/low.perWaiterSecond())
+		}
+		p("| %s | %s | %s | %s | %s | %d/%d in %s | %d | %d | %d | %s |\n", rowName(r), fmtRate(w.perWaiterSecond()), ratio,
+			fmtRate(w.perSecond(w.commands)), fmtTop(w), w.served, w.waiters, fmtDur(w.handover), r.res.busy, r.res.errs, r.res.overlaps, r.note)
+	}
+}
+
+// lowestWaiting is the measured row of a waiting scenario with the fewest
+// commands per waiter-second, among the rows that pass keep (nil: all).
+func lowestWaiting(sc *scenario, keep func(*row) bool) (*waitResult, string) {
+	var low *waitResult
+	var name string
+	for _, r := range sc.rows {
+		if _, ok := rowStatus(r); !ok || r.res.wait == nil || (keep != nil && !keep(r)) {
+			continue
+		}
+		if low == nil || r.res.wait.perWaiterSecond() < low.perWaiterSecond() {
+			low, name = r.res.wait, r.name
+		}
+	}
+	return low, name
 }
 
 // rowStatus says why a row has no figures; ok when it has them.

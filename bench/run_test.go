@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -68,5 +70,53 @@ func TestPct(t *testing.T) {
 	}
 	if _, ok := (&result{}).pct(0.5); ok {
 		t.Error("pct of no samples: got ok, want not ok")
+	}
+}
+
+func TestCommandStatsSince(t *testing.T) {
+	parse := func(info string) commandStats {
+		t.Helper()
+		s, err := parseCommandStats(info)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	before := parse("# Stats\r\ntotal_connections_received:3\r\ntotal_commands_processed:100\r\n\r\n# Commandstats\r\n" +
+		"cmdstat_info:calls=4,usec=1,usec_per_call=0.25,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_get:calls=10,usec=1,usec_per_call=0.10,rejected_calls=0,failed_calls=0\r\n")
+	after := parse("# Stats\r\ntotal_commands_processed:161\r\n# Commandstats\r\n" +
+		"cmdstat_info:calls=5,usec=1,usec_per_call=0.20,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_get:calls=30,usec=1,usec_per_call=0.03,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_evalsha:calls=20,usec=1,usec_per_call=0.05,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_client|tracking:calls=5,usec=1,usec_per_call=0.20,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_ping:calls=15,usec=1,usec_per_call=0.07,rejected_calls=0,failed_calls=0\r\n")
+	n, top := after.since(before)
+	// 61 counted, one of them the measuring connection's INFO.
+	if n != 60 {
+		t.Errorf("commands = %d, want 60", n)
+	}
+	want := []cmdCount{{"evalsha", 20}, {"get", 20}, {"ping", 15}}
+	if !slices.Equal(top, want) {
+		t.Errorf("top = %v, want %v", top, want)
+	}
+	w := waitResult{waiters: 40, window: 2 * time.Second, commands: n}
+	if got := w.perWaiterSecond(); got != 0.75 {
+		t.Errorf("per waiter-second = %v, want 0.75", got)
+	}
+	if _, err := parseCommandStats("# Commandstats\r\n"); err == nil {
+		t.Error("INFO without total_commands_processed: got no error")
+	}
+}
+
+func TestWaitTurnSeesTheHolder(t *testing.T) {
+	var inside atomic.Int32
+	inside.Store(1) // a holder that has not released
+	if tr := waitTurn(context.Background(), noLock{}, &inside); !tr.served || tr.res.overlaps != 1 {
+		t.Fatalf("lock granted under a holder: served %v, %d overlaps, want served with 1 overlap", tr.served, tr.res.overlaps)
+	}
+	inside.Store(0)
+	if tr := waitTurn(context.Background(), noLock{}, &inside); tr.res.overlaps != 0 {
+		t.Fatalf("lock granted after the release: %d overlaps, want 0", tr.res.overlaps)
 	}
 }

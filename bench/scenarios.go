@@ -20,7 +20,11 @@ type shape int
 const (
 	shapeOps       shape = iota // independent operations: ops/s, p50, p99
 	shapeContended              // workers on one lock: critical sections/s, holder changes
+	shapeWaiting                // waiters behind a holder: Redis commands per waiter-second, once per row
 )
+
+// waitingID is the waiting scenario's id.
+var waitingID = fmt.Sprintf("waiting%d", waitingClients)
 
 // A scenario is one table of the report: rows measured side by side.
 type scenario struct {
@@ -46,7 +50,7 @@ type row struct {
 
 func buildScenarios(cs []contender, addrs []string) []*scenario {
 	one := addrs[:1]
-	var floor, uncontended, clients, shared, quorum scenario
+	var floor, uncontended, clients, shared, quorum, waiting scenario
 	keys := make([]scenario, len(independentKeys))
 
 	floor = scenario{
@@ -106,9 +110,25 @@ func buildScenarios(cs []contender, addrs []string) []*scenario {
 		what:  fmt.Sprintf("One client with a connection to each of %d redis-servers (netlock: %d backends; redsync: %d pools); one goroutine locks and unlocks in a loop.", quorumServers, quorumServers, quorumServers),
 		shape: shapeOps,
 	}
+	waiting = scenario{
+		id: waitingID, title: fmt.Sprintf("7. Waiting cost: %d clients waiting behind a holder", waitingClients),
+		what: fmt.Sprintf("One client takes the lock and holds it; %d others, each its own client and connections (like separate processes), wait for it in the library's blocking lock, calling it again if it gives up. "+
+			"After a %v warm-up, bench counts the commands Redis runs over a window (`INFO stats` total_commands_processed, commands that scripts call included, its own INFO left out): "+
+			"commands per waiter-second = commands ÷ (%d × window); lower is better. The holder's extends fall in the window too: it holds for the warm-up and the window (by default %v + %v, longer than every contender's key expiry), so the window sees what waiters do when it extends. "+
+			"Commands a client library sends by itself count too (rueidis: a PING on each connection idle for a second). "+
+			"Top commands: the three with most calls in the window (`INFO commandstats`), per waiter-second. "+
+			"Then the holder releases; after the release: waiters that got the lock (each unlocks at once) and the time until the last one's unlock returned, bounded by %v (then the rest are cancelled). "+
+			"Gave up: lock calls that returned without the lock, called again at once. Overlaps: a waiter that got the lock while another client held it (must be 0). "+
+			"Every client is closed after its row; a goroutine or server connection left behind is an error.", waitingClients, waitWarmup, waitingClients, waitWarmup, lockExpiry, waitDrain),
+		shape: shapeWaiting,
+	}
 
 	for i := range cs {
 		c := &cs[i]
+		if c.waitingOnly {
+			waiting.rows = append(waiting.rows, waitingRow(c, one[0]))
+			continue
+		}
 		if c.role == roleReference {
 			floor.rows = append(floor.rows, opsRow(c, "floor", one, 1))
 		}
@@ -124,12 +144,13 @@ func buildScenarios(cs []contender, addrs []string) []*scenario {
 		q := opsRow(c, quorum.id, addrs[:quorumServers], 1)
 		q.na = c.noQuorum
 		quorum.rows = append(quorum.rows, q)
+		waiting.rows = append(waiting.rows, waitingRow(c, one[0]))
 	}
 	out := []*scenario{&floor, &uncontended, &clients, &shared}
 	for i := range keys {
 		out = append(out, &keys[i])
 	}
-	return append(out, &quorum)
+	return append(out, &quorum, &waiting)
 }
 
 // lockName is a fresh lock name for one round of one row.
@@ -163,20 +184,9 @@ func opsRow(c *contender, id string, addrs []string, n int) *row {
 // clientsRow: contendingClients clients, one lock name.
 func clientsRow(c *contender, addrs []string) *row {
 	return &row{name: c.name, c: c, setup: func() (func(context.Context, time.Duration, int) result, func(), error) {
-		cls := make([]client, contendingClients)
-		closeAll := func() {
-			for _, cl := range cls {
-				if cl != nil {
-					cl.close()
-				}
-			}
-		}
-		for i := range cls {
-			var err error
-			if cls[i], err = c.connect(addrs); err != nil {
-				closeAll()
-				return nil, nil, err
-			}
+		cls, closeAll, err := connectN(c, addrs, contendingClients)
+		if err != nil {
+			return nil, nil, err
 		}
 		return func(ctx context.Context, dur time.Duration, round int) result {
 			name := lockName("clients", c.name, round, 0)

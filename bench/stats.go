@@ -26,6 +26,9 @@ type result struct {
 	selfs     int64   // acquisitions by the previous holder again
 	overlaps  int64   // entries into a critical section that another worker was in
 	lost      int64   // counter increments lost (acquisitions − final counter)
+
+	// The waiting scenario only.
+	wait *waitResult
 }
 
 func (r *result) addErr(err error) {
@@ -39,6 +42,12 @@ func (r *result) addErr(err error) {
 	}
 	if len(r.errTexts) < 20 || r.errTexts[t] > 0 {
 		r.errTexts[t]++
+	}
+}
+
+func (r *result) addIfErr(err error) {
+	if err != nil {
+		r.addErr(err)
 	}
 }
 
@@ -66,6 +75,9 @@ func (r *result) merge(o result) {
 	r.selfs += o.selfs
 	r.overlaps += o.overlaps
 	r.lost += o.lost
+	if o.wait != nil {
+		r.wait = o.wait // measured once per row
+	}
 }
 
 // rate is operations per second.
