@@ -24,7 +24,7 @@ func NewRedigo(pool *redis.Pool) Backend {
 	}
 	b := &redigoBackend{pool: pool}
 	if pool.Dial != nil || pool.DialContext != nil {
-		b.hub = newHub(b.dialPubSub)
+		b.hub = newHub(b.dialPubSub, true)
 	}
 	return b
 }

@@ -21,7 +21,7 @@ func NewRueidis(client rueidis.Client) Backend {
 		return nil // New names the nil backend
 	}
 	b := &rueidisBackend{client: client}
-	b.hub = newHub(b.dialPubSub)
+	b.hub = newHub(b.dialPubSub, client.Mode() != rueidis.ClientModeCluster)
 	return b
 }
 

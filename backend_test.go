@@ -22,16 +22,16 @@ func TestScripts(t *testing.T) {
 	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
 		b := e.backend(t)
 		k := newKeys("netlock:", "s", true)
-		// waiter is "<id>", or "<id>:q" when the id may be queued.
+		// waiter is "<id>:<flags>" (see lua/acquire.lua).
 		acquireAs := func(waiter, value, proposal string) []int64 {
-			return evalOK(t, b, acquireScript, []string{k.lock, k.tomb(value), k.waiters, k.fence}, []string{value, "8000", proposal + ":" + waiter})
+			return evalOK(t, b, acquireScript, []string{k.lock, k.tomb(value), k.waiters, k.fence}, []string{value, "8000", proposal + ":" + waiter, "80000"})
 		}
-		acquire := func(value, proposal string) []int64 { return acquireAs("", value, proposal) }
+		acquire := func(value, proposal string) []int64 { return acquireAs(":", value, proposal) }
 		release := func(value string) []int64 {
-			return evalOK(t, b, releaseScript, []string{k.lock, k.tomb(value), k.waiters}, []string{value, k.channel, "80000"})
+			return evalOK(t, b, releaseScript, []string{k.lock, k.tomb(value), k.waiters}, []string{value, k.channel, "80000", "8"})
 		}
 		leave := func(waiter string) []int64 {
-			return evalOK(t, b, leaveScript, []string{k.waiters}, []string{waiter})
+			return evalOK(t, b, leaveScript, []string{k.waiters, k.lock}, []string{waiter, k.channel, "8"})
 		}
 		queue := func() []string {
 			q, err := redis.Strings(e.do(t, "ZRANGE", k.waiters, 0, -1), nil)
@@ -41,12 +41,29 @@ func TestScripts(t *testing.T) {
 			return q
 		}
 		extend := func(value string) []int64 {
-			return evalOK(t, b, extendScript, []string{k.lock}, []string{value, "8000"})
+			return evalOK(t, b, extendScript, []string{k.lock, k.waiters}, []string{value, "8000", "80000"})
 		}
 		check := func(what string, got []int64, want ...int64) {
 			t.Helper()
 			if !slices.Equal(got, want) {
 				t.Errorf("%s: got %v, want %v", what, got, want)
+			}
+		}
+		// listen subscribes a connection of its own to waiter's channel, as
+		// a waiter's hub does.
+		listen := func(waiter string) {
+			t.Helper()
+			c, err := redis.Dial("tcp", e.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			psc := redis.PubSubConn{Conn: c}
+			if err := psc.Subscribe(k.channel + ":" + waiter); err != nil {
+				t.Fatal(err)
+			}
+			if _, ok := psc.Receive().(redis.Subscription); !ok {
+				t.Fatalf("subscribing %s: no confirmation", waiter)
 			}
 		}
 
@@ -58,49 +75,73 @@ func TestScripts(t *testing.T) {
 		if other.fence != k.fence {
 			t.Fatalf("fence keys differ: %q, %q", other.fence, k.fence)
 		}
-		evalOK(t, b, acquireScript, []string{other.lock, other.tomb("o"), other.waiters, other.fence}, []string{"o", "8000", "0:"})
+		evalOK(t, b, acquireScript, []string{other.lock, other.tomb("o"), other.waiters, other.fence}, []string{"o", "8000", "0::", "80000"})
 		check("acquire retry of our own request", acquire("v1", "0"), 1, 1, 0)
+		// Held: the counter is told to ballots only (a quorum's).
 		got := acquire("v2", "0")
-		if got[0] != statusOther || got[1] != 2 || got[2] <= 0 || got[2] > 8000 {
-			t.Errorf("acquire held: got %v, want [-1 2 pttl]", got)
+		if got[0] != statusOther || got[1] != 0 || got[2] <= 0 || got[2] > 8000 {
+			t.Errorf("acquire held: got %v, want [-1 0 pttl]", got)
+		}
+		if got := acquire("v2", "1"); got[0] != statusOther || got[1] != 2 {
+			t.Errorf("ballot on a held key: got %v, want [-1 2 pttl]", got)
 		}
 		check("extend ours", extend("v1"), 1)
 		check("extend other's", extend("v2"), -1)
 		check("release other's", release("v2"), -1)
-		// Waiters queue in arrival order, once each; TryLock ("") does not.
-		acquireAs("w2", "x", "0")
-		acquireAs("w3", "y", "0")
-		acquireAs("w2", "z", "0")
-		if q := queue(); !slices.Equal(q, []string{"w2", "w3"}) {
-			t.Errorf("waiters' queue: got %v, want [w2 w3]", q)
+		// Waiters that listen ("j") queue in arrival order, once each; one
+		// that does not listen, or TryLock, does not. A waiter whose turn
+		// was lost ("jt") goes to the head.
+		acquireAs("w2:j", "x", "0")
+		acquireAs("w3:j", "y", "0")
+		acquireAs("w2:j", "z", "0")
+		acquireAs("w9:", "z", "0")
+		acquireAs("w4:j", "z", "0")
+		acquireAs("w1:jt", "z", "0")
+		if q := queue(); !slices.Equal(q, []string{"w1", "w2", "w3", "w4"}) {
+			t.Errorf("waiters' queue: got %v, want [w1 w2 w3 w4]", q)
 		}
-		// The release names the first waiter (nobody is subscribed here)
-		// and takes it off the queue.
-		check("release ours, no subscriber", release("v1"), 1, 0)
-		if q := queue(); !slices.Equal(q, []string{"w3"}) {
-			t.Errorf("waiters' queue after the release: got %v, want [w3]", q)
+		if ttl, _ := redis.Int(e.do(t, "PTTL", k.waiters), nil); ttl <= 8000 || ttl > 80000 {
+			t.Errorf("waiters' queue TTL: got %dms, want (8000, 80000]", ttl)
 		}
-		check("leave", leave("w3"), 1)
-		check("leave again", leave("w3"), 0)
+		// The release skips w1 and w2, whom nobody listens for (their
+		// processes died), names w3 and takes it off the queue.
+		listen("w3")
+		listen("w4")
+		check("release ours, two dead waiters ahead", release("v1"), 1, 1, 2)
+		if q := queue(); !slices.Equal(q, []string{"w4"}) {
+			t.Errorf("waiters' queue after the release: got %v, want [w4]", q)
+		}
+		// w3 gives up after its turn came, the lock still free: it passes
+		// the turn to w4.
+		check("leave after the turn came", leave("w3"), 0, 1, 0)
+		if q := queue(); len(q) != 0 {
+			t.Errorf("waiters' queue after w3 passed its turn: got %v, want empty", q)
+		}
+		acquireAs("w5:j", "x", "0") // free: takes the lock, does not queue
+		acquireAs("w6:j", "y", "0")
+		check("leave", leave("w6"), 1)
+		check("leave again, the lock held", leave("w6"), 0, 0, 0)
+		check("release x", release("x"), 1, 0, 0)
 		check("extend absent", extend("v1"), 0)
 		check("release absent", release("v1"), 0)
 		// release left a tombstone for v1: a late acquire of v1 is refused.
-		check("late acquire after release", acquire("v1", "0"), -3, 2, 0)
+		check("late acquire after release", acquire("v1", "0"), -3, 3, 0)
 		// Ballots: a proposal not above the counter is refused, a higher one
 		// becomes the counter.
-		check("ballot too low", acquire("v3", "2"), -2, 2, 0)
+		check("ballot too low", acquire("v3", "3"), -2, 3, 0)
 		check("ballot above", acquire("v3", "7"), 1, 7, 0)
 		check("retry of a ballot", acquire("v3", "7"), 1, 7, 0)
 		if n, _ := redis.Int(e.do(t, "GET", k.fence), nil); n != 7 {
 			t.Errorf("fence counter: got %d, want 7", n)
 		}
-		acquireAs("w4", "q", "8")
-		acquireAs("w5", "r", "8")
-		check("release after ballot", release("v3"), 1, 0)
-		// w4 was named; w5 takes the lock and leaves the queue.
-		check("acquire by a queued waiter", acquireAs("w5:q", "r", "8"), 1, 8, 0)
+		acquireAs("w7:j", "q", "8")
+		acquireAs("w8:j", "r", "8")
+		listen("w7")
+		check("release after ballot", release("v3"), 1, 1, 0)
+		// w7 was named; w8 takes the lock and leaves the queue.
+		check("acquire by a queued waiter", acquireAs("w8:jq", "r", "8"), 1, 8, 0)
 		if q := queue(); len(q) != 0 {
-			t.Errorf("waiters' queue after w5 took the lock: got %v, want empty", q)
+			t.Errorf("waiters' queue after w8 took the lock: got %v, want empty", q)
 		}
 	})
 }

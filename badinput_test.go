@@ -72,7 +72,7 @@ var hostileRows = []hostileRow{
 		// rueidis dials when its client is made: the server is there then,
 		// and gone before the lock is asked for.
 		s := redistest.Start(t)
-		m := hostileMutex(t, client, s.Addr(), "down", WithNodeTimeout(200*time.Millisecond))
+		m := hostileMutex(t, client, s.Addr(), "down", WithNodeTimeout(200*time.Millisecond), WithOutageWindow(hostileOutage))
 		s.Kill()
 		err := lockWithin(t, m)
 		wantNodeErr(t, "LockCtx on a refused server", err, "")
@@ -91,7 +91,7 @@ var hostileRows = []hostileRow{
 
 	{"§5 server stalled (SIGSTOP)", func(t *testing.T, client string) {
 		s := redistest.Start(t)
-		m := hostileMutex(t, client, s.Addr(), "stalled", WithNodeTimeout(200*time.Millisecond))
+		m := hostileMutex(t, client, s.Addr(), "stalled", WithNodeTimeout(200*time.Millisecond), WithOutageWindow(hostileOutage))
 		mustLock(t, m) // warm up: the stalled call is then a real EVALSHA
 		mustUnlock(t, m)
 		s.Pause()
@@ -106,7 +106,7 @@ var hostileRows = []hostileRow{
 	{"§5 server slower than the node timeout", func(t *testing.T, client string) {
 		s := redistest.Start(t)
 		p := redistest.NewToxiproxy(t).Proxy(s.Addr())
-		m := hostileMutex(t, client, p.Addr(), "slow", WithNodeTimeout(100*time.Millisecond))
+		m := hostileMutex(t, client, p.Addr(), "slow", WithNodeTimeout(100*time.Millisecond), WithOutageWindow(hostileOutage))
 		mustLock(t, m)
 		mustUnlock(t, m)
 		if err := p.Add("slow", redistest.Latency("upstream", 400, 0)); err != nil {
@@ -365,7 +365,7 @@ var hostileRows = []hostileRow{
 	{"server closes connections mid-reply", func(t *testing.T, client string) {
 		s := redistest.Start(t)
 		p := redistest.NewToxiproxy(t).Proxy(s.Addr())
-		m := hostileMutex(t, client, p.Addr(), "cutoff", WithNodeTimeout(500*time.Millisecond))
+		m := hostileMutex(t, client, p.Addr(), "cutoff", WithNodeTimeout(500*time.Millisecond), WithOutageWindow(hostileOutage))
 		mustLock(t, m)
 		mustUnlock(t, m)
 		// Every reply is cut after 5 bytes: "*3\r\n:" of the acquire's.
@@ -469,6 +469,10 @@ func authBackend(t *testing.T, client, addr, user, password string) Backend {
 }
 
 // lockWithin calls LockCtx, failing the test if it does not return within 5s.
+// hostileOutage is the outage window of the rows whose server never
+// answers: LockCtx rides it out, then reports the nodes' errors.
+const hostileOutage = 300 * time.Millisecond
+
 func lockWithin(t *testing.T, m *NetMutex) (err error) {
 	t.Helper()
 	within(t, 5*time.Second, "LockCtx", func() { err = m.LockCtx(context.Background()) })

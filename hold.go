@@ -46,7 +46,7 @@ func newHold(m *NetMutex, g grant) *hold {
 		token: g.token,
 		ended: make(chan struct{}),
 		until: g.until,
-		next:  g.start.Add(m.cfg.expiry / 3),
+		next:  g.start.Add(m.cfg.expiry / extendsPerExpiry),
 	}
 	h.mu.Lock()
 	h.timer = time.AfterFunc(h.wakeLocked(), h.tick)
@@ -55,7 +55,7 @@ func newHold(m *NetMutex, g grant) *hold {
 }
 
 // wakeLocked returns the time until the watchdog must next wake: the next
-// extend (every third of the expiry, with auto-extend) or until, whichever
+// extend (every third of the expiry, extendsPerExpiry, with auto-extend) or until, whichever
 // is first.
 func (h *hold) wakeLocked() time.Duration {
 	wake := h.until
@@ -94,7 +94,7 @@ func (h *hold) tick() {
 	if h.expire(now) || !h.m.cfg.autoExtend || now.Before(next) {
 		return // lost; or woken early, until having moved (ExtendCtx)
 	}
-	interval := h.m.cfg.expiry / 3
+	interval := h.m.cfg.expiry / extendsPerExpiry
 	switch err := h.m.extendRound(ctx, h); {
 	case err == nil:
 		next = now.Add(interval)
@@ -104,7 +104,7 @@ func (h *hold) tick() {
 	default:
 		// The nodes could not be asked (down, slow, partitioned): try
 		// again soon, while until allows.
-		next = now.Add(max(interval/8, time.Millisecond))
+		next = now.Add(max(interval/failedExtendRetries, time.Millisecond))
 	}
 	h.mu.Lock()
 	h.next = next
@@ -193,7 +193,7 @@ func (m *NetMutex) extendRound(ctx context.Context, h *hold) error {
 	ctx, cancel := context.WithDeadline(ctx, until)
 	defer cancel()
 	start := time.Now()
-	err := m.settle(m.fanout(ctx, extendScript, m.lockKeys, []string{h.value, m.expiryMS}, nil))
+	err := m.settle(m.fanout(ctx, extendScript, m.extendKeys, []string{h.value, m.expiryMS, m.queueMS}, nil))
 	if err != nil {
 		return err
 	}

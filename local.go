@@ -114,37 +114,10 @@ func (m *NetMutex) handOffLocked(h *hold) bool {
 	return true
 }
 
-// yield makes an acquire that starts right after this NetMutex's own
-// release let the clients that were waiting for that release go first: it
-// waits until yieldUntil, or until a release is published (another client
-// took the lock and let it go), or until ctx ends. ws is the call's wait set:
-// watching the channel first, as every wait must.
-func (m *NetMutex) yield(ctx context.Context, ws *waitSet, t **time.Timer) error {
-	d := time.Duration(m.yieldUntil.Load()) - time.Since(m.epoch)
-	if d <= 0 {
-		return nil
-	}
-	m.watchAll(ctx, ws)
-	d = time.Duration(m.yieldUntil.Load()) - time.Since(m.epoch)
-	if d <= 0 || !ws.watching() {
-		return nil
-	}
-	return m.sleep(ctx, ws, t, d)
-}
-
-// sleep waits for d, a release signalled on ws, or ctx's end (then it
-// returns ctx's cause joined with ErrNotObtained).
-func (m *NetMutex) sleep(ctx context.Context, ws *waitSet, t **time.Timer, d time.Duration) error {
-	if *t == nil {
-		*t = time.NewTimer(d)
-	} else {
-		(*t).Reset(d)
-	}
-	select {
-	case <-ctx.Done():
-		return notObtained(context.Cause(ctx))
-	case <-(*t).C:
-	case <-ws.wake:
-	}
-	return nil
+// setHold makes h m's hold, acquired in Redis by the owner of m.
+func (m *NetMutex) setHold(h *hold) {
+	m.mu.Lock()
+	m.hold = h
+	m.handoffs = 0
+	m.mu.Unlock()
 }

@@ -26,7 +26,7 @@ import (
 // After a failed acquire or an Unlock that could not reach every node, a
 // NetMutex keeps one goroutine that delivers the release to those nodes when
 // they answer again (see reaper). It ends when all have answered, when their
-// clients are closed, or after ten expiries.
+// clients are closed, or after ten expiries (tombstoneExpiries).
 //
 // While goroutines of this process wait on a NetMutex, Unlock passes the
 // hold straight to the first of them, without a round trip to Redis, a
@@ -39,18 +39,23 @@ type NetMutex struct {
 	nodes     []Backend
 	quorum    int
 	keys      keys
-	lockKeys  []string // lock only
-	expiryMS  string   // cfg.expiry in ms, as the scripts take it
-	tombMS    string   // TTL of a tombstone: ten expiries
-	driftTerm time.Duration
+	extendKeys []string // lock, waiters' queue
+	expiryMS   string   // cfg.expiry in ms, as the scripts take it
+	tombMS     string   // TTL of a tombstone: tombstoneExpiries
+	queueMS    string   // TTL of the waiters' queue: queueExpiries
+	driftTerm  time.Duration
 
 	hubs []*hub // per node: its Backend's pub/sub hub, nil if it has none
 	// waiterID names m in the waiters' queues while it waits. One id per
 	// NetMutex is enough: only the goroutine that owns m waits in Redis.
-	waiterID   string
-	waitChan   string // its own release channel, p{name}:released:<waiterID>
-	subscribes bool   // every node's Backend has a hub: waiters may queue
-	epoch      time.Time
+	waiterID string
+	waitChan string // its own release channel, p{name}:released:<waiterID>
+	// wakeTries is how many queued waiters a release tries in a row,
+	// skipping those nobody listens for (releaseWakeTries); 1 where a
+	// node's hub cannot tell (PUBLISH does not count them), as a string for
+	// the scripts.
+	wakeTries string
+	epoch     time.Time
 
 	mu sync.Mutex
 	// The local queue. A goroutine owns m in this process from the moment
@@ -125,21 +130,25 @@ func New(name string, backends []Backend, opts ...Option) (*NetMutex, error) {
 		quorum:    len(backends)/2 + 1,
 		keys:      newKeys(cfg.prefix, name, cfg.fencing),
 		expiryMS:  strconv.FormatInt(cfg.expiry.Milliseconds(), 10),
-		tombMS:    strconv.FormatInt(10*cfg.expiry.Milliseconds(), 10),
+		tombMS:    strconv.FormatInt(tombstoneExpiries*cfg.expiry.Milliseconds(), 10),
+		queueMS:   strconv.FormatInt(queueExpiries*cfg.expiry.Milliseconds(), 10),
 		driftTerm: cfg.driftTerm(),
 		hubs:      make([]*hub, len(backends)),
 		waiterID:  rand.Text(),
 		epoch:     time.Now(),
 	}
-	m.lockKeys = []string{m.keys.lock}
+	m.extendKeys = []string{m.keys.lock, m.keys.waiters}
 	m.waitChan = m.keys.channel + ":" + m.waiterID
-	m.subscribes = true
+	tries := releaseWakeTries
 	for i, b := range backends {
 		if s, ok := b.(subscriber); ok {
 			m.hubs[i] = s.pubsub()
 		}
-		m.subscribes = m.subscribes && m.hubs[i] != nil
+		if h := m.hubs[i]; h != nil && !h.counted {
+			tries = 1
+		}
 	}
+	m.wakeTries = strconv.Itoa(tries)
 	return m, nil
 }
 

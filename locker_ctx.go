@@ -3,7 +3,6 @@ package netlock
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
 	"time"
 )
 
@@ -14,9 +13,18 @@ import (
 // It returns nil when m is held. If ctx ends first, it returns an error
 // matching both ErrNotObtained and ctx's error, and nothing is left held on
 // any node: an acquisition that was under way is released under a context
-// that ctx's cancellation does not reach. If Redis cannot be asked (down,
-// slower than the node timeout, a key of another type) it returns at once
-// with an error matching ErrQuorum that names the node.
+// that ctx's cancellation does not reach, and a hold that came as ctx ended
+// is passed on.
+//
+// While it waits, LockCtx costs Redis about one command per expiry: its turn
+// comes by a message from the release that makes it, not by polling (see
+// waiter). While Redis cannot be asked (connections refused or reset, a
+// server restarting, calls slower than the node timeout), it keeps trying
+// for the outage window (WithOutageWindow, default the expiry); if the nodes
+// still do not answer, it returns an error matching ErrQuorum that names
+// each node's last error, joined with ctx's error if ctx ended first. An
+// answer that retrying cannot change (a key of another type, a missing
+// permission) is returned at once, the same way.
 func (m *NetMutex) LockCtx(ctx context.Context) error {
 	if err := m.check(); err != nil {
 		return err
@@ -29,7 +37,7 @@ func (m *NetMutex) LockCtx(ctx context.Context) error {
 		return notObtained(err)
 	}
 	if h == nil { // not handed over by the previous local holder
-		if err := m.acquire(ctx, true); err != nil {
+		if _, err := m.acquire(ctx, true); err != nil {
 			m.passOwnership()
 			return err
 		}
@@ -58,15 +66,11 @@ func (m *NetMutex) TryLockCtx(ctx context.Context) (bool, error) {
 	if !m.tryOwn() {
 		return false, nil
 	}
-	err := m.acquire(ctx, false)
-	if err == nil {
-		return true, nil
+	ok, err := m.acquire(ctx, false)
+	if !ok {
+		m.passOwnership()
 	}
-	m.passOwnership()
-	if err == ErrNotObtained {
-		return false, nil
-	}
-	return false, err
+	return ok, err
 }
 
 // UnlockCtx unlocks m. It returns ErrNotHeld if m is not locked, and
@@ -101,7 +105,7 @@ func (m *NetMutex) UnlockCtx(ctx context.Context) error {
 	start := time.Now()
 	replies := m.release(context.WithoutCancel(ctx), h.value, nil)
 	err := m.settle(replies)
-	if err == nil && published(replies) {
+	if err == nil && woke(replies) {
 		// Other clients were subscribed when we released: an acquire of
 		// ours that starts at once would win the race to the key nearly
 		// every time. Give them about twice the release's round trip.
@@ -115,14 +119,8 @@ func (m *NetMutex) UnlockCtx(ctx context.Context) error {
 	return err
 }
 
-// Bounds of the head start an Unlock gives the clients its release woke.
-const (
-	minYield = 200 * time.Microsecond
-	maxYield = 5 * time.Millisecond
-)
-
-// published reports whether a release reached a subscriber on any node.
-func published(replies []nodeReply) bool {
+// woke reports whether a release reached a waiter on any node.
+func woke(replies []nodeReply) bool {
 	for _, r := range replies {
 		if r.err == nil && r.vals[0] == statusOK && len(r.vals) > 1 && r.vals[1] > 0 {
 			return true
@@ -155,98 +153,6 @@ func (m *NetMutex) ExtendCtx(ctx context.Context) error {
 		return ErrLockLost
 	}
 	return err
-}
-
-// maxBallots bounds the immediate retries after refused ballots: each
-// learns every answering node's counter, so one usually suffices; more are
-// needed only while other clients keep winning.
-const maxBallots = 3
-
-// acquire runs acquire rounds until one succeeds; with wait false it makes
-// just one. The caller owns m.
-//
-// Between rounds it waits for the first of: a release published on the
-// lock's channel, the holder's remaining TTL running out (an expiry
-// publishes nothing), the jittered retry delay, or ctx's end. It subscribes
-// to the channel after the first failed round, on the nodes whose Backend
-// can, and makes another attempt before waiting, so a release published
-// before the subscription is not missed. An uncontended acquire is one round
-// trip and subscribes to nothing.
-func (m *NetMutex) acquire(ctx context.Context, wait bool) (err error) {
-	b := backoff{min: m.cfg.minRetryDelay, max: m.cfg.maxRetryDelay}
-	ws := waitSet{}
-	defer ws.stop()
-	// TryLock does not queue; nor does a waiter that cannot hear its turn
-	// (a Backend without pub/sub): a release naming it would wake nobody.
-	waiter := ""
-	if wait && m.subscribes {
-		waiter = m.waiterID
-		ws.id = waiter
-	}
-	queued := false // the waiters' queue of some node may hold our id
-	defer func() {
-		if queued && err != nil {
-			m.leave(ctx, waiter)
-		}
-	}()
-	var t *time.Timer
-	defer func() {
-		if t != nil {
-			t.Stop()
-		}
-	}()
-	if wait {
-		if err := m.yield(ctx, &ws, &t); err != nil {
-			return err
-		}
-		// Where the channel is subscribed already (this Backend's waiters
-		// have been waiting for this lock lately), watch it before the
-		// first attempt: no round trip, and no second attempt needed.
-		m.joinAll(&ws)
-	}
-	for ballots := 0; ; {
-		start := time.Now()
-		g, busy, err := m.acquireRound(ctx, waiter, queued)
-		queued = queued || waiter != "" && errors.Is(err, ErrNotObtained)
-		if err == nil {
-			h := newHold(m, g)
-			m.mu.Lock()
-			m.hold = h
-			m.handoffs = 0
-			m.mu.Unlock()
-			return nil
-		}
-		if err == errBallot && ballots < maxBallots {
-			// The lock is free; the retry proposes above the counters just
-			// learned. Part of one attempt, even for TryLock.
-			ballots++
-			continue
-		}
-		split := err == errSplit
-		if err == errBallot || split {
-			err = ErrNotObtained
-		}
-		if err != ErrNotObtained || !wait {
-			return err
-		}
-		ballots = 0
-		if split {
-			// Retry after up to two rounds' time, at random: long enough
-			// for the clients we split with to be done with their cleanup
-			// (or for one to have won).
-			if err := m.sleep(ctx, &waitSet{}, &t, rand.N(2*time.Since(start)+1)); err != nil {
-				return err
-			}
-			continue
-		}
-		if m.watchAll(ctx, &ws) {
-			continue // subscribed just now: attempt before waiting
-		}
-		b.subscribed = ws.watching()
-		if err := m.sleep(ctx, &ws, &t, b.next(busy)); err != nil {
-			return err
-		}
-	}
 }
 
 // Do locks m, runs fn, and unlocks m. fn's context is cancelled when the hold

@@ -22,6 +22,31 @@ const (
 	DefaultLocalHandoffs = 16
 )
 
+// Numbers of the algorithms, each with its reason, used by Go and passed to
+// the Lua scripts as arguments.
+const (
+	// extendsPerExpiry: the watchdog extends every expiry/3, so that two
+	// extends in a row may fail (a node restarting, a slow network) before
+	// the hold is lost.
+	extendsPerExpiry = 3
+	// failedExtendRetries: after a failed extend, the next is tried
+	// (expiry/3)/8 later, so about eight more tries fit before the deadline.
+	failedExtendRetries = 8
+	// tombstoneExpiries: a released value's tombstone lives ten expiries,
+	// longer than any request of ours can plausibly be stuck in a stalled
+	// node; the reaper gives up delivering a release after as long, when a
+	// late acquire could no longer take the key anyway.
+	tombstoneExpiries = 10
+	// queueExpiries: the waiters' queue outlives its last change or extend
+	// by ten expiries, so that waiters keep their places while they wait,
+	// yet the queue of a lock nobody uses any more goes away.
+	queueExpiries = 10
+	// releaseWakeTries bounds the waiters a release (or a waiter leaving
+	// after its turn came) tries in a row: a waiter nobody listens for (its
+	// process died) is skipped, up to this many.
+	releaseWakeTries = 8
+)
+
 // An Option configures a NetMutex. Options are applied and validated once, by
 // New; the resolved configuration never changes afterwards.
 type Option func(*config)
@@ -37,6 +62,8 @@ type config struct {
 	prefix        string
 	fencing       bool
 	handoffs      int
+	outage        time.Duration // the expiry unless outageSet
+	outageSet     bool
 }
 
 func defaultConfig() config {
@@ -96,6 +123,19 @@ func WithFencing(on bool) Option { return func(c *config) { c.fencing = on } }
 // the hold's validity up; with it off, every Unlock releases.
 func WithLocalHandoffs(n int) Option { return func(c *config) { c.handoffs = n } }
 
+// WithOutageWindow sets how long a waiting LockCtx or Lock rides out Redis
+// not answering (connections refused or reset, a server loading its data
+// after a restart, calls slower than the node timeout, a pool exhausted):
+// default the expiry. Within the window it keeps trying, with the retry
+// delay between attempts; once the nodes have failed for d in a row it
+// returns (Lock panics with) an error matching ErrQuorum that names each
+// node's last error. 0 reports the first failure at once. An error reply
+// that retrying cannot change (a key of another type, a missing permission)
+// is reported at once, and TryLock and TryLockCtx never retry.
+func WithOutageWindow(d time.Duration) Option {
+	return func(c *config) { c.outage, c.outageSet = d, true }
+}
+
 // newConfig applies opts over the defaults and validates the result.
 func newConfig(opts []Option) (config, error) {
 	c := defaultConfig()
@@ -129,6 +169,11 @@ func newConfig(opts []Option) (config, error) {
 	}
 	if len(errs) == 0 && c.expiry-c.driftTerm() <= c.nodeTimeout {
 		errs = append(errs, fmt.Sprintf("expiry %v leaves no validity after the drift allowance %v and the node timeout %v", c.expiry, c.driftTerm(), c.nodeTimeout))
+	}
+	if !c.outageSet {
+		c.outage = c.expiry
+	} else if c.outage < 0 {
+		errs = append(errs, fmt.Sprintf("outage window %v is negative", c.outage))
 	}
 	if c.handoffs < 0 {
 		errs = append(errs, fmt.Sprintf("local hand-off bound %d is negative", c.handoffs))

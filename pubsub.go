@@ -18,7 +18,7 @@ import (
 // is closed when no channel is subscribed.
 //
 // A Backend without a hub (another implementation of Backend) still works:
-// its waiters retry after jittered delays bounded by the holder's TTL.
+// its waiters poll, after jittered delays bounded by the holder's TTL.
 
 // A subscriber is a Backend that can wake waiters on release. Like
 // io.WriterTo, it is an optional ability found by type assertion.
@@ -73,6 +73,11 @@ var errHubDown = errors.New("netlock: pub/sub connection lost")
 // Lock order: mu, then wmu.
 type hub struct {
 	dial func(ctx context.Context, onMessage func(channel, payload string)) (psConn, error)
+	// counted: the count PUBLISH returns includes this hub's subscriptions,
+	// so a release can tell a waiter nobody listens for. Not on a Redis
+	// Cluster, where PUBLISH counts only the subscribers of the node it runs
+	// on, and ours may be connected to another.
+	counted bool
 
 	mu   sync.Mutex
 	conn psConn        // nil when closed
@@ -105,8 +110,8 @@ type watch struct {
 	wake  chan<- struct{} // capacity 1; shared by all watches of one waiter
 }
 
-func newHub(dial func(ctx context.Context, onMessage func(channel, payload string)) (psConn, error)) *hub {
-	return &hub{dial: dial, topics: make(map[string]*topic), pending: make(map[string][]*topic)}
+func newHub(dial func(ctx context.Context, onMessage func(channel, payload string)) (psConn, error), counted bool) *hub {
+	return &hub{dial: dial, counted: counted, topics: make(map[string]*topic), pending: make(map[string][]*topic)}
 }
 
 // watch subscribes to channel, if no other waiter already has, and returns
@@ -338,98 +343,5 @@ func (w *watch) signal() {
 	select {
 	case w.wake <- struct{}{}:
 	default: // already signalled; one wake-up is enough
-	}
-}
-
-// waitSet is the subscriptions of one waiting call: one watch per node
-// whose Backend has a hub, all signalling one wake channel.
-type waitSet struct {
-	id      string // the waiter's id in the waiters' queue
-	wake    chan struct{}
-	watches []*watch // per node; nil where not watching
-	// tries counts the watch attempts per node: a node that could not be
-	// watched (down, stalled) is tried once more at most, so that waiting on
-	// a sick node does not cost a node timeout every round; the delay
-	// bounds how late its release is noticed.
-	tries []int
-}
-
-// watchAll watches the release channel on every node that has a hub and is
-// not watched yet (or whose watch died), in parallel when there are several,
-// each bounded by the node timeout. It reports whether a new watch was set
-// up: then an attempt must follow before waiting, for a release published
-// before the subscription would not be signalled.
-func (m *NetMutex) watchAll(ctx context.Context, ws *waitSet) bool {
-	if ws.wake == nil {
-		ws.wake = make(chan struct{}, 1)
-		ws.watches = make([]*watch, len(m.nodes))
-		ws.tries = make([]int, len(m.nodes))
-	}
-	var wg sync.WaitGroup
-	fresh := make([]bool, len(m.nodes))
-	for i, h := range m.hubs {
-		if h == nil || ws.tries[i] >= 2 || (ws.watches[i] != nil && !ws.watches[i].dead()) {
-			continue
-		}
-		ws.tries[i]++
-		if ws.watches[i] != nil {
-			ws.watches[i].stop()
-			ws.watches[i] = nil
-		}
-		do := func() {
-			ctx, cancel := context.WithTimeout(ctx, m.cfg.nodeTimeout)
-			defer cancel()
-			if w, err := h.watch(ctx, m.waitChan, ws.id, ws.wake); err == nil {
-				ws.watches[i], fresh[i] = w, true
-			}
-		}
-		if len(m.nodes) == 1 {
-			do()
-		} else {
-			wg.Go(do)
-		}
-	}
-	wg.Wait()
-	for _, f := range fresh {
-		if f {
-			return true
-		}
-	}
-	return false
-}
-
-// joinAll watches the release channel on every node where it is subscribed
-// already, without I/O (see hub.join).
-func (m *NetMutex) joinAll(ws *waitSet) {
-	for i, h := range m.hubs {
-		if h == nil || !h.subscribed(m.waitChan) {
-			continue // the uncontended path allocates nothing here
-		}
-		if ws.wake == nil {
-			ws.wake = make(chan struct{}, 1)
-			ws.watches = make([]*watch, len(m.nodes))
-			ws.tries = make([]int, len(m.nodes))
-		}
-		ws.watches[i] = h.join(m.waitChan, ws.id, ws.wake)
-	}
-}
-
-// watching reports whether at least one node's release channel is watched.
-func (ws *waitSet) watching() bool {
-	for _, w := range ws.watches {
-		if w != nil && !w.dead() {
-			return true
-		}
-	}
-	return false
-}
-
-// stop ends every watch of the call.
-func (ws *waitSet) stop() {
-	for i, w := range ws.watches {
-		if w != nil {
-			w.stop()
-			ws.watches[i] = nil
-		}
 	}
 }

@@ -29,7 +29,34 @@ type grant struct {
 type nodeReply struct {
 	vals []int64
 	err  error
+	// permanent: err is an answer that retrying cannot change (see
+	// permanentErr).
+	permanent bool
 }
+
+// An outcome is what one acquire round came to.
+type outcome struct {
+	kind  outcomeKind
+	grant grant         // acquired
+	ttl   time.Duration // busy: the shortest remaining TTL of a holder seen, -1 if unknown
+	took  time.Duration // how long the round took
+	err   error         // down, failed, ended
+	// unqueue lists, after an acquired round, the nodes that did not grant:
+	// their waiters' queues may still hold our id.
+	unqueue []bool
+}
+
+type outcomeKind int
+
+const (
+	acquired outcomeKind = iota
+	busy                 // held by another client
+	ballot               // free on a quorum, but our fencing ballot was refused: retry at once
+	split                // some nodes granted, not a quorum: clients attempting together split the votes
+	down                 // too few nodes answered, for reasons that may pass (an outage)
+	failed               // too few nodes answered, and one's answer will not change (WRONGTYPE, NOPERM)
+	ended                // ctx ended
+)
 
 // fanout runs s on the nodes selected by targets (all when targets is nil),
 // in parallel, all calls bounded by one node timeout (they start together),
@@ -64,38 +91,28 @@ func (m *NetMutex) fanout(ctx context.Context, s *Script, keys, args []string, t
 func (m *NetMutex) call(ctx context.Context, i int, s *Script, keys, args []string) nodeReply {
 	vals, err := m.nodes[i].Eval(ctx, s, keys, args)
 	if err == nil && (len(vals) == 0 || (s == acquireScript && len(vals) != 3)) {
-		err = fmt.Errorf("%s script: unexpected reply %v", s.Name(), vals)
+		return nodeReply{err: nodeError(i, fmt.Errorf("%s script: unexpected reply %v", s.Name(), vals)), permanent: true}
 	}
 	if err != nil {
-		return nodeReply{err: nodeError(i, err)}
+		return nodeReply{err: nodeError(i, err), permanent: permanentErr(m.nodes[i], err)}
 	}
 	return nodeReply{vals: vals}
 }
 
-// errBallot is acquireRound's contention error when the key is free on a
-// quorum of nodes but the proposed token was refused: the attempt should be
-// repeated at once.
-var errBallot = &wrapError{msg: ErrNotObtained.Error() + ": fencing ballot refused", err: ErrNotObtained}
-
-// errSplit is acquireRound's contention error when some nodes granted but
-// not a quorum: clients that attempted together split the votes. Their
-// cleanup releases wake each other at once, so they must retry after
-// different random delays, or they split again.
-var errSplit = &wrapError{msg: ErrNotObtained.Error() + ": votes split", err: ErrNotObtained}
-
-// acquireRound makes one attempt to acquire the lock on every node. On
-// success it returns the grant: value, token and the hold's local deadline. On
-// contention it returns ErrNotObtained and the shortest remaining TTL of a
-// holder seen (-1 if unknown), which bounds how long waiting can be useful;
-// errBallot if the key is free on a quorum but its ballot was refused.
-// Any other error means too few nodes answered, or ctx ended.
+// acquireRound makes one attempt to acquire the lock on every node, as
+// waiter (our waiter id, or "" for TryLock) with the acquire script's flags
+// (see lua/acquire.lua). On success the outcome carries the grant: value,
+// token and the hold's local deadline. On contention it is busy, with the
+// shortest remaining TTL of a holder seen, which bounds how long waiting can
+// be useful; ballot if the key is free on a quorum but our ballot was
+// refused; split if the votes split.
 //
 // On any failure it releases the value on every node that did not answer
 // definitively "not taken", under a context detached from ctx: a node that
 // granted, or that may yet apply our SET without our seeing the reply, must
 // not keep the key until its TTL runs out. The release leaves a tombstone
 // where the key is not ours, so a late SET is refused whenever it arrives.
-func (m *NetMutex) acquireRound(ctx context.Context, waiter string, queued bool) (g grant, busy time.Duration, err error) {
+func (m *NetMutex) acquireRound(ctx context.Context, waiter, flags string) outcome {
 	// A fresh value every round: a request of an earlier round that is still
 	// on its way to a stalled node can then only meet its own tombstone.
 	value := rand.Text() // 128 random bits
@@ -111,22 +128,20 @@ func (m *NetMutex) acquireRound(ctx context.Context, waiter string, queued bool)
 	if m.keys.fence == "" {
 		keys = keys[:3]
 	}
-	arg := proposal + ":" + waiter
-	if queued {
-		arg += ":q" // taking the lock takes us off the waiters' queue
-	}
-	replies := m.fanout(ctx, acquireScript, keys, []string{value, m.expiryMS, arg}, nil)
-	validity := m.cfg.expiry - time.Since(start) - m.driftTerm
+	replies := m.fanout(ctx, acquireScript, keys, []string{value, m.expiryMS, proposal + ":" + waiter + ":" + flags, m.queueMS}, nil)
+	took := time.Since(start)
+	validity := m.cfg.expiry - took - m.driftTerm
 
-	busy = -1
+	ttl := time.Duration(-1)
 	nGranted, fenced := 0, 0 // fenced: nodes whose counters were above our ballot
 	var errs []error
-	answered := 0
+	answered, permanent := 0, false
 	granted := make([]bool, len(replies)) // granted, for the token in vals[1]
 	cleanup := make([]bool, len(replies)) // may hold our value
 	for i, r := range replies {
 		if r.err != nil {
 			errs = append(errs, r.err)
+			permanent = permanent || r.permanent
 			cleanup[i] = true
 			continue
 		}
@@ -138,14 +153,15 @@ func (m *NetMutex) acquireRound(ctx context.Context, waiter string, queued bool)
 			granted[i], cleanup[i] = true, true
 			nGranted++
 		case statusOther:
-			if pttl := time.Duration(r.vals[2]) * time.Millisecond; pttl >= 0 && (busy < 0 || pttl < busy) {
-				busy = pttl
+			if pttl := time.Duration(r.vals[2]) * time.Millisecond; pttl >= 0 && (ttl < 0 || pttl < ttl) {
+				ttl = pttl
 			}
 		case statusFenced:
 			fenced++
 		case statusGone: // cannot happen for a fresh value; nothing to undo
 		default:
 			errs = append(errs, nodeError(i, fmt.Errorf("acquire script: unknown status %d", status)))
+			permanent = true
 			cleanup[i] = true
 			answered--
 		}
@@ -163,7 +179,14 @@ func (m *NetMutex) acquireRound(ctx context.Context, waiter string, queued bool)
 				}
 			}
 			if n >= m.quorum {
-				return grant{value: value, token: uint64(replies[i].vals[1]), start: start, until: start.Add(validity)}, 0, nil
+				o := outcome{kind: acquired, grant: grant{value: value, token: uint64(replies[i].vals[1]), start: start, until: start.Add(validity)}, took: took}
+				if nGranted < len(replies) {
+					for j := range granted {
+						granted[j] = !granted[j]
+					}
+					o.unqueue = granted
+				}
+				return o
 			}
 		}
 	}
@@ -171,22 +194,26 @@ func (m *NetMutex) acquireRound(ctx context.Context, waiter string, queued bool)
 	m.releaseDetached(ctx, value, cleanup)
 	switch err := ctxEnded(ctx); {
 	case err != nil:
-		return grant{}, 0, notObtained(err)
+		return outcome{kind: ended, err: notObtained(err), took: took}
 	case answered < m.quorum:
-		return grant{}, 0, &quorumError{nodes: len(m.nodes), answered: answered, need: m.quorum, errs: errs}
+		kind := down
+		if permanent {
+			kind = failed
+		}
+		return outcome{kind: kind, err: &quorumError{nodes: len(m.nodes), answered: answered, need: m.quorum, errs: errs}, took: took}
 	}
 	if fenced > 0 && nGranted+fenced >= m.quorum {
 		// The nodes where the key is free make a quorum: we lost only on
 		// ballots. We have now learned the higher counters: a retry at once
 		// proposes above them.
-		return grant{}, 0, errBallot
+		return outcome{kind: ballot, ttl: -1, took: took}
 	}
 	if nGranted > 0 {
 		// Some nodes granted, not a quorum: other clients attempting at the
 		// same moment split the votes.
-		return grant{}, busy, errSplit
+		return outcome{kind: split, ttl: ttl, took: took}
 	}
-	return grant{}, busy, ErrNotObtained
+	return outcome{kind: busy, ttl: ttl, took: took}
 }
 
 // learn records a fence counter seen on a node, so the next ballot is above
@@ -217,7 +244,7 @@ func (m *NetMutex) releaseDetached(ctx context.Context, value string, targets []
 // targets is nil). Nodes that could not be asked get the release again later,
 // from the reaper.
 func (m *NetMutex) release(ctx context.Context, value string, targets []bool) []nodeReply {
-	replies := m.fanout(ctx, releaseScript, m.releaseKeys(value), []string{value, m.keys.channel, m.tombMS}, targets)
+	replies := m.fanout(ctx, releaseScript, m.releaseKeys(value), m.releaseArgs(value), targets)
 	m.reapLater(value, replies, targets)
 	return replies
 }
@@ -226,12 +253,18 @@ func (m *NetMutex) releaseKeys(value string) []string {
 	return []string{m.keys.lock, m.keys.tomb(value), m.keys.waiters}
 }
 
-// leave takes the waiter id off the waiters' queue of every node, under a
-// context detached from ctx's cancellation: a waiter that gives up must not
-// be woken later in the place of one still waiting. Best effort: an id left
-// behind costs one release that wakes nobody, and the waiters' retry delay.
-func (m *NetMutex) leave(ctx context.Context, waiter string) {
-	m.fanout(context.WithoutCancel(ctx), leaveScript, []string{m.keys.waiters}, []string{waiter}, nil)
+func (m *NetMutex) releaseArgs(value string) []string {
+	return []string{value, m.keys.channel, m.tombMS, m.wakeTries}
+}
+
+// leave takes our waiter id off the waiters' queue of the targeted nodes
+// (all when targets is nil), and passes our turn on where a release named
+// us already (see lua/leave.lua), under a context detached from ctx's
+// cancellation: a waiter that gives up must not be woken later in the place
+// of one still waiting, nor keep a turn it will not take. Best effort: an id
+// left behind is skipped by a release, since nobody listens for it any more.
+func (m *NetMutex) leave(ctx context.Context, targets []bool) {
+	m.fanout(context.WithoutCancel(ctx), leaveScript, []string{m.keys.waiters, m.keys.lock}, []string{m.waiterID, m.keys.channel, m.wakeTries}, targets)
 }
 
 // settle counts the replies of a release or extend: nil when a quorum did

@@ -138,7 +138,7 @@ func TestQuorumMinorityDown(t *testing.T) {
 
 func TestQuorumMajorityDown(t *testing.T) {
 	servers := startServers(t, 5)
-	m := quorumMutex(t, "redigo", servers, "majority", WithNodeTimeout(200*time.Millisecond))
+	m := quorumMutex(t, "redigo", servers, "majority", WithNodeTimeout(200*time.Millisecond), WithOutageWindow(time.Second))
 	mustLock(t, m) // warm up: scripts cached, connections open
 	mustUnlock(t, m)
 	servers[0].Kill()

@@ -3,6 +3,7 @@ package netlock
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -39,7 +40,7 @@ func (m *NetMutex) reapLater(value string, replies []nodeReply, targets []bool) 
 	defer r.mu.Unlock()
 	for i, rep := range replies {
 		if (targets == nil || targets[i]) && rep.err != nil && !finalErr(m.nodes[i], rep.err) {
-			r.pending = append(r.pending, pendingRelease{node: i, value: value, giveUp: time.Now().Add(10 * m.cfg.expiry)})
+			r.pending = append(r.pending, pendingRelease{node: i, value: value, giveUp: time.Now().Add(tombstoneExpiries * m.cfg.expiry)})
 		}
 	}
 	if len(r.pending) > 0 && !r.running {
@@ -68,8 +69,7 @@ func (m *NetMutex) reap() {
 				continue
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), m.cfg.nodeTimeout)
-			rep := m.call(ctx, p.node, releaseScript,
-				m.releaseKeys(p.value), []string{p.value, m.keys.channel, m.tombMS})
+			rep := m.call(ctx, p.node, releaseScript, m.releaseKeys(p.value), m.releaseArgs(p.value))
 			cancel()
 			if rep.err != nil && !finalErr(m.nodes[p.node], rep.err) {
 				left = append(left, p)
@@ -95,6 +95,29 @@ func (m *NetMutex) reap() {
 // release after a final error cannot change anything.
 type finalErrer interface {
 	finalErr(err error) bool
+}
+
+// permanentErr reports whether err, from a call to b, is an answer that
+// retrying cannot change: an error reply (a key of another type, a missing
+// permission, a script the server refuses) other than those of a server that
+// is loading, busy, failing over or full; or a closed client. A waiter gives
+// up at once on it, where it rides out anything else (see WithOutageWindow).
+func permanentErr(b Backend, err error) bool {
+	f, ok := b.(finalErrer)
+	return ok && f.finalErr(err) && !transientReply(err.Error())
+}
+
+// transientReply reports whether msg is an error reply that a moment can
+// change: a server loading its data after a restart, busy running a script,
+// a cluster or replica set reconfiguring, out of clients or unable to
+// persist.
+func transientReply(msg string) bool {
+	for _, p := range []string{"LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "NOREPLICAS", "MISCONF", "ERR max number of clients"} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
 }
 
 func finalErr(b Backend, err error) bool {

@@ -1,40 +1,425 @@
 package netlock
 
 import (
+	"context"
+	"errors"
 	"math/rand/v2"
+	"sync"
 	"time"
 )
 
-// backoff is the retry state of one waiting call: never shared between calls.
+// A waiter is one acquire call (LockCtx, TryLockCtx) talking to Redis, with
+// everything its wait needs: the watches of its release channel, its place
+// in the waiters' queues, its timer and its backoff. It is never shared
+// between calls and ends with its call.
+//
+// A waiter waits for its turn, not for time to pass. Between attempts it
+// sleeps until the first of:
+//   - a release naming it on its channel: its turn;
+//   - its pub/sub connection failing, which may have lost the message: it
+//     watches again and attempts;
+//   - the holder's remaining TTL running out: a holder that died releases
+//     nothing. A holder that lives has extended meanwhile, and the attempt
+//     learns the new TTL: about one attempt per expiry, the whole cost of
+//     waiting to Redis;
+//   - ctx ending.
+//
+// Every other way a turn can vanish has its own mechanism: a release skips
+// the queued waiters nobody listens for (their process died), see
+// lua/release.lua; a waiter that gives up after a release named it passes
+// its turn on (lua/leave.lua); a waiter missing from the queue (the queue
+// key lost to a restart, FLUSHALL or eviction) joins it again with its next
+// attempt (lua/acquire.lua); a waiter that lost the race for the key after
+// its turn came goes back to the head of the queue.
+//
+// Only a waiter that cannot listen (a Backend without pub/sub, or a
+// subscription that could not be made) polls: after jittered delays growing
+// from the minimum retry delay to the maximum, bounded by the holder's TTL.
+// While the nodes do not answer at all, a waiter retries with the same
+// delays for at most the outage window (WithOutageWindow).
+type waiter struct {
+	m    *NetMutex
+	wait bool // LockCtx; TryLockCtx makes one attempt
+
+	wake    chan struct{} // capacity 1: a release named us, or a connection failed
+	watches []*watch      // per node; nil where not watching
+	failed  []int         // per node: watches that failed since the nodes last answered
+	queued  bool          // some node's waiters' queue may hold our id
+	turn    bool          // a release named us: an attempt that loses goes back to the head
+	timer   *time.Timer
+	delay   backoff   // polling, and retries while the nodes do not answer
+	down    time.Time // when the nodes stopped answering; zero while they answer
+	downErr error     // the last round's error while they do not answer
+}
+
+// maxBallots bounds the immediate retries after refused ballots: each
+// learns every answering node's counter, so one usually suffices; more are
+// needed only while other clients keep winning.
+const maxBallots = 3
+
+// maxWatchFailures bounds the attempts to watch one node's channel while
+// the node answers scripts: a node whose pub/sub cannot be set up (a proxy
+// that refuses it, a stalled dial) is tried again only after an outage, and
+// its waiter polls meanwhile.
+const maxWatchFailures = 2
+
+// acquire runs acquire rounds until one succeeds; with wait false (TryLock)
+// it makes just one attempt. It reports false, with a nil error, only when
+// wait is false and the lock is held elsewhere. The caller owns m.
+func (m *NetMutex) acquire(ctx context.Context, wait bool) (bool, error) {
+	w := waiter{m: m, wait: wait, delay: backoff{min: m.cfg.minRetryDelay, max: m.cfg.maxRetryDelay}}
+	ok, err := w.run(ctx)
+	w.done(ctx, ok)
+	return ok, err
+}
+
+func (w *waiter) run(ctx context.Context) (bool, error) {
+	m := w.m
+	id := ""
+	if w.wait {
+		id = m.waiterID
+		if err := w.yield(ctx); err != nil {
+			return false, err
+		}
+		// Where the channel is subscribed already (this Backend's waiters
+		// have been waiting for this lock lately), watch it before the
+		// first attempt: no round trip, and no second attempt needed.
+		w.join()
+	}
+	for ballots := 0; ; {
+		flags := w.flags()
+		w.queued = w.queued || flags != "" // the flags say "queue me" or "I may be queued"
+		w.turn = false
+		w.drain() // a wake-up from before this attempt is answered by it
+		o := m.acquireRound(ctx, id, flags)
+		switch o.kind {
+		case acquired:
+			if w.queued && o.unqueue != nil {
+				// Nodes that did not grant may keep us in their queues.
+				m.leave(ctx, o.unqueue)
+			}
+			w.queued = false
+			m.setHold(newHold(m, o.grant))
+			return true, nil
+		case ended:
+			return false, w.withDownErr(o.err)
+		case failed:
+			return false, o.err
+		case down:
+			if err := w.rideOut(ctx, o.err); err != nil {
+				return false, err
+			}
+			continue
+		case ballot:
+			if ballots < maxBallots {
+				// The lock is free; the retry proposes above the counters
+				// just learned. Part of one attempt, even for TryLock.
+				ballots++
+				continue
+			}
+		}
+		w.answered()
+		if !w.wait {
+			return false, nil
+		}
+		ballots = 0
+		var err error
+		switch {
+		case o.kind == split || o.kind == ballot:
+			// Retry after up to two rounds' time, at random: long enough
+			// for the clients we split with to be done with their cleanup
+			// (or for one to have won).
+			_, err = w.sleep(ctx, rand.N(2*o.took+1))
+		case w.listen(ctx):
+			continue // listening just now: attempt, and so queue, before sleeping
+		default:
+			err = w.await(ctx, o.ttl)
+		}
+		if err != nil {
+			return false, err
+		}
+	}
+}
+
+// flags returns the acquire script's flags for the next attempt (see
+// lua/acquire.lua): join the queue while listening (at its head if a turn
+// was lost), leave it on success if we may be in it.
+func (w *waiter) flags() string {
+	if !w.wait {
+		return ""
+	}
+	switch listening := w.listening(); {
+	case listening && w.turn && w.queued:
+		return "jtq"
+	case listening && w.turn:
+		return "jt"
+	case listening && w.queued:
+		return "jq"
+	case listening:
+		return "j"
+	case w.queued:
+		return "q"
+	}
+	return ""
+}
+
+// await sleeps until the waiter's turn, its connection failing, the
+// holder's TTL (ttl, -1 if unknown) running out, or ctx's end. A waiter that
+// cannot listen polls instead.
+func (w *waiter) await(ctx context.Context, ttl time.Duration) error {
+	if !w.listening() {
+		_, err := w.sleep(ctx, w.delay.next(ttl))
+		return err
+	}
+	// A key without a TTL (not netlock's) is looked at again after an expiry.
+	d := w.m.cfg.expiry
+	if ttl >= 0 {
+		// Just past the expiry (Redis expires keys with 1ms resolution),
+		// with jitter, so that waiters that attempted together do not
+		// attempt together again.
+		d = ttl + time.Millisecond + rand.N(ttl/ttlJitter+time.Millisecond)
+	}
+	woken, err := w.sleep(ctx, d)
+	w.turn = woken && !w.deadWatch()
+	return err
+}
+
+// ttlJitter: a waiter wakes at the holder's TTL plus up to a sixteenth of
+// it, at random.
+const ttlJitter = 16
+
+// rideOut waits before the next attempt while the nodes do not answer (err
+// says why), until they have not answered for the outage window; then it
+// returns err. TryLock never rides out.
+func (w *waiter) rideOut(ctx context.Context, err error) error {
+	if !w.wait {
+		return err
+	}
+	now := time.Now()
+	if w.down.IsZero() {
+		w.down = now
+		w.delay.n = 0
+	}
+	w.downErr = err
+	left := w.m.cfg.outage - now.Sub(w.down)
+	if left <= 0 {
+		return err
+	}
+	_, err = w.sleep(ctx, min(w.delay.next(-1), left))
+	return err
+}
+
+// answered records that the nodes answered a round: an outage is over, and
+// watches that failed during it may be tried again.
+func (w *waiter) answered() {
+	if w.down.IsZero() {
+		return
+	}
+	w.down, w.downErr = time.Time{}, nil
+	w.delay.n = 0
+	clear(w.failed)
+}
+
+// withDownErr joins err (ctx's end) with the nodes' last error, if they
+// were not answering when ctx ended.
+func (w *waiter) withDownErr(err error) error {
+	if w.downErr != nil {
+		return errors.Join(err, w.downErr)
+	}
+	return err
+}
+
+// sleep waits for d, a wake-up, or ctx's end (then it returns ctx's cause
+// joined with ErrNotObtained). It reports whether a wake-up ended it.
+func (w *waiter) sleep(ctx context.Context, d time.Duration) (woken bool, err error) {
+	if w.timer == nil {
+		w.timer = time.NewTimer(d)
+	} else {
+		w.timer.Reset(d)
+	}
+	select {
+	case <-ctx.Done():
+		return false, w.withDownErr(notObtained(context.Cause(ctx)))
+	case <-w.timer.C:
+		return false, nil
+	case <-w.wake: // nil, blocking for ever, while not listening
+		w.timer.Stop()
+		return true, nil
+	}
+}
+
+// drain forgets a wake-up signalled before now.
+func (w *waiter) drain() {
+	select {
+	case <-w.wake:
+	default:
+	}
+}
+
+// yield makes an acquire that starts right after this NetMutex's own
+// release let the clients that were waiting for that release go first: it
+// waits until m.yieldUntil, or until a release names us, or until ctx ends.
+// It listens first, as every wait must.
+func (w *waiter) yield(ctx context.Context) error {
+	m := w.m
+	if m.yieldLeft() <= 0 {
+		return nil
+	}
+	w.listen(ctx)
+	d := m.yieldLeft()
+	if d <= 0 || !w.listening() {
+		return nil
+	}
+	_, err := w.sleep(ctx, d)
+	return err
+}
+
+// Bounds of the head start an Unlock gives the clients its release woke.
+const (
+	minYield = 200 * time.Microsecond
+	maxYield = 5 * time.Millisecond
+)
+
+// yieldLeft returns how long an acquire starting now must yield.
+func (m *NetMutex) yieldLeft() time.Duration {
+	return time.Duration(m.yieldUntil.Load()) - time.Since(m.epoch)
+}
+
+// listen watches our release channel on every node that has a hub and is
+// not watched yet (or whose watch died), in parallel when there are
+// several, each bounded by the node timeout. It reports whether a new watch
+// was set up: then an attempt must follow before sleeping, for a release
+// published before the subscription reached nobody, and the attempt joins
+// the queue.
+func (w *waiter) listen(ctx context.Context) bool {
+	m := w.m
+	w.init()
+	need := make([]bool, len(m.nodes)) // decided once: a watch may die meanwhile
+	for i := range m.nodes {
+		need[i] = m.hubs[i] != nil && w.failed[i] < maxWatchFailures && (w.watches[i] == nil || w.watches[i].dead())
+	}
+	got := make([]*watch, len(m.nodes))
+	wake := w.wake
+	if len(m.nodes) == 1 {
+		if need[0] {
+			got[0] = m.watch(ctx, 0, wake)
+		}
+	} else {
+		var wg sync.WaitGroup
+		for i := range m.nodes {
+			if need[i] {
+				wg.Go(func() { got[i] = m.watch(ctx, i, wake) })
+			}
+		}
+		wg.Wait()
+	}
+	fresh := false
+	for i := range m.nodes {
+		if !need[i] {
+			continue
+		}
+		if old := w.watches[i]; old != nil {
+			old.stop()
+		}
+		w.watches[i] = got[i]
+		if got[i] == nil {
+			w.failed[i]++
+		} else {
+			fresh = true
+		}
+	}
+	return fresh
+}
+
+// watch watches m's release channel on node i's hub, bounded by the node
+// timeout; nil if it could not.
+func (m *NetMutex) watch(ctx context.Context, i int, wake chan<- struct{}) *watch {
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.nodeTimeout)
+	defer cancel()
+	wt, err := m.hubs[i].watch(ctx, m.waitChan, m.waiterID, wake)
+	if err != nil {
+		return nil
+	}
+	return wt
+}
+
+// join watches our release channel on every node where it is subscribed
+// already, without I/O (see hub.join). The uncontended path allocates
+// nothing here.
+func (w *waiter) join() {
+	m := w.m
+	for i, h := range m.hubs {
+		if h == nil || !h.subscribed(m.waitChan) {
+			continue
+		}
+		w.init()
+		w.watches[i] = h.join(m.waitChan, m.waiterID, w.wake)
+	}
+}
+
+func (w *waiter) init() {
+	if w.wake == nil {
+		n := len(w.m.nodes)
+		w.wake = make(chan struct{}, 1)
+		w.watches = make([]*watch, n)
+		w.failed = make([]int, n)
+	}
+}
+
+// listening reports whether our release channel is watched on some node.
+func (w *waiter) listening() bool {
+	for _, wt := range w.watches {
+		if wt != nil && !wt.dead() {
+			return true
+		}
+	}
+	return false
+}
+
+// deadWatch reports whether a watch died with its connection.
+func (w *waiter) deadWatch() bool {
+	for _, wt := range w.watches {
+		if wt != nil && wt.dead() {
+			return true
+		}
+	}
+	return false
+}
+
+// done ends the waiter: its watches stop, and if the call failed, it leaves
+// the waiters' queues it may be in, passing on a turn that came too late.
+func (w *waiter) done(ctx context.Context, ok bool) {
+	for _, wt := range w.watches {
+		if wt != nil {
+			wt.stop()
+		}
+	}
+	if w.timer != nil {
+		w.timer.Stop()
+	}
+	if !ok && w.queued {
+		w.m.leave(ctx, nil)
+	}
+}
+
+// backoff is the retry delay of a waiter that polls or rides out an outage.
 type backoff struct {
 	min, max time.Duration
 	n        int // failed attempts so far
-	// subscribed: a release will be signalled, the delay is only a safety
-	// net (a message lost with a failing connection): no need to start
-	// small.
-	subscribed bool
 }
 
 // next returns the wait before the next attempt: a random duration between
 // min and a ceiling that doubles with each attempt up to max (jitter keeps
-// waiters that started together from retrying together); when subscribed,
-// between max/2 and max. It is capped by
+// waiters that started together from retrying together). It is capped by
 // busy, the holder's remaining TTL when known (busy >= 0): once the key has
 // expired there is nothing left to wait for.
 func (b *backoff) next(busy time.Duration) time.Duration {
 	ceiling := b.max
-	if b.subscribed {
-		b.n = 20
-	}
 	if b.n < 20 && b.min < b.max>>b.n { // then min<<n < max: no overflow
 		ceiling = b.min << b.n
 	}
 	b.n++
-	floor := b.min
-	if b.subscribed {
-		floor = max(b.min, ceiling/2)
-	}
-	d := floor + rand.N(ceiling-floor+1)
+	d := b.min + rand.N(ceiling-b.min+1)
 	if busy >= 0 && d > busy {
 		// Just past the expiry: Redis expires keys with 1ms resolution.
 		// (Jitter below both min and d-busy: busy plus it cannot overflow.)

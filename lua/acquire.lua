@@ -7,14 +7,19 @@
 -- KEYS[4]  fence counter, p{tag}:fence, same slot as KEYS[1]; absent when fencing is off
 -- ARGV[1]  our lock value (random, fresh for every acquisition)
 -- ARGV[2]  expiry in milliseconds (relative: PX, never an absolute time)
--- ARGV[3]  "<proposal>:<waiter>[:q]". The proposed fencing token: "0" asks
---          the node to increment its counter (single node), any other value
---          is a ballot (quorum). Our waiter id, or "" when we will not wait
---          (TryLock): while the lock is held, the id joins the queue, if it
---          is not in it already. ":q" when we may be in the queue: taking
---          the lock takes us off it. (One argument, not three: Redis refuses
---          more than 10 words from a client not yet authenticated, and a
---          clear NOAUTH is worth keeping.)
+-- ARGV[3]  "<proposal>:<waiter>:<flags>". The proposed fencing token: "0"
+--          asks the node to increment its counter (single node), any other
+--          value is a ballot (quorum). Our waiter id ("" for TryLock). Flags,
+--          any of:
+--            j  we listen on our release channel: while the lock is held,
+--               join the waiters' queue if we are not in it
+--            t  a release named us and we lost the race for the key: join
+--               at the head, where we were, not at the tail
+--            q  we may be in the queue: taking the lock takes us off it
+--          (One argument, not three: Redis refuses more than 10 words from a
+--          client not yet authenticated, and a clear NOAUTH is worth keeping.)
+-- ARGV[4]  TTL of the waiters' queue in milliseconds, set when a waiter joins
+--          (extend.lua renews it while the lock is held)
 --
 -- The key holds "<value>:<token>", so that a retry of our own request can
 -- return the token it was granted with (the fence counter is shared by every
@@ -25,7 +30,8 @@
 --                         of our own request): its TTL is refreshed and the
 --                         token it was granted with is returned
 --   {-1, counter, pttl }  held by another value; pttl is its remaining TTL in
---                         ms (-1: the key has no TTL)
+--                         ms (-1: the key has no TTL). counter is 0 unless the
+--                         proposal was a ballot (only a quorum needs it).
 --   {-2, counter, 0    }  free, but the proposed token is not above the counter
 --   {-3, counter, 0    }  our value was already released: this request arrived
 --                         late (a node that stalled) and must not take the key
@@ -33,10 +39,11 @@
 -- A key of another type makes GET fail with WRONGTYPE before anything is written.
 --
 -- Every redis.call costs a few microseconds of Lua overhead, more than the
--- command itself: the free path makes four (GET, EXISTS, INCR, SET). Not
--- MGET: it reads a key of another type as nil, where GET fails.
+-- command itself: the free path makes four (GET, EXISTS, INCR, SET); a
+-- waiter that is queued already, three (GET, ZSCORE, PTTL). Not MGET: it
+-- reads a key of another type as nil, where GET fails.
 local fenced = #KEYS > 3
-local proposal, waiter, queued = string.match(ARGV[3], '^(%d+):([^:]*):?(.*)$')
+local proposal, waiter, flags = string.match(ARGV[3], '^(%d+):([^:]*):?(.*)$')
 local cur = redis.call('GET', KEYS[1])
 local function counter()
   if fenced then
@@ -51,12 +58,20 @@ if cur and string.sub(cur, 1, #mine) == mine then
   return {1, tonumber(string.sub(cur, #mine + 1)), 0}
 end
 if cur then
-  if waiter ~= '' then
-    local t = redis.call('TIME')
-    redis.call('ZADD', KEYS[3], 'NX', t[1] * 1000000 + t[2], waiter)
-    redis.call('PEXPIRE', KEYS[3], 10 * tonumber(ARGV[2]))
+  if string.find(flags, 'j', 1, true) and not redis.call('ZSCORE', KEYS[3], waiter) then
+    local score = 0 -- below every arrival time: the head
+    if not string.find(flags, 't', 1, true) then
+      local t = redis.call('TIME')
+      score = t[1] * 1000000 + t[2]
+    end
+    redis.call('ZADD', KEYS[3], score, waiter)
+    redis.call('PEXPIRE', KEYS[3], ARGV[4])
   end
-  return {-1, counter(), redis.call('PTTL', KEYS[1])}
+  local c = 0
+  if proposal ~= '0' then
+    c = counter()
+  end
+  return {-1, c, redis.call('PTTL', KEYS[1])}
 end
 if redis.call('EXISTS', KEYS[2]) == 1 then
   return {-3, counter(), 0}
@@ -77,7 +92,7 @@ if fenced then
   end
 end
 redis.call('SET', KEYS[1], mine .. string.format('%d', token), 'PX', ARGV[2])
-if queued == 'q' then
+if string.find(flags, 'q', 1, true) then
   redis.call('ZREM', KEYS[3], waiter)
 end
 return {1, token, 0}

@@ -1,9 +1,13 @@
 -- extend: reset the lock's TTL only if the key holds exactly our value. Never
--- re-creates an absent key: a hold that lapsed stays lapsed.
+-- re-creates an absent key: a hold that lapsed stays lapsed. The waiters'
+-- queue is kept as long as the lock is held, so waiters keep their places
+-- however long the hold lasts.
 --
 -- KEYS[1]  lock key, p{name}
+-- KEYS[2]  waiters' queue, p{name}:waiters (see acquire.lua)
 -- ARGV[1]  our lock value; the key holds "<value>:<token>" (see acquire.lua)
 -- ARGV[2]  expiry in milliseconds (relative: PEXPIRE)
+-- ARGV[3]  TTL of the waiters' queue in milliseconds, if it exists
 --
 -- Reply, an array of one integer:
 --   { 1}  extended
@@ -13,6 +17,7 @@ local cur = redis.call('GET', KEYS[1])
 local mine = ARGV[1] .. ':'
 if cur and string.sub(cur, 1, #mine) == mine then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
   return {1}
 end
 if cur then

@@ -1,0 +1,382 @@
+package netlock
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gomodule/redigo/redis"
+
+	"github.com/netlock-go/netlock/internal/redistest"
+)
+
+// commandCounts returns the server's total_commands_processed (INFO
+// stats), which counts the commands scripts run too, and the PINGs among
+// them (INFO commandstats). The INFO that reads them counts itself: callers
+// subtract one per call.
+func commandCounts(t testing.TB, e *env) (total, pings int64) {
+	t.Helper()
+	info, err := redis.String(e.do(t, "INFO", "all"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.SplitSeq(info, "\n") {
+		line = strings.TrimSpace(line)
+		if v, ok := strings.CutPrefix(line, "total_commands_processed:"); ok {
+			if total, err = strconv.ParseInt(v, 10, 64); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if v, ok := strings.CutPrefix(line, "cmdstat_ping:calls="); ok {
+			v, _, _ = strings.Cut(v, ",")
+			if pings, err = strconv.ParseInt(v, 10, 64); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if total == 0 {
+		t.Fatalf("no total_commands_processed in INFO")
+	}
+	return total, pings
+}
+
+// Waiting costs Redis (almost) nothing: 40 clients, each with a client of
+// its own as 40 processes would have, wait behind a holder with the default
+// options, and netlock makes Redis run at most one command per
+// waiter-second, counting the holder's extends and the commands inside
+// scripts (the client library's own keepalive PINGs are reported apart). The window is longer
+// than the expiry, so that every waiter's look at the holder's TTL (the only
+// thing a waiter does while it waits) falls inside it.
+func TestWaitingCost(t *testing.T) {
+	const (
+		waiters = 40
+		window  = DefaultExpiry + 2*time.Second
+	)
+	for _, client := range []string{"redigo", "rueidis"} {
+		t.Run(client, func(t *testing.T) {
+			t.Parallel()
+			s := redistest.Start(t)
+			e := &env{server: s, client: client, addr: s.Addr()}
+			holder := e.newMutex(t, "cost")
+			mustLock(t, holder)
+			ctx, cancel := context.WithCancel(context.Background())
+			var wg sync.WaitGroup
+			errs := make(chan error, waiters)
+			for range waiters {
+				m := e.newMutex(t, "cost")
+				wg.Go(func() {
+					if err := m.LockCtx(ctx); err == nil {
+						m.UnlockCtx(context.Background())
+					} else if !errors.Is(err, context.Canceled) {
+						errs <- err
+					}
+				})
+			}
+			eventually(t, 5*time.Second, "all waiters queued", func() bool {
+				n, _ := redis.Int(e.do(t, "ZCARD", holder.keys.waiters), nil)
+				return n == waiters
+			})
+			total0, pings0 := commandCounts(t, e)
+			time.Sleep(window)
+			total1, pings1 := commandCounts(t, e)
+			// rueidis PINGs each idle connection every second (its
+			// Dialer.KeepAlive): the client library's liveness check, which
+			// any use of it costs, not netlock's.
+			pings := pings1 - pings0
+			ran := total1 - total0 - 1 - pings
+			perWaiterSecond := float64(ran) / waiters / window.Seconds()
+			reportFigures(t, "%d waiters for %v: %d commands of netlock's, %.2f per waiter-second; and %d PINGs of the client library's, %.2f per waiter-second", waiters, window, ran, perWaiterSecond, pings, float64(pings)/waiters/window.Seconds())
+			if perWaiterSecond > 1 {
+				t.Errorf("waiting cost: got %.2f commands per waiter-second, want at most 1", perWaiterSecond)
+			}
+			// Every waiter still gets its turn, in order, when the holder
+			// leaves; then the rest give up.
+			mustUnlock(t, holder)
+			cancel()
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Errorf("LockCtx: %v", err)
+			}
+			if n, _ := redis.Int(e.do(t, "ZCARD", holder.keys.waiters), nil); n != 0 {
+				t.Errorf("waiters' queue after every waiter left: %d ids, want 0", n)
+			}
+		})
+	}
+}
+
+// A waiter that died while queued (its connections gone, as when its
+// process is killed) costs the next waiter nothing: the release skips it
+// and names the next waiter, who locks at once, long before its own look at
+// the holder's TTL.
+func TestDeadWaiterSkipped(t *testing.T) {
+	forEachEnv(t, realOnly, func(t *testing.T, e *env) {
+		opts := []Option{WithExpiry(30 * time.Second)}
+		holder := e.newMutex(t, "dead", opts...)
+		mustLock(t, holder)
+		for i := range 3 {
+			// A waiter whose every connection goes through a proxy that
+			// then closes: to Redis it is gone, like a killed process.
+			p := redistest.StartProxy(t, e.addr)
+			dead, err := New("dead", []Backend{newBackend(t, e.client, p.Addr())}, opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- dead.LockCtx(ctx) }()
+			eventually(t, 5*time.Second, "the dead waiter queued", func() bool {
+				n, _ := redis.Int(e.do(t, "ZCARD", holder.keys.waiters), nil)
+				return n == i+1
+			})
+			p.Close()
+			t.Cleanup(func() {
+				cancel()
+				<-done
+			})
+		}
+		live, cb := waitingMutex(t, e, "dead")
+		locked := lockInBackground(t, live, cb)
+		eventually(t, 5*time.Second, "the live waiter queued", func() bool {
+			n, _ := redis.Int(e.do(t, "ZCARD", holder.keys.waiters), nil)
+			return n == 4
+		})
+		start := time.Now()
+		mustUnlock(t, holder)
+		within(t, 5*time.Second, "LockCtx after the release", func() {
+			if err := <-locked; err != nil {
+				t.Errorf("LockCtx: %v", err)
+			}
+		})
+		t.Logf("locked %v after the release, behind 3 dead waiters", time.Since(start))
+		if n := cb.count("acquire"); n != 3 {
+			t.Errorf("attempts of the live waiter: got %d, want 3 (the failed first, the one queueing it, the winning one)", n)
+		}
+		if q, _ := redis.Strings(e.do(t, "ZRANGE", holder.keys.waiters, 0, -1), nil); len(q) != 0 {
+			t.Errorf("waiters' queue: got %v, want the dead waiters skipped and gone", q)
+		}
+		mustUnlock(t, live)
+	})
+}
+
+// A waiter whose queue entry is lost (the queue key evicted, deleted, or
+// expired) while the holder holds joins the queue again with its next look
+// at the holder's TTL, and then gets its turn by message.
+func TestWaiterRejoinsLostQueue(t *testing.T) {
+	forEachEnv(t, realOnly, func(t *testing.T, e *env) {
+		const expiry = 600 * time.Millisecond
+		holder := e.newMutex(t, "lostq", WithExpiry(expiry))
+		waiter, cb := waitingMutex(t, e, "lostq")
+		mustLock(t, holder)
+		locked := lockInBackground(t, waiter, cb)
+		e.do(t, "DEL", holder.keys.waiters)
+		eventually(t, 5*time.Second, "the waiter back in the queue", func() bool {
+			q, _ := redis.Strings(e.do(t, "ZRANGE", holder.keys.waiters, 0, -1), nil)
+			return slices.Equal(q, []string{waiter.waiterID})
+		})
+		n := cb.count("acquire")
+		mustUnlock(t, holder)
+		within(t, 5*time.Second, "LockCtx after the release", func() {
+			if err := <-locked; err != nil {
+				t.Errorf("LockCtx: %v", err)
+			}
+		})
+		if got := cb.count("acquire") - n; got != 1 {
+			t.Errorf("attempts after the release: got %d, want 1 (woken by the release)", got)
+		}
+		mustUnlock(t, waiter)
+	})
+}
+
+// A waiter that gives up as its turn comes passes the turn on: the next
+// waiter is woken, not left to wait for the holder's TTL (30s here).
+// Whether the release or the cancellation reaches the quitter first, the
+// next waiter locks promptly; TestScripts checks the script's part of it
+// (leave.lua after a release named the waiter) exactly.
+func TestCancelledWaiterPassesTurn(t *testing.T) {
+	forEachEnv(t, realOnly, func(t *testing.T, e *env) {
+		opts := []Option{WithExpiry(30 * time.Second)}
+		holder := e.newMutex(t, "pass", opts...)
+		mustLock(t, holder)
+		quitter := e.newMutex(t, "pass", opts...)
+		next, cb := waitingMutex(t, e, "pass")
+		ctx, cancel := context.WithCancel(context.Background())
+		quit := make(chan error, 1)
+		go func() { quit <- quitter.LockCtx(ctx) }()
+		eventually(t, 5*time.Second, "the quitter queued", func() bool {
+			n, _ := redis.Int(e.do(t, "ZCARD", holder.keys.waiters), nil)
+			return n == 1
+		})
+		locked := lockInBackground(t, next, cb)
+		// The release names the quitter; it is cancelled before it can
+		// attempt: the hub's message and the cancellation race, and either
+		// way the next waiter must lock promptly.
+		cancel()
+		mustUnlock(t, holder)
+		if err := <-quit; err == nil {
+			quitter.UnlockCtx(context.Background())
+		}
+		within(t, 5*time.Second, "the next waiter's LockCtx", func() {
+			if err := <-locked; err != nil {
+				t.Errorf("LockCtx: %v", err)
+			}
+		})
+		mustUnlock(t, next)
+	})
+}
+
+// A restart of Redis (stop, start on the same port) while goroutines wait
+// in Lock and LockCtx costs them nothing: they ride it out and lock when the
+// server is back, one after the other.
+func TestWaitersRideOutRestart(t *testing.T) {
+	forEachEnv(t, realOnly, func(t *testing.T, e *env) {
+		holder := e.newMutex(t, "restart", WithNodeTimeout(200*time.Millisecond))
+		mustLock(t, holder)
+		const n = 3
+		results := make(chan error, 2*n)
+		var wg sync.WaitGroup
+		for i := range 2 * n {
+			m := e.newMutex(t, "restart", WithNodeTimeout(200*time.Millisecond))
+			wg.Go(func() {
+				if i%2 == 0 {
+					results <- recoverErr(func() { m.Lock() })
+				} else {
+					ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+					defer cancel()
+					results <- m.LockCtx(ctx)
+				}
+				m.UnlockCtx(context.Background())
+			})
+		}
+		eventually(t, 5*time.Second, "the waiters queued", func() bool {
+			q, _ := redis.Int(e.do(t, "ZCARD", holder.keys.waiters), nil)
+			return q == 2*n
+		})
+		e.server.Restart()
+		// The holder's key is gone with the restart (no persistence): its
+		// hold is lost, and the waiters take turns.
+		within(t, 20*time.Second, "every waiter locking", wg.Wait)
+		close(results)
+		for err := range results {
+			if err != nil {
+				t.Errorf("a waiter across the restart: got %v, want it locked", err)
+			}
+		}
+		holder.UnlockCtx(context.Background())
+	})
+}
+
+// A Redis that stays down is reported once the outage window has passed:
+// LockCtx returns an error matching ErrQuorum naming the node's last error,
+// Lock panics with it, TryLockCtx fails at once; a ctx that ends first gets
+// its own error joined with the node's.
+func TestRedisDownForGood(t *testing.T) {
+	forEachEnv(t, realOnly, func(t *testing.T, e *env) {
+		const window = 500 * time.Millisecond
+		m := e.newMutex(t, "gone", WithNodeTimeout(100*time.Millisecond), WithOutageWindow(window))
+		mustLock(t, m)
+		mustUnlock(t, m)
+		e.server.Kill()
+		start := time.Now()
+		err := lockWithin(t, m)
+		elapsed := time.Since(start)
+		wantNodeErr(t, "LockCtx with the server down", err, "")
+		if elapsed < window {
+			t.Errorf("LockCtx returned after %v, within the outage window %v: it did not ride it out", elapsed, window)
+		}
+		if perr := recoverErr(m.Lock); !errors.Is(perr, ErrQuorum) {
+			t.Errorf("Lock with the server down: got panic %v, want one matching ErrQuorum", perr)
+		}
+		within(t, time.Second, "TryLockCtx", func() {
+			if ok, err := m.TryLockCtx(context.Background()); ok || !errors.Is(err, ErrQuorum) {
+				t.Errorf("TryLockCtx with the server down: got %v, %v; want false and ErrQuorum", ok, err)
+			}
+		})
+		ctx, cancel := context.WithTimeout(context.Background(), window/5)
+		defer cancel()
+		err = m.LockCtx(ctx)
+		if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, ErrNotObtained) || !errors.Is(err, ErrQuorum) {
+			t.Errorf("LockCtx whose ctx ends during the outage: got %v, want ErrNotObtained, DeadlineExceeded and ErrQuorum", err)
+		}
+	})
+}
+
+// A majority of a quorum down is reported as ErrQuorum after the window.
+func TestQuorumDownForGood(t *testing.T) {
+	servers := startServers(t, 3)
+	m := quorumMutex(t, "rueidis", servers, "qgone", WithNodeTimeout(100*time.Millisecond), WithOutageWindow(300*time.Millisecond))
+	mustLock(t, m)
+	mustUnlock(t, m)
+	servers[0].Kill()
+	servers[2].Kill()
+	var err error
+	within(t, 5*time.Second, "LockCtx with a majority down", func() { err = m.LockCtx(context.Background()) })
+	if !errors.Is(err, ErrQuorum) || !strings.Contains(err.Error(), "node 0") || !strings.Contains(err.Error(), "node 2") {
+		t.Errorf("LockCtx with a majority down: got %v, want ErrQuorum naming nodes 0 and 2", err)
+	}
+}
+
+// An answer that retrying cannot change is reported at once, not ridden
+// out: a key of another type.
+func TestPermanentErrorNotRiddenOut(t *testing.T) {
+	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
+		m := e.newMutex(t, "perm", WithOutageWindow(time.Hour))
+		e.do(t, "HSET", m.keys.lock, "f", "v")
+		within(t, 5*time.Second, "LockCtx on a hash", func() {
+			err := m.LockCtx(context.Background())
+			if !errors.Is(err, ErrQuorum) || !strings.Contains(err.Error(), "WRONGTYPE") {
+				t.Errorf("LockCtx on a hash: got %v, want ErrQuorum with WRONGTYPE", err)
+			}
+		})
+	})
+}
+
+func TestTransientReply(t *testing.T) {
+	for _, c := range []struct {
+		msg  string
+		want bool
+	}{
+		{"LOADING Redis is loading the dataset in memory", true},
+		{"BUSY Redis is busy running a script", true},
+		{"READONLY You can't write against a read only replica.", true},
+		{"ERR max number of clients reached", true},
+		{"WRONGTYPE Operation against a key holding the wrong kind of value", false},
+		{"NOPERM this user has no permissions to run the 'evalsha' command", false},
+		{"ERR unknown command", false},
+	} {
+		if got := transientReply(c.msg); got != c.want {
+			t.Errorf("transientReply(%q): got %v, want %v", c.msg, got, c.want)
+		}
+	}
+}
+
+// ExampleWithOutageWindow is in example_test.go; this checks the option's
+// validation.
+func TestOutageWindowOption(t *testing.T) {
+	for _, c := range []struct {
+		opts []Option
+		want time.Duration
+		bad  bool
+	}{
+		{nil, DefaultExpiry, false},
+		{[]Option{WithExpiry(time.Second)}, time.Second, false},
+		{[]Option{WithOutageWindow(0)}, 0, false},
+		{[]Option{WithOutageWindow(time.Minute)}, time.Minute, false},
+		{[]Option{WithOutageWindow(-time.Second)}, 0, true},
+	} {
+		cfg, err := newConfig(c.opts)
+		switch {
+		case c.bad && (err == nil || !strings.Contains(err.Error(), "outage window")):
+			t.Errorf("%d options: got %v, want an error naming the outage window", len(c.opts), err)
+		case !c.bad && err != nil:
+			t.Errorf("%d options: %v", len(c.opts), err)
+		case !c.bad && cfg.outage != c.want:
+			t.Errorf("%d options: outage window %v, want %v", len(c.opts), cfg.outage, c.want)
+		}
+	}
+}
