@@ -34,11 +34,11 @@ import (
 //
 // A NetMutex must be created with New and must not be copied after first use.
 type NetMutex struct {
-	name      string
-	cfg       config
-	nodes     []Backend
-	quorum    int
-	keys      keys
+	name       string
+	cfg        config
+	nodes      []Backend
+	quorum     int
+	keys       keys
 	extendKeys []string // lock, waiters' queue
 	expiryMS   string   // cfg.expiry in ms, as the scripts take it
 	tombMS     string   // TTL of a tombstone: tombstoneExpiries
