@@ -49,9 +49,13 @@ var (
 	extendLua string
 	//go:embed lua/leave.lua
 	leaveLua string
+	// handOn, the function that gives a turn on, is shared by release and
+	// leave: one definition, prepended to both.
+	//go:embed lua/handon.lua
+	handOnLua string
 
 	acquireScript = newScript("acquire", acquireLua)
-	releaseScript = newScript("release", releaseLua)
+	releaseScript = newScript("release", handOnLua+releaseLua)
 	extendScript  = newScript("extend", extendLua)
-	leaveScript   = newScript("leave", leaveLua)
+	leaveScript   = newScript("leave", handOnLua+leaveLua)
 )

@@ -28,10 +28,10 @@ func TestScripts(t *testing.T) {
 		}
 		acquire := func(value, proposal string) []int64 { return acquireAs(":", value, proposal) }
 		release := func(value string) []int64 {
-			return evalOK(t, b, releaseScript, []string{k.lock, k.tomb(value), k.waiters}, []string{value, k.channel, "80000", "8"})
+			return evalOK(t, b, releaseScript, []string{k.lock, k.tomb(value), k.waiters, k.fence}, []string{value, k.channel, "80000", "8"})
 		}
 		leave := func(waiter string) []int64 {
-			return evalOK(t, b, leaveScript, []string{k.waiters, k.lock}, []string{waiter, k.channel, "8"})
+			return evalOK(t, b, leaveScript, []string{k.waiters, k.lock, k.fence}, []string{waiter, k.channel, "8"})
 		}
 		queue := func() []string {
 			q, err := redis.Strings(e.do(t, "ZRANGE", k.waiters, 0, -1), nil)
@@ -107,21 +107,21 @@ func TestScripts(t *testing.T) {
 		// processes died), names w3 and takes it off the queue.
 		listen("w3")
 		listen("w4")
-		check("release ours, two dead waiters ahead", release("v1"), 1, 1, 2)
+		check("release ours, two dead waiters ahead", release("v1"), 1, 1, 0, 2)
 		if q := queue(); !slices.Equal(q, []string{"w4"}) {
 			t.Errorf("waiters' queue after the release: got %v, want [w4]", q)
 		}
 		// w3 gives up after its turn came, the lock still free: it passes
 		// the turn to w4.
-		check("leave after the turn came", leave("w3"), 0, 1, 0)
+		check("leave after the turn came", leave("w3"), 0, 1, 0, 0)
 		if q := queue(); len(q) != 0 {
 			t.Errorf("waiters' queue after w3 passed its turn: got %v, want empty", q)
 		}
 		acquireAs("w5:j", "x", "0") // free: takes the lock, does not queue
 		acquireAs("w6:j", "y", "0")
 		check("leave", leave("w6"), 1)
-		check("leave again, the lock held", leave("w6"), 0, 0, 0)
-		check("release x", release("x"), 1, 0, 0)
+		check("leave again, the lock held", leave("w6"), 0, 0, 0, 0)
+		check("release x", release("x"), 1, 0, 0, 0)
 		check("extend absent", extend("v1"), 0)
 		check("release absent", release("v1"), 0)
 		// release left a tombstone for v1: a late acquire of v1 is refused.
@@ -137,11 +137,43 @@ func TestScripts(t *testing.T) {
 		acquireAs("w7:j", "q", "8")
 		acquireAs("w8:j", "r", "8")
 		listen("w7")
-		check("release after ballot", release("v3"), 1, 1, 0)
+		check("release after ballot", release("v3"), 1, 1, 0, 0)
 		// w7 was named; w8 takes the lock and leaves the queue.
 		check("acquire by a queued waiter", acquireAs("w8:jq", "r", "8"), 1, 8, 0)
 		if q := queue(); len(q) != 0 {
 			t.Errorf("waiters' queue after w8 took the lock: got %v, want empty", q)
 		}
+
+		// Grants: a member "<id>+<expiry>+<nonce>" is given the lock by the
+		// release itself, with the next token, and told so; one nobody
+		// listens for is skipped, its grant undone.
+		acquireAs("g1+5000+N1:j", "s", "0")
+		acquireAs("g2+6000+N2:j", "s", "0")
+		acquireAs("g3+7000+N3:j", "s", "0")
+		listen("g2")
+		listen("g3")
+		check("release granting, one dead waiter ahead", release("r"), 1, 1, 1, 1)
+		if v, _ := redis.String(e.do(t, "GET", k.lock), nil); v != "N2.10:10" {
+			t.Errorf("lock key after the grant: got %q, want N2.10:10 (nonce.token:token)", v)
+		}
+		if ttl, _ := redis.Int(e.do(t, "PTTL", k.lock), nil); ttl <= 5000 || ttl > 6000 {
+			t.Errorf("granted key's TTL: got %dms, want the grantee's expiry, (5000, 6000]", ttl)
+		}
+		if n, _ := redis.Int(e.do(t, "GET", k.fence), nil); n != 10 {
+			t.Errorf("fence counter after the grant: got %d, want 10 (the undone grant of g1 took 9: a counter may skip, never repeat)", n)
+		}
+		// The grantee's own attempt, before or without the message, adopts
+		// the grant: its TTL refreshed, the token and n returned.
+		check("acquire by the grantee", acquireAs("g2+6000+N2:jq", "fresh", "0"), 1, 10, 10)
+		// Another waiter's attempt finds the lock held.
+		if got := acquireAs("g3+7000+N3:jq", "s", "0"); got[0] != statusOther {
+			t.Errorf("acquire by another waiter after the grant: got %v, want held", got)
+		}
+		// The grantee gives up: leave releases its grant and grants the next.
+		check("leave by the grantee", leave("g2+6000+N2"), 0, 1, 1, 0)
+		if v, _ := redis.String(e.do(t, "GET", k.lock), nil); v != "N3.11:11" {
+			t.Errorf("lock key after the grantee left: got %q, want N3.11:11", v)
+		}
+		check("release the last grant", release("N3.11"), 1, 0, 0, 0)
 	})
 }

@@ -55,7 +55,11 @@ type NetMutex struct {
 	// node's hub cannot tell (PUBLISH does not count them), as a string for
 	// the scripts.
 	wakeTries string
-	epoch     time.Time
+	// grants: a release may grant a waiter of m the lock in its own script
+	// (one node, whose hub lets PUBLISH count the listeners; see
+	// lua/handon.lua), sparing it the acquire round trip.
+	grants bool
+	epoch  time.Time
 
 	mu sync.Mutex
 	// The local queue. A goroutine owns m in this process from the moment
@@ -149,6 +153,7 @@ func New(name string, backends []Backend, opts ...Option) (*NetMutex, error) {
 		}
 	}
 	m.wakeTries = strconv.Itoa(tries)
+	m.grants = len(backends) == 1 && m.hubs[0] != nil && m.hubs[0].counted
 	return m, nil
 }
 

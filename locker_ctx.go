@@ -119,10 +119,11 @@ func (m *NetMutex) UnlockCtx(ctx context.Context) error {
 	return err
 }
 
-// woke reports whether a release reached a waiter on any node.
+// woke reports whether a release woke a waiter on some node to attempt
+// (not granted it the lock: then there is no race to yield in).
 func woke(replies []nodeReply) bool {
 	for _, r := range replies {
-		if r.err == nil && r.vals[0] == statusOK && len(r.vals) > 1 && r.vals[1] > 0 {
+		if r.err == nil && r.vals[0] == statusOK && len(r.vals) > 2 && r.vals[1] > 0 && r.vals[2] == 0 {
 			return true
 		}
 	}

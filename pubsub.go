@@ -100,14 +100,13 @@ type topic struct {
 	idle    time.Time // when its last watch stopped, if it has none
 }
 
-// A watch is one waiter's interest in one channel of one hub. A release
-// message naming its waiter (or no one), or the connection failing, is
-// signalled on wake.
+// A watch is one waiter's interest in one channel of one hub. A message on
+// the channel is signalled on wake with its payload; the connection failing,
+// with "".
 type watch struct {
 	hub   *hub
 	topic *topic
-	id    string          // the waiter's id: a release naming another waiter is not signalled
-	wake  chan<- struct{} // capacity 1; shared by all watches of one waiter
+	wake  chan<- string // capacity 1; shared by all watches of one waiter
 }
 
 func newHub(dial func(ctx context.Context, onMessage func(channel, payload string)) (psConn, error), counted bool) *hub {
@@ -118,7 +117,7 @@ func newHub(dial func(ctx context.Context, onMessage func(channel, payload strin
 // once the server has confirmed the subscription: every release published
 // afterwards is signalled on wake. ctx bounds the dial and the wait for the
 // confirmation. On error nothing is left subscribed for this waiter.
-func (h *hub) watch(ctx context.Context, channel, id string, wake chan<- struct{}) (*watch, error) {
+func (h *hub) watch(ctx context.Context, channel string, wake chan<- string) (*watch, error) {
 	h.mu.Lock()
 	if h.conn == nil {
 		// Dialing under h.mu: the waiters of this hub that arrive meanwhile
@@ -146,7 +145,7 @@ func (h *hub) watch(ctx context.Context, channel, id string, wake chan<- struct{
 		h.topics[channel] = t
 		h.wmu.Unlock()
 	}
-	w := &watch{hub: h, topic: t, id: id, wake: wake}
+	w := &watch{hub: h, topic: t, wake: wake}
 	h.wmu.Lock()
 	t.watches[w] = struct{}{}
 	h.wmu.Unlock()
@@ -167,7 +166,7 @@ func (h *hub) watch(ctx context.Context, channel, id string, wake chan<- struct{
 // join watches channel if it is subscribed and confirmed already, without
 // any I/O; it returns nil otherwise. A waiter that joins before its first
 // attempt needs no attempt after subscribing.
-func (h *hub) join(channel, id string, wake chan<- struct{}) *watch {
+func (h *hub) join(channel string, wake chan<- string) *watch {
 	h.wmu.Lock()
 	defer h.wmu.Unlock()
 	t := h.topics[channel]
@@ -179,7 +178,7 @@ func (h *hub) join(channel, id string, wake chan<- struct{}) *watch {
 	default:
 		return nil
 	}
-	w := &watch{hub: h, topic: t, id: id, wake: wake}
+	w := &watch{hub: h, topic: t, wake: wake}
 	t.watches[w] = struct{}{}
 	return w
 }
@@ -269,19 +268,17 @@ func (h *hub) sweepIdle() {
 	}
 }
 
-// dispatch signals the watches of channel that a release was published
-// naming the waiter payload: only that waiter attempts, not every waiter at
-// once; "" wakes them all. It is called by the connection's reading
-// goroutine; a message from a connection that has just failed is harmless,
-// a wake-up being only a reason to attempt.
+// dispatch signals the watches of channel that a message was published on
+// it: a release naming the channel's waiter (a NetMutex's own channel, see
+// NetMutex.waitChan), or granting it the lock. It is called by the
+// connection's reading goroutine; a message from a connection that has just
+// failed is harmless, a wake-up being only a reason to look.
 func (h *hub) dispatch(channel, payload string) {
 	h.wmu.Lock()
 	defer h.wmu.Unlock()
 	if t := h.topics[channel]; t != nil {
 		for w := range t.watches {
-			if payload == "" || payload == w.id {
-				w.signal()
-			}
+			w.signal(payload)
 		}
 	}
 }
@@ -327,7 +324,7 @@ func (h *hub) failLocked(conn psConn) {
 	h.wmu.Lock()
 	for _, t := range h.topics {
 		for w := range t.watches {
-			w.signal()
+			w.signal("")
 		}
 	}
 	clear(h.topics)
@@ -339,9 +336,13 @@ func (h *hub) failLocked(conn psConn) {
 	}
 }
 
-func (w *watch) signal() {
+// signal passes payload to the waiter, unless a wake-up is pending already:
+// then the waiter attempts anyway, and an attempt finds whatever a lost
+// payload said (a lock granted to it is adopted by its next attempt, see
+// lua/acquire.lua).
+func (w *watch) signal(payload string) {
 	select {
-	case w.wake <- struct{}{}:
-	default: // already signalled; one wake-up is enough
+	case w.wake <- payload:
+	default:
 	}
 }

@@ -39,6 +39,7 @@ type outcome struct {
 	kind  outcomeKind
 	grant grant         // acquired
 	ttl   time.Duration // busy: the shortest remaining TTL of a holder seen, -1 if unknown
+	start time.Time     // when the round began
 	took  time.Duration // how long the round took
 	err   error         // down, failed, ended
 	// unqueue lists, after an acquired round, the nodes that did not grant:
@@ -99,9 +100,8 @@ func (m *NetMutex) call(ctx context.Context, i int, s *Script, keys, args []stri
 	return nodeReply{vals: vals}
 }
 
-// acquireRound makes one attempt to acquire the lock on every node, as
-// waiter (our waiter id, or "" for TryLock) with the acquire script's flags
-// (see lua/acquire.lua). On success the outcome carries the grant: value,
+// acquireRound makes one attempt to acquire the lock on every node, as the
+// waiters' queue member q (see waiter.ask; zero for TryLock). On success the outcome carries the grant: value,
 // token and the hold's local deadline. On contention it is busy, with the
 // shortest remaining TTL of a holder seen, which bounds how long waiting can
 // be useful; ballot if the key is free on a quorum but our ballot was
@@ -112,7 +112,7 @@ func (m *NetMutex) call(ctx context.Context, i int, s *Script, keys, args []stri
 // granted, or that may yet apply our SET without our seeing the reply, must
 // not keep the key until its TTL runs out. The release leaves a tombstone
 // where the key is not ours, so a late SET is refused whenever it arrives.
-func (m *NetMutex) acquireRound(ctx context.Context, waiter, flags string) outcome {
+func (m *NetMutex) acquireRound(ctx context.Context, q ask) outcome {
 	// A fresh value every round: a request of an earlier round that is still
 	// on its way to a stalled node can then only meet its own tombstone.
 	value := rand.Text() // 128 random bits
@@ -128,7 +128,7 @@ func (m *NetMutex) acquireRound(ctx context.Context, waiter, flags string) outco
 	if m.keys.fence == "" {
 		keys = keys[:3]
 	}
-	replies := m.fanout(ctx, acquireScript, keys, []string{value, m.expiryMS, proposal + ":" + waiter + ":" + flags, m.queueMS}, nil)
+	replies := m.fanout(ctx, acquireScript, keys, []string{value, m.expiryMS, proposal + ":" + q.member + ":" + q.flags, m.queueMS}, nil)
 	took := time.Since(start)
 	validity := m.cfg.expiry - took - m.driftTerm
 
@@ -152,6 +152,14 @@ func (m *NetMutex) acquireRound(ctx context.Context, waiter, flags string) outco
 		case statusOK:
 			granted[i], cleanup[i] = true, true
 			nGranted++
+			if n := r.vals[2]; n > 0 && q.nonce != "" && len(replies) == 1 {
+				// A release granted us the lock; this round found it
+				// and refreshed its TTL (after start): it is ours, under
+				// the value the release made.
+				// (Our fresh value was never written: a cleanup
+				// releases this one, and gives the turn on.)
+				value = q.nonce + "." + strconv.FormatInt(n, 10)
+			}
 		case statusOther:
 			if pttl := time.Duration(r.vals[2]) * time.Millisecond; pttl >= 0 && (ttl < 0 || pttl < ttl) {
 				ttl = pttl
@@ -213,7 +221,7 @@ func (m *NetMutex) acquireRound(ctx context.Context, waiter, flags string) outco
 		// same moment split the votes.
 		return outcome{kind: split, ttl: ttl, took: took}
 	}
-	return outcome{kind: busy, ttl: ttl, took: took}
+	return outcome{kind: busy, ttl: ttl, start: start, took: took}
 }
 
 // learn records a fence counter seen on a node, so the next ballot is above
@@ -250,21 +258,30 @@ func (m *NetMutex) release(ctx context.Context, value string, targets []bool) []
 }
 
 func (m *NetMutex) releaseKeys(value string) []string {
-	return []string{m.keys.lock, m.keys.tomb(value), m.keys.waiters}
+	keys := []string{m.keys.lock, m.keys.tomb(value), m.keys.waiters, m.keys.fence}
+	if m.keys.fence == "" {
+		keys = keys[:3]
+	}
+	return keys
 }
 
 func (m *NetMutex) releaseArgs(value string) []string {
 	return []string{value, m.keys.channel, m.tombMS, m.wakeTries}
 }
 
-// leave takes our waiter id off the waiters' queue of the targeted nodes
-// (all when targets is nil), and passes our turn on where a release named
-// us already (see lua/leave.lua), under a context detached from ctx's
+// leave takes member off the waiters' queue of the targeted nodes (all when
+// targets is nil), and passes our turn on where a release gave it to us
+// already (see lua/leave.lua), under a context detached from ctx's
 // cancellation: a waiter that gives up must not be woken later in the place
-// of one still waiting, nor keep a turn it will not take. Best effort: an id
-// left behind is skipped by a release, since nobody listens for it any more.
-func (m *NetMutex) leave(ctx context.Context, targets []bool) {
-	m.fanout(context.WithoutCancel(ctx), leaveScript, []string{m.keys.waiters, m.keys.lock}, []string{m.waiterID, m.keys.channel, m.wakeTries}, targets)
+// of one still waiting, nor keep a turn (or a lock granted to it) it will
+// not take. Best effort: a member left behind is skipped by a release, since
+// nobody listens for it any more.
+func (m *NetMutex) leave(ctx context.Context, member string, targets []bool) {
+	keys := []string{m.keys.waiters, m.keys.lock, m.keys.fence}
+	if m.keys.fence == "" {
+		keys = keys[:2]
+	}
+	m.fanout(context.WithoutCancel(ctx), leaveScript, keys, []string{member, m.keys.channel, m.wakeTries}, targets)
 }
 
 // settle counts the replies of a release or extend: nil when a quorum did

@@ -2,8 +2,11 @@ package netlock
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
-	"math/rand/v2"
+	mrand "math/rand/v2"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -41,11 +44,13 @@ type waiter struct {
 	m    *NetMutex
 	wait bool // LockCtx; TryLockCtx makes one attempt
 
-	wake    chan struct{} // capacity 1: a release named us, or a connection failed
+	wake    chan string   // capacity 1: a message on our channel, or "" for a connection failed
 	watches []*watch      // per node; nil where not watching
 	failed  []int         // per node: watches that failed since the nodes last answered
-	queued  bool          // some node's waiters' queue may hold our id
+	queued  bool          // some node's waiters' queue may hold our member
 	turn    bool          // a release named us: an attempt that loses goes back to the head
+	nonce   string        // fresh for this call, once it may be granted the lock (m.grants)
+	busy    time.Time     // when the last round that found the lock held began
 	timer   *time.Timer
 	delay   backoff   // polling, and retries while the nodes do not answer
 	down    time.Time // when the nodes stopped answering; zero while they answer
@@ -75,9 +80,7 @@ func (m *NetMutex) acquire(ctx context.Context, wait bool) (bool, error) {
 
 func (w *waiter) run(ctx context.Context) (bool, error) {
 	m := w.m
-	id := ""
 	if w.wait {
-		id = m.waiterID
 		if err := w.yield(ctx); err != nil {
 			return false, err
 		}
@@ -87,19 +90,17 @@ func (w *waiter) run(ctx context.Context) (bool, error) {
 		w.join()
 	}
 	for ballots := 0; ; {
-		flags := w.flags()
-		w.queued = w.queued || flags != "" // the flags say "queue me" or "I may be queued"
+		q := w.ask()
+		w.queued = w.queued || q.flags != "" // the flags say "queue me" or "I may be queued"
 		w.turn = false
 		w.drain() // a wake-up from before this attempt is answered by it
-		o := m.acquireRound(ctx, id, flags)
+		o := m.acquireRound(ctx, q)
+		if o.kind == busy {
+			w.busy = o.start
+		}
 		switch o.kind {
 		case acquired:
-			if w.queued && o.unqueue != nil {
-				// Nodes that did not grant may keep us in their queues.
-				m.leave(ctx, o.unqueue)
-			}
-			w.queued = false
-			m.setHold(newHold(m, o.grant))
+			w.acquired(ctx, o.grant, o.unqueue)
 			return true, nil
 		case ended:
 			return false, w.withDownErr(o.err)
@@ -129,16 +130,53 @@ func (w *waiter) run(ctx context.Context) (bool, error) {
 			// Retry after up to two rounds' time, at random: long enough
 			// for the clients we split with to be done with their cleanup
 			// (or for one to have won).
-			_, err = w.sleep(ctx, rand.N(2*o.took+1))
+			_, err = w.sleep(ctx, mrand.N(2*o.took+1))
 		case w.listen(ctx):
 			continue // listening just now: attempt, and so queue, before sleeping
 		default:
-			err = w.await(ctx, o.ttl)
+			var g grant
+			if g, err = w.await(ctx, o.ttl); err == nil && !g.start.IsZero() {
+				w.acquired(ctx, g, nil)
+				return true, nil
+			}
 		}
 		if err != nil {
 			return false, err
 		}
 	}
+}
+
+// acquired makes g m's hold. Nodes that did not grant (unqueue) may keep
+// us in their waiters' queues: we leave them.
+func (w *waiter) acquired(ctx context.Context, g grant, unqueue []bool) {
+	if w.queued && unqueue != nil {
+		w.m.leave(ctx, w.ask().member, unqueue)
+	}
+	w.queued = false
+	w.m.setHold(newHold(w.m, g))
+}
+
+// An ask is how an acquire round presents a waiter (see lua/acquire.lua):
+// its member of the waiters' queue and the script's flags.
+type ask struct {
+	member string // "" for TryLock
+	nonce  string // in member, when a release may grant us the lock
+	flags  string
+}
+
+func (w *waiter) ask() ask {
+	if !w.wait {
+		return ask{}
+	}
+	q := ask{member: w.m.waiterID, flags: w.flags()}
+	if w.m.grants {
+		if w.nonce == "" {
+			w.nonce = rand.Text()
+		}
+		q.nonce = w.nonce
+		q.member = w.m.waiterID + "+" + w.m.expiryMS + "+" + w.nonce
+	}
+	return q
 }
 
 // flags returns the acquire script's flags for the next attempt (see
@@ -165,11 +203,12 @@ func (w *waiter) flags() string {
 
 // await sleeps until the waiter's turn, its connection failing, the
 // holder's TTL (ttl, -1 if unknown) running out, or ctx's end. A waiter that
-// cannot listen polls instead.
-func (w *waiter) await(ctx context.Context, ttl time.Duration) error {
+// cannot listen polls instead. If the turn came with the lock granted (see
+// lua/handon.lua), it returns the grant.
+func (w *waiter) await(ctx context.Context, ttl time.Duration) (grant, error) {
 	if !w.listening() {
 		_, err := w.sleep(ctx, w.delay.next(ttl))
-		return err
+		return grant{}, err
 	}
 	// A key without a TTL (not netlock's) is looked at again after an expiry.
 	d := w.m.cfg.expiry
@@ -177,11 +216,42 @@ func (w *waiter) await(ctx context.Context, ttl time.Duration) error {
 		// Just past the expiry (Redis expires keys with 1ms resolution),
 		// with jitter, so that waiters that attempted together do not
 		// attempt together again.
-		d = ttl + time.Millisecond + rand.N(ttl/ttlJitter+time.Millisecond)
+		d = ttl + time.Millisecond + mrand.N(ttl/ttlJitter+time.Millisecond)
 	}
-	woken, err := w.sleep(ctx, d)
-	w.turn = woken && !w.deadWatch()
-	return err
+	payload, woken, err := w.sleepFor(ctx, d)
+	if !woken || err != nil {
+		return grant{}, err
+	}
+	if g, ok := w.granted(payload); ok {
+		return g, nil
+	}
+	w.turn = payload != "" && !w.deadWatch()
+	return grant{}, nil
+}
+
+// granted returns the hold a release granted us, from its message
+// "g:<nonce>:<n>:<token>". Its key's TTL started when the release ran,
+// after our last round that found the lock held began (w.busy): the local
+// deadline counts from then. A message for another call of this NetMutex
+// (an earlier nonce), or one that came too late to leave any validity, is
+// not a grant: the next attempt finds the key and deals with it.
+func (w *waiter) granted(payload string) (grant, bool) {
+	rest, ok := strings.CutPrefix(payload, "g:")
+	if !ok || w.nonce == "" || w.busy.IsZero() {
+		return grant{}, false
+	}
+	nonce, rest, _ := strings.Cut(rest, ":")
+	n, tok, _ := strings.Cut(rest, ":")
+	token, err := strconv.ParseUint(tok, 10, 64)
+	if nonce != w.nonce || err != nil {
+		return grant{}, false
+	}
+	m := w.m
+	validity := m.cfg.expiry - time.Since(w.busy) - m.driftTerm
+	if validity <= 0 {
+		return grant{}, false
+	}
+	return grant{value: nonce + "." + n, token: token, start: w.busy, until: w.busy.Add(validity)}, true
 }
 
 // ttlJitter: a waiter wakes at the holder's TTL plus up to a sixteenth of
@@ -230,8 +300,15 @@ func (w *waiter) withDownErr(err error) error {
 }
 
 // sleep waits for d, a wake-up, or ctx's end (then it returns ctx's cause
-// joined with ErrNotObtained). It reports whether a wake-up ended it.
+// joined with ErrNotObtained). It reports whether a wake-up ended it. A
+// grant that wakes it is left to the next attempt, which finds it.
 func (w *waiter) sleep(ctx context.Context, d time.Duration) (woken bool, err error) {
+	_, woken, err = w.sleepFor(ctx, d)
+	return woken, err
+}
+
+// sleepFor is sleep, returning the wake-up's payload too.
+func (w *waiter) sleepFor(ctx context.Context, d time.Duration) (payload string, woken bool, err error) {
 	if w.timer == nil {
 		w.timer = time.NewTimer(d)
 	} else {
@@ -239,12 +316,12 @@ func (w *waiter) sleep(ctx context.Context, d time.Duration) (woken bool, err er
 	}
 	select {
 	case <-ctx.Done():
-		return false, w.withDownErr(notObtained(context.Cause(ctx)))
+		return "", false, w.withDownErr(notObtained(context.Cause(ctx)))
 	case <-w.timer.C:
-		return false, nil
-	case <-w.wake: // nil, blocking for ever, while not listening
+		return "", false, nil
+	case payload = <-w.wake: // nil, blocking for ever, while not listening
 		w.timer.Stop()
-		return true, nil
+		return payload, true, nil
 	}
 }
 
@@ -333,10 +410,10 @@ func (w *waiter) listen(ctx context.Context) bool {
 
 // watch watches m's release channel on node i's hub, bounded by the node
 // timeout; nil if it could not.
-func (m *NetMutex) watch(ctx context.Context, i int, wake chan<- struct{}) *watch {
+func (m *NetMutex) watch(ctx context.Context, i int, wake chan<- string) *watch {
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.nodeTimeout)
 	defer cancel()
-	wt, err := m.hubs[i].watch(ctx, m.waitChan, m.waiterID, wake)
+	wt, err := m.hubs[i].watch(ctx, m.waitChan, wake)
 	if err != nil {
 		return nil
 	}
@@ -353,14 +430,14 @@ func (w *waiter) join() {
 			continue
 		}
 		w.init()
-		w.watches[i] = h.join(m.waitChan, m.waiterID, w.wake)
+		w.watches[i] = h.join(m.waitChan, w.wake)
 	}
 }
 
 func (w *waiter) init() {
 	if w.wake == nil {
 		n := len(w.m.nodes)
-		w.wake = make(chan struct{}, 1)
+		w.wake = make(chan string, 1)
 		w.watches = make([]*watch, n)
 		w.failed = make([]int, n)
 	}
@@ -398,7 +475,7 @@ func (w *waiter) done(ctx context.Context, ok bool) {
 		w.timer.Stop()
 	}
 	if !ok && w.queued {
-		w.m.leave(ctx, nil)
+		w.m.leave(ctx, w.ask().member, nil)
 	}
 }
 
@@ -419,11 +496,11 @@ func (b *backoff) next(busy time.Duration) time.Duration {
 		ceiling = b.min << b.n
 	}
 	b.n++
-	d := b.min + rand.N(ceiling-b.min+1)
+	d := b.min + mrand.N(ceiling-b.min+1)
 	if busy >= 0 && d > busy {
 		// Just past the expiry: Redis expires keys with 1ms resolution.
 		// (Jitter below both min and d-busy: busy plus it cannot overflow.)
-		d = busy + rand.N(min(b.min, d-busy))
+		d = busy + mrand.N(min(b.min, d-busy))
 	}
 	return d
 }

@@ -3,7 +3,6 @@ package netlock
 import (
 	"context"
 	"errors"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -154,8 +153,8 @@ func TestDeadWaiterSkipped(t *testing.T) {
 			}
 		})
 		t.Logf("locked %v after the release, behind 3 dead waiters", time.Since(start))
-		if n := cb.count("acquire"); n != 3 {
-			t.Errorf("attempts of the live waiter: got %d, want 3 (the failed first, the one queueing it, the winning one)", n)
+		if n := cb.count("acquire"); n != 2 {
+			t.Errorf("attempts of the live waiter: got %d, want 2 (the failed first, the one queueing it; the release granted it the lock)", n)
 		}
 		if q, _ := redis.Strings(e.do(t, "ZRANGE", holder.keys.waiters, 0, -1), nil); len(q) != 0 {
 			t.Errorf("waiters' queue: got %v, want the dead waiters skipped and gone", q)
@@ -177,7 +176,7 @@ func TestWaiterRejoinsLostQueue(t *testing.T) {
 		e.do(t, "DEL", holder.keys.waiters)
 		eventually(t, 5*time.Second, "the waiter back in the queue", func() bool {
 			q, _ := redis.Strings(e.do(t, "ZRANGE", holder.keys.waiters, 0, -1), nil)
-			return slices.Equal(q, []string{waiter.waiterID})
+			return len(q) == 1 && strings.HasPrefix(q[0], waiter.waiterID)
 		})
 		n := cb.count("acquire")
 		mustUnlock(t, holder)
@@ -186,8 +185,9 @@ func TestWaiterRejoinsLostQueue(t *testing.T) {
 				t.Errorf("LockCtx: %v", err)
 			}
 		})
-		if got := cb.count("acquire") - n; got != 1 {
-			t.Errorf("attempts after the release: got %d, want 1 (woken by the release)", got)
+		// Granted the lock by the release (no attempt), or woken by it (one).
+		if got := cb.count("acquire") - n; got > 1 {
+			t.Errorf("attempts after the release: got %d, want at most 1 (its turn by message)", got)
 		}
 		mustUnlock(t, waiter)
 	})

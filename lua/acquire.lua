@@ -7,10 +7,13 @@
 -- KEYS[4]  fence counter, p{tag}:fence, same slot as KEYS[1]; absent when fencing is off
 -- ARGV[1]  our lock value (random, fresh for every acquisition)
 -- ARGV[2]  expiry in milliseconds (relative: PX, never an absolute time)
--- ARGV[3]  "<proposal>:<waiter>:<flags>". The proposed fencing token: "0"
+-- ARGV[3]  "<proposal>:<member>:<flags>". The proposed fencing token: "0"
 --          asks the node to increment its counter (single node), any other
---          value is a ballot (quorum). Our waiter id ("" for TryLock). Flags,
---          any of:
+--          value is a ballot (quorum). Our member of the waiters' queue ("" for
+--          TryLock): "<waiter id>", or "<waiter id>+<expiry ms>+<nonce>" when
+--          a release may grant us the lock in its own script (see
+--          release.lua), the nonce fresh for each waiting call. Flags, any
+--          of:
 --            j  we listen on our release channel: while the lock is held,
 --               join the waiters' queue if we are not in it
 --            t  a release named us and we lost the race for the key: join
@@ -29,6 +32,10 @@
 --   { 1, token,   0    }  acquired; or the key already held our value (a retry
 --                         of our own request): its TTL is refreshed and the
 --                         token it was granted with is returned
+--   { 1, token,   n    }  a release granted us the lock (our nonce is in the
+--                         key, "<nonce>.<n>:<token>"; we may not have heard
+--                         its message yet): its TTL is refreshed, and our
+--                         value is "<nonce>.<n>"
 --   {-1, counter, pttl }  held by another value; pttl is its remaining TTL in
 --                         ms (-1: the key has no TTL). counter is 0 unless the
 --                         proposal was a ballot (only a quorum needs it).
@@ -44,6 +51,7 @@
 -- reads a key of another type as nil, where GET fails.
 local fenced = #KEYS > 3
 local proposal, waiter, flags = string.match(ARGV[3], '^(%d+):([^:]*):?(.*)$')
+local nonce = string.match(waiter, '^[^+]*%+%d*%+(.*)$') or ''
 local cur = redis.call('GET', KEYS[1])
 local function counter()
   if fenced then
@@ -56,6 +64,14 @@ local mine = ARGV[1] .. ':'
 if cur and string.sub(cur, 1, #mine) == mine then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, tonumber(string.sub(cur, #mine + 1)), 0}
+end
+if cur and nonce ~= '' and string.sub(cur, 1, #nonce + 1) == nonce .. '.' then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  if string.find(flags, 'q', 1, true) then
+    redis.call('ZREM', KEYS[3], waiter)
+  end
+  local n, token = string.match(cur, '^[^.]*%.(%d+):(%d+)$')
+  return {1, tonumber(token), tonumber(n)}
 end
 if cur then
   if string.find(flags, 'j', 1, true) and not redis.call('ZSCORE', KEYS[3], waiter) then

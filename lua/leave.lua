@@ -1,35 +1,34 @@
 -- leave: take a waiter that gives up off the waiters' queue, so that no
--- release wakes it in vain; and if a release has named it already (it is no
--- longer queued) while the lock is still free, pass its turn on to the next
--- waiter, as release.lua would have: a turn given to a waiter that gave up
--- is not lost.
+-- release wakes it in vain; and if a release has given it its turn already
+-- (it is no longer queued), pass the turn on as release.lua does: a lock
+-- granted to it is released, and with the lock free the next waiter is
+-- given its turn. A turn given to a waiter that gave up is never lost.
 --
 -- KEYS[1]  waiters' queue, p{name}:waiters (see acquire.lua)
 -- KEYS[2]  lock key, p{name}
--- ARGV[1]  the waiter's id
+-- KEYS[3]  fence counter, p{tag}:fence (see acquire.lua); absent when fencing is off
+-- ARGV[1]  the waiter's member of the queue (see acquire.lua)
 -- ARGV[2]  release channel, p{name}:released (see release.lua)
 -- ARGV[3]  how many queued waiters to try at most (see release.lua)
 --
 -- Reply, an array of integers:
---   {1}        removed from the queue
---   {0, n, s}  it was not queued; n clients heard the turn passed on (0 if
---              none did, or the lock is held), after s waiters nobody
---              listened for were taken off the queue
+--   {1}           removed from the queue
+--   {0, n, g, s}  it was not queued; n clients heard of the next waiter's
+--                 turn (0 if none did, or the lock is held by another), g and
+--                 s as release.lua's
+--
+-- handOn is in handon.lua, prepended to this script.
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
   return {1}
 end
-local heard, skipped = 0, 0
-if redis.call('EXISTS', KEYS[2]) == 0 then
-  for _ = 1, tonumber(ARGV[3]) do
-    local next = redis.call('ZPOPMIN', KEYS[1])
-    if not next[1] then
-      break
-    end
-    heard = redis.call('PUBLISH', ARGV[2] .. ':' .. next[1], next[1])
-    if heard > 0 then
-      break
-    end
-    skipped = skipped + 1
-  end
+local cur = redis.call('GET', KEYS[2])
+local nonce = string.match(ARGV[1], '^[^+]*%+%d*%+(.*)$') or ''
+if cur and nonce ~= '' and string.sub(cur, 1, #nonce + 1) == nonce .. '.' then
+  redis.call('DEL', KEYS[2]) -- granted to us: ours to release
+  cur = false
 end
-return {0, heard, skipped}
+if cur then
+  return {0, 0, 0, 0}
+end
+local heard, granted, skipped = handOn(KEYS[2], KEYS[1], KEYS[3], ARGV[2], tonumber(ARGV[3]))
+return {0, heard, granted, skipped}

@@ -1,0 +1,50 @@
+-- handon: not a script of its own. Its function is prepended to
+-- release.lua and leave.lua (see backend.go), which both give a turn on.
+--
+-- handOn gives the turn to the longest-waiting waiter: a member
+-- "<id>+<expiry ms>+<nonce>" is granted the lock here, in the key it
+-- finds "<nonce>.<n>:<token>" (n is the token, or the server's time in
+-- microseconds without fencing), and told so on its channel with
+-- "g:<nonce>:<n>:<token>": it holds without a round trip. A member "<id>"
+-- (a quorum's waiter, or where PUBLISH cannot count the listeners) is told
+-- with the message "<id>" and attempts. A member nobody listens for (PUBLISH
+-- returns 0) is a waiter whose process died, or whose connection dropped
+-- (which wakes it to attempt and queue again): its grant is undone and the
+-- next is tried, up to tries members. It returns the number of clients
+-- that heard (0 if none), whether the lock was granted, and how many
+-- members were skipped.
+local function handOn(lock, queue, fence, channel, tries)
+  local skipped = 0
+  for _ = 1, tries do
+    local next = redis.call('ZPOPMIN', queue)
+    if not next[1] then
+      break
+    end
+    local id, exp, nonce = string.match(next[1], '^([^+]*)%+?(%d*)%+?(.*)$')
+    local heard
+    if exp ~= '' then
+      local token, n = 0, 0
+      if fence then
+        token = redis.call('INCR', fence)
+        n = token
+      else
+        local t = redis.call('TIME')
+        n = t[1] * 1000000 + t[2]
+      end
+      local value = nonce .. '.' .. string.format('%d', n)
+      redis.call('SET', lock, value .. ':' .. string.format('%d', token), 'PX', exp)
+      heard = redis.call('PUBLISH', channel .. ':' .. id, 'g:' .. nonce .. ':' .. string.format('%d', n) .. ':' .. string.format('%d', token))
+      if heard > 0 then
+        return heard, 1, skipped
+      end
+      redis.call('DEL', lock)
+    else
+      heard = redis.call('PUBLISH', channel .. ':' .. id, id)
+      if heard > 0 then
+        return heard, 0, skipped
+      end
+    end
+    skipped = skipped + 1
+  end
+  return 0, 0, skipped
+end
