@@ -44,13 +44,13 @@ type waiter struct {
 	m    *NetMutex
 	wait bool // LockCtx; TryLockCtx makes one attempt
 
-	wake    chan string   // capacity 1: a message on our channel, or "" for a connection failed
-	watches []*watch      // per node; nil where not watching
-	failed  []int         // per node: watches that failed since the nodes last answered
-	queued  bool          // some node's waiters' queue may hold our member
-	turn    bool          // a release named us: an attempt that loses goes back to the head
-	nonce   string        // fresh for this call, once it may be granted the lock (m.grants)
-	busy    time.Time     // when the last round that found the lock held began
+	wake    chan string // capacity 1: a message on our channel, or "" for a connection failed
+	watches []*watch    // per node; nil where not watching
+	failed  []int       // per node: watches that failed since the nodes last answered
+	queued  bool        // some node's waiters' queue may hold our member
+	turn    bool        // a release named us: an attempt that loses goes back to the head
+	nonce   string      // fresh for this call, once it may be granted the lock (m.grants)
+	busy    time.Time   // when the last round that found the lock held began
 	timer   *time.Timer
 	delay   backoff   // polling, and retries while the nodes do not answer
 	down    time.Time // when the nodes stopped answering; zero while they answer
