@@ -31,16 +31,29 @@
 // # Waiting
 //
 // An uncontended Lock and Unlock are one round trip each. A LockCtx that
-// finds the lock held subscribes to its release channel (one pub/sub
-// connection per Backend, shared by all its waiters), attempts once more, and
-// sleeps until a release is published, the holder's TTL runs out, the retry
-// delay passes, or ctx ends: waiters do not poll. Waiters queue in Redis in
-// order of arrival, and a release wakes only the one that waited longest. An Unlock whose release
-// woke other clients makes the next acquire of the same NetMutex wait a
-// moment, so that they get a turn. While goroutines of the process wait on
-// the same NetMutex, Unlock hands the hold to the first of them without a
-// round trip, a bounded number of times in a row (WithLocalHandoffs); the
-// hold keeps its fencing token.
+// finds the lock held subscribes to its own release channel (one pub/sub
+// connection per Backend, shared by all its waiters), attempts once more,
+// which puts it in the lock's queue of waiters in Redis, and sleeps. Its turn
+// comes by message, never by polling: the release takes the longest waiter
+// off the queue and, over one node, sets the lock key for it in the same
+// script and tells it so, so that it holds without a round trip (over a
+// quorum it is told to attempt). A waiter nobody listens for any more (its
+// process died) is skipped. Besides its turn, a waiter wakes only when its
+// pub/sub connection fails (it subscribes and attempts again), when the
+// holder's TTL runs out (a holder that dies releases nothing), or when ctx
+// ends: about one look at the lock per expiry, a fraction of a Redis command
+// per waiter-second. A waiter that gives up passes on a turn given to it.
+//
+// While Redis cannot be asked (refused, reset, restarting, slower than the
+// node timeout), LockCtx and Lock keep trying for the outage window
+// (WithOutageWindow, default the expiry), then report the nodes' errors; a
+// restart of a few hundred milliseconds costs a waiter nothing.
+//
+// An Unlock whose release woke another client to attempt makes the next
+// acquire of the same NetMutex wait a moment, so that the woken one gets its
+// turn. While goroutines of the process wait on the same NetMutex, Unlock
+// hands the hold to the first of them without a round trip, a bounded number
+// of times in a row (WithLocalHandoffs); the hold keeps its fencing token.
 //
 // # Holding a lock
 //

@@ -90,9 +90,12 @@ func WithExpiry(d time.Duration) Option { return func(c *config) { c.expiry = d 
 // the hold's local deadline.
 func WithAutoExtend(on bool) Option { return func(c *config) { c.autoExtend = on } }
 
-// WithRetryDelay bounds the jittered wait between acquire attempts of a
-// waiting LockCtx (defaults 1ms and 50ms). The wait grows from min towards max
-// with each failed attempt and never exceeds the holder's remaining TTL.
+// WithRetryDelay bounds the jittered wait between acquire attempts where a
+// waiter cannot be told its turn (defaults 1ms and 50ms): a Backend without
+// pub/sub, a subscription that could not be made, and Redis not answering
+// (see WithOutageWindow). The wait grows from min towards max with each
+// failed attempt and never exceeds the holder's remaining TTL. A waiter that
+// listens for its turn does not poll, whatever these are.
 func WithRetryDelay(min, max time.Duration) Option {
 	return func(c *config) { c.minRetryDelay, c.maxRetryDelay = min, max }
 }
