@@ -6,108 +6,171 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/gomodule/redigo/redis"
+	"github.com/redis/rueidis"
 
 	"github.com/netlock-go/netlock/internal/redistest"
 )
 
-// commandCounts returns the server's total_commands_processed (INFO
-// stats), which counts the commands scripts run too, and the PINGs among
-// them (INFO commandstats). The INFO that reads them counts itself: callers
-// subtract one per call.
-func commandCounts(t testing.TB, e *env) (total, pings int64) {
+// commandCounts returns, summed over servers, total_commands_processed
+// (INFO stats), which counts the commands scripts run too, and the commands
+// among them that the client library sends of its own accord: rueidis PINGs
+// every idle connection each second (its Dialer.KeepAlive) and a cluster
+// client asks for the topology (CLUSTER, READONLY...). The INFO that reads
+// them counts itself: callers subtract one per call and server.
+func commandCounts(t testing.TB, servers []*redistest.Server) (total, library int64) {
 	t.Helper()
-	info, err := redis.String(e.do(t, "INFO", "all"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for line := range strings.SplitSeq(info, "\n") {
-		line = strings.TrimSpace(line)
-		if v, ok := strings.CutPrefix(line, "total_commands_processed:"); ok {
-			if total, err = strconv.ParseInt(v, 10, 64); err != nil {
-				t.Fatal(err)
+	for _, s := range servers {
+		info, err := s.Do("INFO", "all")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for line := range strings.SplitSeq(info, "\n") {
+			line = strings.TrimSpace(line)
+			if v, ok := strings.CutPrefix(line, "total_commands_processed:"); ok {
+				n, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					t.Fatal(err)
+				}
+				total += n
+			}
+			for _, cmd := range []string{"ping", "cluster|", "readonly", "hello", "client|"} {
+				if v, ok := strings.CutPrefix(line, "cmdstat_"+cmd); ok {
+					_, v, _ = strings.Cut(v, "calls=")
+					v, _, _ = strings.Cut(v, ",")
+					n, err := strconv.ParseInt(v, 10, 64)
+					if err != nil {
+						t.Fatalf("%s: %v", line, err)
+					}
+					library += n
+				}
 			}
 		}
-		if v, ok := strings.CutPrefix(line, "cmdstat_ping:calls="); ok {
-			v, _, _ = strings.Cut(v, ",")
-			if pings, err = strconv.ParseInt(v, 10, 64); err != nil {
-				t.Fatal(err)
-			}
-		}
 	}
-	if total == 0 {
-		t.Fatalf("no total_commands_processed in INFO")
-	}
-	return total, pings
+	return total, library
 }
 
 // Waiting costs Redis (almost) nothing: 40 clients, each with a client of
 // its own as 40 processes would have, wait behind a holder with the default
-// options, and netlock makes Redis run at most one command per
+// options, and netlock makes each Redis server run at most one command per
 // waiter-second, counting the holder's extends and the commands inside
-// scripts (the client library's own keepalive PINGs are reported apart). The window is longer
-// than the expiry, so that every waiter's look at the holder's TTL (the only
-// thing a waiter does while it waits) falls inside it.
+// scripts; the client library's own commands (keepalive PINGs, topology)
+// are reported apart. On one server with each client library, a quorum of
+// three and a three-master Redis Cluster. The window is longer than the
+// expiry, so that every waiter's look at the holder's TTL (the only thing a
+// waiter does while it waits) falls inside it.
 func TestWaitingCost(t *testing.T) {
 	const (
 		waiters = 40
 		window  = DefaultExpiry + 2*time.Second
 	)
-	for _, client := range []string{"redigo", "rueidis"} {
-		t.Run(client, func(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		servers func(t *testing.T) []*redistest.Server
+		backend func(t *testing.T, servers []*redistest.Server) []Backend
+	}{
+		{"redigo", startOne, func(t *testing.T, s []*redistest.Server) []Backend {
+			return []Backend{newBackend(t, "redigo", s[0].Addr())}
+		}},
+		{"rueidis", startOne, func(t *testing.T, s []*redistest.Server) []Backend {
+			return []Backend{newBackend(t, "rueidis", s[0].Addr())}
+		}},
+		{"redigo/quorum3", func(t *testing.T) []*redistest.Server { return startServers(t, 3) }, func(t *testing.T, s []*redistest.Server) []Backend {
+			return []Backend{newBackend(t, "redigo", s[0].Addr()), newBackend(t, "redigo", s[1].Addr()), newBackend(t, "redigo", s[2].Addr())}
+		}},
+		{"rueidis/cluster3", func(t *testing.T) []*redistest.Server {
+			c := redistest.StartCluster(t, 3)
+			t.Cleanup(func() { waitRueidisDelayedCloses(t) })
+			return c.Servers()
+		}, func(t *testing.T, s []*redistest.Server) []Backend {
+			addrs := make([]string, len(s))
+			for i := range s {
+				addrs[i] = s[i].Addr()
+			}
+			c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: addrs, DisableCache: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(c.Close)
+			return []Backend{NewRueidis(c)}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			s := redistest.Start(t)
-			e := &env{server: s, client: client, addr: s.Addr()}
-			holder := e.newMutex(t, "cost")
+			servers := c.servers(t)
+			mutex := func() *NetMutex {
+				m, err := New("cost", c.backend(t, servers))
+				if err != nil {
+					t.Fatal(err)
+				}
+				return m
+			}
+			holder := mutex()
 			mustLock(t, holder)
 			ctx, cancel := context.WithCancel(context.Background())
 			var wg sync.WaitGroup
 			errs := make(chan error, waiters)
+			var locked atomic.Int64
 			for range waiters {
-				m := e.newMutex(t, "cost")
+				m := mutex()
 				wg.Go(func() {
 					if err := m.LockCtx(ctx); err == nil {
+						locked.Add(1)
 						m.UnlockCtx(context.Background())
 					} else if !errors.Is(err, context.Canceled) {
 						errs <- err
 					}
 				})
 			}
-			eventually(t, 5*time.Second, "all waiters queued", func() bool {
-				n, _ := redis.Int(e.do(t, "ZCARD", holder.keys.waiters), nil)
+			eventually(t, 10*time.Second, "all waiters queued", func() bool {
+				n := 0
+				for _, s := range servers {
+					if v, err := s.Do("ZCARD", holder.keys.waiters); err == nil {
+						k, _ := strconv.Atoi(v)
+						n = max(n, k)
+					}
+				}
 				return n == waiters
 			})
-			total0, pings0 := commandCounts(t, e)
+			total0, lib0 := commandCounts(t, servers)
 			time.Sleep(window)
-			total1, pings1 := commandCounts(t, e)
-			// rueidis PINGs each idle connection every second (its
-			// Dialer.KeepAlive): the client library's liveness check, which
-			// any use of it costs, not netlock's.
-			pings := pings1 - pings0
-			ran := total1 - total0 - 1 - pings
-			perWaiterSecond := float64(ran) / waiters / window.Seconds()
-			reportFigures(t, "%d waiters for %v: %d commands of netlock's, %.2f per waiter-second; and %d PINGs of the client library's, %.2f per waiter-second", waiters, window, ran, perWaiterSecond, pings, float64(pings)/waiters/window.Seconds())
-			if perWaiterSecond > 1 {
-				t.Errorf("waiting cost: got %.2f commands per waiter-second, want at most 1", perWaiterSecond)
+			total1, lib1 := commandCounts(t, servers)
+			lib := lib1 - lib0
+			ran := total1 - total0 - int64(len(servers)) - lib
+			perServer := float64(ran) / float64(len(servers))
+			if len(holder.nodes) == 1 && len(servers) > 1 {
+				perServer = float64(ran) // a Cluster: one lock lives on one of its nodes
 			}
-			// Every waiter still gets its turn, in order, when the holder
-			// leaves; then the rest give up.
+			per := perServer / waiters / window.Seconds()
+			reportFigures(t, "%d waiters for %v on %d servers: %d commands of netlock's, %.2f per waiter-second and server (of the lock); the client library's own: %d, %.2f per waiter-second",
+				waiters, window, len(servers), ran, per, lib, float64(lib)/waiters/window.Seconds())
+			if per > 1 {
+				t.Errorf("waiting cost: got %.2f commands per waiter-second, want at most 1", per)
+			}
+			// Every waiter still gets its turn when the holder leaves, in
+			// order, for as long as the test lets them; then the rest give up.
 			mustUnlock(t, holder)
+			eventually(t, 10*time.Second, "waiters locking in turn", func() bool { return locked.Load() >= waiters/2 })
 			cancel()
 			wg.Wait()
 			close(errs)
 			for err := range errs {
 				t.Errorf("LockCtx: %v", err)
 			}
-			if n, _ := redis.Int(e.do(t, "ZCARD", holder.keys.waiters), nil); n != 0 {
-				t.Errorf("waiters' queue after every waiter left: %d ids, want 0", n)
+			for _, s := range servers {
+				if v, err := s.Do("EXISTS", holder.keys.waiters); err == nil && v != "0" {
+					t.Errorf("waiters' queue on %s after every waiter left: still there", s.Addr())
+				}
 			}
 		})
 	}
 }
+
+func startOne(t *testing.T) []*redistest.Server { return []*redistest.Server{redistest.Start(t)} }
 
 // A waiter that died while queued (its connections gone, as when its
 // process is killed) costs the next waiter nothing: the release skips it
