@@ -30,12 +30,21 @@ const propMinSteps = 3400
 
 // TestProperty drives four clients of one lock name on 1, 3 and 5 miniredis
 // nodes through random sequences of TryLockCtx, LockCtx with a short
-// deadline, LockCtx cancelled midway through its acquire round, UnlockCtx,
-// ExtendCtx, time passing (by random amounts and to just around a key's
-// expiry, on every node, down or not), nodes crashing or partitioned and
-// coming back with their data, script flushes and lock keys deleted behind
-// the clients' back. Clients 0 and 1 share their connections (one process,
+// deadline, LockCtx cancelled midway through its acquire round, a local
+// waiter cancelled while a hand-off is in flight, UnlockCtx, ExtendCtx, time
+// passing (by random amounts and to just around a key's expiry, on every
+// node, down or not), nodes crashing or partitioned and coming back with
+// their data, script flushes and lock keys deleted behind the clients' back. Clients 0 and 1 share their connections (one process,
 // two NetMutex objects); clients 2 and 3 have their own, as other processes.
+// A fifth client, 4, in the first process and with auto-extend on (so that
+// Unlock hands a hold to a local waiter), is used only by the action "cancel
+// while a hand-off is in flight": it locks, a goroutine sharing its NetMutex
+// queues behind it, and the waiter's context is cancelled while the hold is
+// unlocked, before, after or at the same time; the waiter may be held where
+// its turn and its context's end are both ready when it starts to wait
+// (issue 16). A waiter whose context was cancelled before the unlock must
+// fail; one that gets the hold holds the very hold handed over; otherwise
+// the hold is released. Client 4 never holds between steps.
 //
 // The model follows every node's lock key and fence counter and every
 // client's hold and learned counter exactly, and each answer is checked
@@ -232,7 +241,7 @@ func checkModel(rt *rapid.T, nNodes int, stats *propStats, steps *atomic.Int64) 
 	const (
 		expiry  = 8 * time.Second
 		lockKey = "netlock:{prop}"
-		clients = 4
+		clients = 4 // 0-3, drawn by the actions; cs[clients] is the hand-off client
 	)
 	quorum := nNodes/2 + 1
 	ctx := context.Background()
@@ -253,13 +262,13 @@ func checkModel(rt *rapid.T, nNodes int, stats *propStats, steps *atomic.Int64) 
 		pools = append(pools, p)
 		shared[k] = NewRedigo(p)
 	}
-	cs := make([]*modelClient, clients)
+	cs := make([]*modelClient, clients+1)
 	for i := range cs {
 		c := &modelClient{}
 		backends := make([]Backend, nNodes)
 		for k, n := range nodes {
 			b := shared[k]
-			if i >= 2 {
+			if i == 2 || i == 3 {
 				p := n.newPool()
 				pools = append(pools, p)
 				b = NewRedigo(p)
@@ -268,8 +277,18 @@ func checkModel(rt *rapid.T, nNodes int, stats *propStats, steps *atomic.Int64) 
 			c.cancel = append(c.cancel, cb)
 			backends[k] = cb
 		}
-		m, err := New("prop", backends, WithExpiry(expiry), WithAutoExtend(false),
-			WithNodeTimeout(200*time.Millisecond), WithRetryDelay(time.Millisecond, 2*time.Millisecond))
+		// Without auto-extend Unlock never hands a hold over, and the keys'
+		// TTLs move only as the model says. The hand-off client has it on:
+		// it holds only within one action, in which model time stands
+		// still, so an extend by its watchdog (a third of the expiry in)
+		// would set the TTL the model expects anyway.
+		autoExtend := i == clients
+		m, err := New("prop", backends, WithExpiry(expiry), WithAutoExtend(autoExtend),
+			WithNodeTimeout(200*time.Millisecond), WithRetryDelay(time.Millisecond, 2*time.Millisecond),
+			// One round per failed call, as the model counts them: riding
+			// out an outage is tested by TestWaitersRideOutRestart and
+			// TestRedisDownForGood.
+			WithOutageWindow(0))
 		if err != nil {
 			rt.Fatal(err)
 		}
@@ -315,7 +334,7 @@ func checkModel(rt *rapid.T, nNodes int, stats *propStats, steps *atomic.Int64) 
 
 	var now time.Duration // model time: every node's clock moves together
 	var lastToken uint64  // the token of the latest acquisition
-	client := rapid.IntRange(0, len(cs)-1)
+	client := rapid.IntRange(0, clients-1)
 
 	// current reports whether key is of the current hold of its client
 	// (lost or not): such a key is never released behind the model's back.
@@ -367,7 +386,10 @@ func checkModel(rt *rapid.T, nNodes int, stats *propStats, steps *atomic.Int64) 
 			up++
 			switch {
 			case n.key.value != "":
-				learn(c, n.counter)
+				if nNodes > 1 {
+					// A held key tells its counter to ballots only.
+					learn(c, n.counter)
+				}
 			case proposal <= n.counter:
 				fenced = true
 				nFenced++
@@ -489,6 +511,104 @@ func checkModel(rt *rapid.T, nNodes int, stats *propStats, steps *atomic.Int64) 
 			stats.add("overtaken: " + what + " failed, nodes down")
 		}
 	}
+	// tryLock makes client i's TryLockCtx, checks its answer against the
+	// model, and returns the outcome's name.
+	tryLock := func(rt *rapid.T, i int) string {
+		c := cs[i]
+		up, free := count()
+		ok, err := c.m.TryLockCtx(ctx)
+		if c.held {
+			// Held in this process: no round trip at all.
+			if ok || err != nil {
+				rt.Fatalf("client %d TryLockCtx while holding: got %v, %v", i, ok, err)
+			}
+			return "held"
+		}
+		// One attempt: a refused ballot on a free lock is retried at
+		// once (maxBallots times), anything else ends it.
+		res, tok := "", uint64(0)
+		for r := 0; ; r++ {
+			if res, tok = round(i); res != "ballot" || r == maxBallots {
+				break
+			}
+		}
+		switch res {
+		case "ok":
+			if !ok || err != nil {
+				rt.Fatalf("client %d TryLockCtx (%d up, %d free): got %v, %v, want true", i, up, free, ok, err)
+			}
+			acquired(rt, i, tok)
+		case "quorum":
+			if ok || !errors.Is(err, ErrQuorum) {
+				rt.Fatalf("client %d TryLockCtx (%d up): got %v, %v, want an ErrQuorum error", i, up, ok, err)
+			}
+			checkErr(rt, "TryLockCtx", err, ErrQuorum)
+		default:
+			// Contended: (false, nil). A quorum of free nodes with
+			// refused ballots is retried at once (above), so this is
+			// reached with a free quorum only if the ballots were
+			// refused maxBallots+1 times in a row; counted as
+			// "busy-but-free".
+			if ok || err != nil {
+				rt.Fatalf("client %d TryLockCtx (%d up, %d free): got %v, %v, want false, nil", i, up, free, ok, err)
+			}
+			if free >= quorum {
+				res = "busy-but-free"
+			}
+		}
+		return res
+	}
+	// unlocked checks err, the answer of client i's UnlockCtx, against the
+	// model, applies the release to it, and returns the outcome's name.
+	unlocked := func(rt *rapid.T, i int, err error) string {
+		c := cs[i]
+		if !c.held {
+			checkErr(rt, fmt.Sprintf("client %d UnlockCtx without a hold", i), err, ErrNotHeld)
+			return "notheld"
+		}
+		okN, gone, want := settleWant(i, func(n *modelNode) { n.key = modelKey{} })
+		if c.lost {
+			want = ErrLockLost
+		}
+		checkErr(rt, fmt.Sprintf("client %d UnlockCtx (%d released, %d gone, lost %v)", i, okN, gone, c.lost), err, want)
+		overtaken(rt, i, "unlock", err)
+		// Down nodes keep the key: stale, until it expires, or until
+		// the reaper delivers the release when a partitioned node is
+		// back.
+		for _, n := range nodes {
+			if !n.up && n.partitioned.Load() {
+				n.queued[c.value] = true
+			}
+		}
+		c.held, c.lost, c.overtaken = false, false, false
+		return errName(want)
+	}
+	// checkNodes checks that every node's lock key (value, token, TTL) and
+	// fence counter, up or down, are the model's.
+	checkNodes := func(rt *rapid.T) {
+		for k, n := range nodes {
+			got, err := n.srv.Get(lockKey)
+			want := ""
+			if n.key.value != "" {
+				want = n.key.value + ":" + strconv.FormatUint(n.key.token, 10)
+			}
+			if err != nil {
+				got = ""
+			}
+			if got != want {
+				rt.Fatalf("node %d (up %v): lock key %q, model says %q", k, n.up, got, want)
+			}
+			if want != "" && n.srv.TTL(lockKey) != n.key.exp-now {
+				rt.Fatalf("node %d: lock key TTL %v, model says %v", k, n.srv.TTL(lockKey), n.key.exp-now)
+			}
+			if got := serverCounter(rt, n.srv, fenceKey); got != n.counter {
+				rt.Fatalf("node %d: fence counter %d, model says %d", k, got, n.counter)
+			}
+			if n.key.value != "" && n.key.token > n.counter {
+				rt.Fatalf("node %d: key token %d above its fence counter %d", k, n.key.token, n.counter)
+			}
+		}
+	}
 	step := func(name string) {
 		steps.Add(1)
 		stats.add(name)
@@ -526,51 +646,7 @@ func checkModel(rt *rapid.T, nNodes int, stats *propStats, steps *atomic.Int64) 
 
 	rt.Repeat(map[string]func(*rapid.T){
 		"TryLockCtx": func(rt *rapid.T) {
-			i := client.Draw(rt, "client")
-			c := cs[i]
-			up, free := count()
-			ok, err := c.m.TryLockCtx(ctx)
-			if c.held {
-				// Held in this process: no round trip at all.
-				if ok || err != nil {
-					rt.Fatalf("client %d TryLockCtx while holding: got %v, %v", i, ok, err)
-				}
-				step("try/held")
-				return
-			}
-			// One attempt: a refused ballot on a free lock is retried at
-			// once (maxBallots times), anything else ends it.
-			res, tok := "", uint64(0)
-			for r := 0; ; r++ {
-				if res, tok = round(i); res != "ballot" || r == maxBallots {
-					break
-				}
-			}
-			switch res {
-			case "ok":
-				if !ok || err != nil {
-					rt.Fatalf("client %d TryLockCtx (%d up, %d free): got %v, %v, want true", i, up, free, ok, err)
-				}
-				acquired(rt, i, tok)
-			case "quorum":
-				if ok || !errors.Is(err, ErrQuorum) {
-					rt.Fatalf("client %d TryLockCtx (%d up): got %v, %v, want an ErrQuorum error", i, up, ok, err)
-				}
-				checkErr(rt, "TryLockCtx", err, ErrQuorum)
-			default:
-				// Contended: (false, nil). A quorum of free nodes with
-				// refused ballots is retried at once (above), so this is
-				// reached with a free quorum only if the ballots were
-				// refused maxBallots+1 times in a row; counted as
-				// "busy-but-free".
-				if ok || err != nil {
-					rt.Fatalf("client %d TryLockCtx (%d up, %d free): got %v, %v, want false, nil", i, up, free, ok, err)
-				}
-				if free >= quorum {
-					res = "busy-but-free"
-				}
-			}
-			step("try/" + res)
+			step("try/" + tryLock(rt, client.Draw(rt, "client")))
 		},
 		"LockCtx short deadline": func(rt *rapid.T) {
 			// Short deadline when it must fail (held here, or too few free
@@ -664,31 +740,109 @@ func checkModel(rt *rapid.T, nNodes int, stats *propStats, steps *atomic.Int64) 
 			resync(rt, i)
 			step(fmt.Sprintf("cancel/after=%v", after))
 		},
-		"UnlockCtx": func(rt *rapid.T) {
-			i := client.Draw(rt, "client")
+		"cancel while a hand-off is in flight": func(rt *rapid.T) {
+			// The hand-off client locks, and a goroutine sharing its
+			// NetMutex queues behind it. The waiter's context is cancelled
+			// and the client unlocks, in a drawn order: Unlock hands the
+			// hold over (a turn sent to the waiter) unless the waiter has
+			// left the queue first. Staged, the waiter is held where it
+			// queued and is about to wait (in its first ctx.Done, see
+			// windowCtx) until both have happened, so its turn and its
+			// context's end are ready at once when it waits.
+			const i = clients
 			c := cs[i]
-			err := c.m.UnlockCtx(ctx)
-			if !c.held {
-				checkErr(rt, fmt.Sprintf("client %d UnlockCtx without a hold", i), err, ErrNotHeld)
-				step("unlock/notheld")
+			if res := tryLock(rt, i); res != "ok" {
+				step("handoff-cancel/" + res) // nothing to hand over
 				return
 			}
-			okN, gone, want := settleWant(i, func(n *modelNode) { n.key = modelKey{} })
-			if c.lost {
-				want = ErrLockLost
+			order := rapid.SampledFrom([]string{"cancel first", "unlock first", "together"}).Draw(rt, "order")
+			staged := rapid.Bool().Draw(rt, "staged")
+			wctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			arrived := make(chan struct{}, 1)
+			goOn := make(chan struct{})
+			if !staged {
+				close(goOn)
 			}
-			checkErr(rt, fmt.Sprintf("client %d UnlockCtx (%d released, %d gone, lost %v)", i, okN, gone, c.lost), err, want)
-			overtaken(rt, i, "unlock", err)
-			// Down nodes keep the key: stale, until it expires, or until
-			// the reaper delivers the release when a partitioned node is
-			// back.
-			for _, n := range nodes {
-				if !n.up && n.partitioned.Load() {
-					n.queued[c.value] = true
+			errc := make(chan error, 1)
+			go func() { errc <- c.m.LockCtx(&windowCtx{Context: wctx, arrived: arrived, goOn: goOn}) }()
+			timer := time.NewTimer(10 * time.Second)
+			defer timer.Stop()
+			select {
+			case <-arrived:
+			case <-timer.C:
+				rt.Fatalf("client %d's waiter did not start to wait within 10s", i)
+			}
+			c.m.mu.Lock()
+			queued := len(c.m.waiters)
+			c.m.mu.Unlock()
+			if queued != 1 {
+				// The staging needs the waiter to ask for Done only once
+				// it is in line, as own does.
+				rt.Fatalf("client %d's waiter asked for ctx.Done with %d waiters queued, want 1", i, queued)
+			}
+			var uerr error
+			switch order {
+			case "cancel first":
+				cancel()
+				uerr = c.m.UnlockCtx(ctx)
+			case "unlock first":
+				uerr = c.m.UnlockCtx(ctx)
+				cancel()
+			default:
+				var wg sync.WaitGroup
+				wg.Go(cancel)
+				wg.Go(func() { uerr = c.m.UnlockCtx(ctx) })
+				wg.Wait()
+			}
+			if staged {
+				close(goOn)
+			}
+			var err error
+			select {
+			case err = <-errc:
+			case <-timer.C:
+				rt.Fatalf("client %d's waiter (%s, staged %v): LockCtx did not return within 10s", i, order, staged)
+			}
+			outcome := "gave up"
+			h := c.m.current()
+			if err == nil {
+				if order == "cancel first" {
+					rt.Fatalf("client %d's waiter, cancelled before the unlock (staged %v): LockCtx got nil, want ErrNotObtained and context.Canceled", i, staged)
+				}
+				// A hand-off: the waiter holds the very hold the client
+				// had, and no node was asked anything.
+				if uerr != nil {
+					rt.Fatalf("client %d UnlockCtx handing the hold over: got %v, want nil", i, uerr)
+				}
+				if h == nil {
+					rt.Fatalf("client %d's waiter got nil: got no hold, want the hold handed over", i)
+				}
+				if h.value != c.value || h.token != c.token {
+					rt.Fatalf("client %d's waiter got nil: got the hold of token %d, want the hold handed over (token %d)", i, h.token, c.token)
+				}
+				checkNodes(rt)
+				outcome = "held"
+				uerr = c.m.UnlockCtx(ctx) // the waiter's Unlock
+			} else {
+				if !errors.Is(err, ErrNotObtained) || !errors.Is(err, context.Canceled) {
+					rt.Fatalf("client %d's waiter (%s, staged %v): LockCtx got %v, want nil or ErrNotObtained and context.Canceled", i, order, staged, err)
+				}
+				if h != nil {
+					rt.Fatalf("client %d holds after its waiter gave up and it unlocked", i)
 				}
 			}
-			c.held, c.lost, c.overtaken = false, false, false
-			step("unlock/" + errName(want))
+			// Either way the hold is released now: by the client's Unlock,
+			// by the waiter passing on a hand-off it no longer wanted, or
+			// by the waiter's Unlock; uerr is the Unlock's that returned
+			// the outcome (nil after a hand-off).
+			unlocked(rt, i, uerr)
+			step(fmt.Sprintf("handoff-cancel/%s/staged=%v/%s", order, staged, outcome))
+		},
+		"UnlockCtx": func(rt *rapid.T) {
+			i := client.Draw(rt, "client")
+			err := cs[i].m.UnlockCtx(ctx)
+			step("unlock/" + unlocked(rt, i, err))
 		},
 		"ExtendCtx": func(rt *rapid.T) {
 			i := client.Draw(rt, "client")
@@ -820,30 +974,7 @@ func checkModel(rt *rapid.T, nNodes int, stats *propStats, steps *atomic.Int64) 
 			step("delete key")
 		},
 		"": func(rt *rapid.T) {
-			// Every node's lock key (value, token, TTL) and fence counter,
-			// up or down, are the model's.
-			for k, n := range nodes {
-				got, err := n.srv.Get(lockKey)
-				want := ""
-				if n.key.value != "" {
-					want = n.key.value + ":" + strconv.FormatUint(n.key.token, 10)
-				}
-				if err != nil {
-					got = ""
-				}
-				if got != want {
-					rt.Fatalf("node %d (up %v): lock key %q, model says %q", k, n.up, got, want)
-				}
-				if want != "" && n.srv.TTL(lockKey) != n.key.exp-now {
-					rt.Fatalf("node %d: lock key TTL %v, model says %v", k, n.srv.TTL(lockKey), n.key.exp-now)
-				}
-				if got := serverCounter(rt, n.srv, fenceKey); got != n.counter {
-					rt.Fatalf("node %d: fence counter %d, model says %d", k, got, n.counter)
-				}
-				if n.key.value != "" && n.key.token > n.counter {
-					rt.Fatalf("node %d: key token %d above its fence counter %d", k, n.key.token, n.counter)
-				}
-			}
+			checkNodes(rt)
 			believers := 0
 			for i, c := range cs {
 				if got := c.m.seen.Load(); got != c.seen {
