@@ -24,14 +24,14 @@ func TestScripts(t *testing.T) {
 		k := newKeys("netlock:", "s", true)
 		// waiter is "<id>:<flags>" (see lua/acquire.lua).
 		acquireAs := func(waiter, value, proposal string) []int64 {
-			return evalOK(t, b, acquireScript, []string{k.lock, k.tomb(value), k.waiters, k.fence}, []string{value, "8000", proposal + ":" + waiter, "80000"})
+			return evalOK(t, b, acquireScript, []string{k.lock, k.tomb(value), k.waiters, k.fence}, []string{value, "8000", proposal + ":" + waiter + ":80000"})
 		}
 		acquire := func(value, proposal string) []int64 { return acquireAs(":", value, proposal) }
 		release := func(value string) []int64 {
-			return evalOK(t, b, releaseScript, []string{k.lock, k.tomb(value), k.waiters, k.fence}, []string{value, k.channel, "80000", "8"})
+			return evalOK(t, b, releaseScript, []string{k.lock, k.tomb(value), k.waiters, k.fence}, []string{value, "80000", "8"})
 		}
 		leave := func(waiter string) []int64 {
-			return evalOK(t, b, leaveScript, []string{k.waiters, k.lock, k.fence}, []string{waiter, k.channel, "8"})
+			return evalOK(t, b, leaveScript, []string{k.waiters, k.lock, k.fence}, []string{waiter, "8"})
 		}
 		queue := func() []string {
 			q, err := redis.Strings(e.do(t, "ZRANGE", k.waiters, 0, -1), nil)
@@ -75,7 +75,7 @@ func TestScripts(t *testing.T) {
 		if other.fence != k.fence {
 			t.Fatalf("fence keys differ: %q, %q", other.fence, k.fence)
 		}
-		evalOK(t, b, acquireScript, []string{other.lock, other.tomb("o"), other.waiters, other.fence}, []string{"o", "8000", "0::", "80000"})
+		evalOK(t, b, acquireScript, []string{other.lock, other.tomb("o"), other.waiters, other.fence}, []string{"o", "8000", "0:::80000"})
 		check("acquire retry of our own request", acquire("v1", "0"), 1, 1, 0)
 		// Held: the counter is told to ballots only (a quorum's).
 		got := acquire("v2", "0")

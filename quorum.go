@@ -128,7 +128,7 @@ func (m *NetMutex) acquireRound(ctx context.Context, q ask) outcome {
 	if m.keys.fence == "" {
 		keys = keys[:3]
 	}
-	replies := m.fanout(ctx, acquireScript, keys, []string{value, m.expiryMS, proposal + ":" + q.member + ":" + q.flags, m.queueMS}, nil)
+	replies := m.fanout(ctx, acquireScript, keys, []string{value, m.expiryMS, proposal + ":" + q.member + ":" + q.flags + ":" + m.queueMS}, nil)
 	took := time.Since(start)
 	validity := m.cfg.expiry - took - m.driftTerm
 
@@ -266,7 +266,7 @@ func (m *NetMutex) releaseKeys(value string) []string {
 }
 
 func (m *NetMutex) releaseArgs(value string) []string {
-	return []string{value, m.keys.channel, m.tombMS, m.wakeTries}
+	return []string{value, m.tombMS, m.wakeTries}
 }
 
 // leave takes member off the waiters' queue of the targeted nodes (all when
@@ -281,7 +281,7 @@ func (m *NetMutex) leave(ctx context.Context, member string, targets []bool) {
 	if m.keys.fence == "" {
 		keys = keys[:2]
 	}
-	m.fanout(context.WithoutCancel(ctx), leaveScript, keys, []string{member, m.keys.channel, m.wakeTries}, targets)
+	m.fanout(context.WithoutCancel(ctx), leaveScript, keys, []string{member, m.wakeTries}, targets)
 }
 
 // settle counts the replies of a release or extend: nil when a quorum did

@@ -7,7 +7,7 @@
 -- KEYS[4]  fence counter, p{tag}:fence, same slot as KEYS[1]; absent when fencing is off
 -- ARGV[1]  our lock value (random, fresh for every acquisition)
 -- ARGV[2]  expiry in milliseconds (relative: PX, never an absolute time)
--- ARGV[3]  "<proposal>:<member>:<flags>". The proposed fencing token: "0"
+-- ARGV[3]  "<proposal>:<member>:<flags>:<queue ttl>". The proposed fencing token: "0"
 --          asks the node to increment its counter (single node), any other
 --          value is a ballot (quorum). Our member of the waiters' queue ("" for
 --          TryLock): "<waiter id>", or "<waiter id>+<expiry ms>+<nonce>" when
@@ -19,10 +19,10 @@
 --            t  a release named us and we lost the race for the key: join
 --               at the head, where we were, not at the tail
 --            q  we may be in the queue: taking the lock takes us off it
---          (One argument, not three: Redis refuses more than 10 words from a
+--          The TTL of the waiters' queue in milliseconds, set when a waiter
+--          joins (extend.lua renews it while the lock is held). (One
+--          argument, not four: Redis refuses more than 10 words from a
 --          client not yet authenticated, and a clear NOAUTH is worth keeping.)
--- ARGV[4]  TTL of the waiters' queue in milliseconds, set when a waiter joins
---          (extend.lua renews it while the lock is held)
 --
 -- The key holds "<value>:<token>", so that a retry of our own request can
 -- return the token it was granted with (the fence counter is shared by every
@@ -50,7 +50,7 @@
 -- waiter that is queued already, three (GET, ZSCORE, PTTL). Not MGET: it
 -- reads a key of another type as nil, where GET fails.
 local fenced = #KEYS > 3
-local proposal, waiter, flags = string.match(ARGV[3], '^(%d+):([^:]*):?(.*)$')
+local proposal, waiter, flags, queueTTL = string.match(ARGV[3], '^(%d+):([^:]*):([^:]*):(%d+)$')
 local nonce = string.match(waiter, '^[^+]*%+%d*%+(.*)$') or ''
 local cur = redis.call('GET', KEYS[1])
 local function counter()
@@ -81,7 +81,7 @@ if cur then
       score = t[1] * 1000000 + t[2]
     end
     redis.call('ZADD', KEYS[3], score, waiter)
-    redis.call('PEXPIRE', KEYS[3], ARGV[4])
+    redis.call('PEXPIRE', KEYS[3], queueTTL)
   end
   local c = 0
   if proposal ~= '0' then

@@ -8,8 +8,7 @@
 -- KEYS[2]  lock key, p{name}
 -- KEYS[3]  fence counter, p{tag}:fence (see acquire.lua); absent when fencing is off
 -- ARGV[1]  the waiter's member of the queue (see acquire.lua)
--- ARGV[2]  release channel, p{name}:released (see release.lua)
--- ARGV[3]  how many queued waiters to try at most (see release.lua)
+-- ARGV[2]  how many queued waiters to try at most (see release.lua)
 --
 -- Reply, an array of integers:
 --   {1}           removed from the queue
@@ -30,5 +29,5 @@ end
 if cur then
   return {0, 0, 0, 0}
 end
-local heard, granted, skipped = handOn(KEYS[2], KEYS[1], KEYS[3], ARGV[2], tonumber(ARGV[3]))
+local heard, granted, skipped = handOn(KEYS[2], KEYS[1], KEYS[3], KEYS[2] .. ':released', tonumber(ARGV[2]))
 return {0, heard, granted, skipped}

@@ -9,12 +9,13 @@
 -- KEYS[3]  waiters' queue, p{name}:waiters (see acquire.lua)
 -- KEYS[4]  fence counter, p{tag}:fence (see acquire.lua); absent when fencing is off
 -- ARGV[1]  our lock value; the key holds "<value>:<token>" (see acquire.lua)
--- ARGV[2]  release channel, p{name}:released; each waiter listens on its
---          own, p{name}:released:<waiter id>
--- ARGV[3]  tombstone TTL in milliseconds (relative: PX)
--- ARGV[4]  how many queued waiters to try at most (see handOn); 1 where
+-- ARGV[2]  tombstone TTL in milliseconds (relative: PX)
+-- ARGV[3]  how many queued waiters to try at most (see handOn); 1 where
 --          PUBLISH cannot count the listeners (a Redis Cluster, whose
 --          subscribers may be connected to another node)
+--
+-- Each waiter listens on its own release channel, p{name}:released:<waiter
+-- id>, the lock key followed by ":released:" and the id (package keyspace).
 --
 -- The longest-waiting waiter is taken off the queue and given its turn
 -- (see handOn): only it wakes, and only its connection hears of it, instead
@@ -33,10 +34,10 @@ local cur = redis.call('GET', KEYS[1])
 local mine = ARGV[1] .. ':'
 if cur and string.sub(cur, 1, #mine) == mine then
   redis.call('DEL', KEYS[1])
-  local heard, granted, skipped = handOn(KEYS[1], KEYS[3], KEYS[4], ARGV[2], tonumber(ARGV[4]))
+  local heard, granted, skipped = handOn(KEYS[1], KEYS[3], KEYS[4], KEYS[1] .. ':released', tonumber(ARGV[3]))
   return {1, heard, granted, skipped}
 end
-redis.call('SET', KEYS[2], '', 'PX', ARGV[3])
+redis.call('SET', KEYS[2], '', 'PX', ARGV[2])
 if cur then
   return {-1}
 end
