@@ -47,7 +47,8 @@
 --
 -- Every redis.call costs a few microseconds of Lua overhead, more than the
 -- command itself: the free path makes four (GET, EXISTS, INCR, SET); a
--- waiter that is queued already, three (GET, ZSCORE, PTTL). Not MGET: it
+-- waiter that joins the queue, five (GET, TIME, ZADD, PEXPIRE, PTTL); one
+-- that is queued already, three (GET, ZSCORE, PTTL). Not MGET: it
 -- reads a key of another type as nil, where GET fails.
 local fenced = #KEYS > 3
 local proposal, waiter, flags, queueTTL = string.match(ARGV[3], '^(%d+):([^:]*):([^:]*):(%d+)$')
@@ -74,14 +75,22 @@ if cur and nonce ~= '' and string.sub(cur, 1, #nonce + 1) == nonce .. '.' then
   return {1, tonumber(token), tonumber(n)}
 end
 if cur then
-  if string.find(flags, 'j', 1, true) and not redis.call('ZSCORE', KEYS[3], waiter) then
+  -- A waiter that may be queued looks first (one call, where joining is
+  -- three); one that cannot be (its first join) joins at once, NX keeping
+  -- it from moving if it was after all.
+  local join = string.find(flags, 'j', 1, true)
+  if join and string.find(flags, 'q', 1, true) and redis.call('ZSCORE', KEYS[3], waiter) then
+    join = false
+  end
+  if join then
     local score = 0 -- below every arrival time: the head
     if not string.find(flags, 't', 1, true) then
       local t = redis.call('TIME')
       score = t[1] * 1000000 + t[2]
     end
-    redis.call('ZADD', KEYS[3], score, waiter)
-    redis.call('PEXPIRE', KEYS[3], queueTTL)
+    if redis.call('ZADD', KEYS[3], 'NX', score, waiter) == 1 then
+      redis.call('PEXPIRE', KEYS[3], queueTTL)
+    end
   end
   local c = 0
   if proposal ~= '0' then

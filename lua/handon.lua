@@ -10,10 +10,12 @@
 -- with the message "<id>" and attempts. A member nobody listens for (PUBLISH
 -- returns 0) is a waiter whose process died, or whose connection dropped
 -- (which wakes it to attempt and queue again): its grant is undone and the
--- next is tried, up to tries members. It returns the number of clients
--- that heard (0 if none), whether the lock was granted, and how many
--- members were skipped.
-local function handOn(lock, queue, fence, channel, tries)
+-- next is tried, up to tries members. held says the lock key holds a
+-- value the caller is releasing: a grant overwrites it (one call less than
+-- deleting it first), and it is deleted if no grant is made. It returns the
+-- number of clients that heard (0 if none), whether the lock was granted,
+-- and how many members were skipped.
+local function handOn(lock, queue, fence, channel, tries, held)
   local skipped = 0
   for _ = 1, tries do
     local next = redis.call('ZPOPMIN', queue)
@@ -21,7 +23,6 @@ local function handOn(lock, queue, fence, channel, tries)
       break
     end
     local id, exp, nonce = string.match(next[1], '^([^+]*)%+?(%d*)%+?(.*)$')
-    local heard
     if exp ~= '' then
       local token, n = 0, 0
       if fence then
@@ -33,18 +34,24 @@ local function handOn(lock, queue, fence, channel, tries)
       end
       local value = nonce .. '.' .. string.format('%d', n)
       redis.call('SET', lock, value .. ':' .. string.format('%d', token), 'PX', exp)
-      heard = redis.call('PUBLISH', channel .. ':' .. id, 'g:' .. nonce .. ':' .. string.format('%d', n) .. ':' .. string.format('%d', token))
+      held = true
+      local heard = redis.call('PUBLISH', channel .. ':' .. id, 'g:' .. nonce .. ':' .. string.format('%d', n) .. ':' .. string.format('%d', token))
       if heard > 0 then
         return heard, 1, skipped
       end
-      redis.call('DEL', lock)
     else
-      heard = redis.call('PUBLISH', channel .. ':' .. id, id)
+      local heard = redis.call('PUBLISH', channel .. ':' .. id, id)
       if heard > 0 then
+        if held then
+          redis.call('DEL', lock)
+        end
         return heard, 0, skipped
       end
     end
     skipped = skipped + 1
+  end
+  if held then
+    redis.call('DEL', lock)
   end
   return 0, 0, skipped
 end

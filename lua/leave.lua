@@ -22,12 +22,10 @@ if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
 end
 local cur = redis.call('GET', KEYS[2])
 local nonce = string.match(ARGV[1], '^[^+]*%+%d*%+(.*)$') or ''
-if cur and nonce ~= '' and string.sub(cur, 1, #nonce + 1) == nonce .. '.' then
-  redis.call('DEL', KEYS[2]) -- granted to us: ours to release
-  cur = false
-end
-if cur then
+local ours = cur and nonce ~= '' and string.sub(cur, 1, #nonce + 1) == nonce .. '.'
+if cur and not ours then
   return {0, 0, 0, 0}
 end
-local heard, granted, skipped = handOn(KEYS[2], KEYS[1], KEYS[3], KEYS[2] .. ':released', tonumber(ARGV[2]))
+-- Free, or granted to us: ours to release.
+local heard, granted, skipped = handOn(KEYS[2], KEYS[1], KEYS[3], KEYS[2] .. ':released', tonumber(ARGV[2]), ours)
 return {0, heard, granted, skipped}

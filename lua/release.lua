@@ -33,8 +33,7 @@
 local cur = redis.call('GET', KEYS[1])
 local mine = ARGV[1] .. ':'
 if cur and string.sub(cur, 1, #mine) == mine then
-  redis.call('DEL', KEYS[1])
-  local heard, granted, skipped = handOn(KEYS[1], KEYS[3], KEYS[4], KEYS[1] .. ':released', tonumber(ARGV[3]))
+  local heard, granted, skipped = handOn(KEYS[1], KEYS[3], KEYS[4], KEYS[1] .. ':released', tonumber(ARGV[3]), true)
   return {1, heard, granted, skipped}
 end
 redis.call('SET', KEYS[2], '', 'PX', ARGV[2])
