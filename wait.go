@@ -168,7 +168,13 @@ func (w *waiter) ask() ask {
 	if !w.wait {
 		return ask{}
 	}
-	q := ask{member: w.m.waiterID, flags: w.flags()}
+	q := ask{flags: w.flags()}
+	if q.flags == "" {
+		// Neither joining nor possibly queued (an uncontended attempt):
+		// the script needs no member, and nothing is made for one.
+		return q
+	}
+	q.member = w.m.waiterID
 	if w.m.grants {
 		if w.nonce == "" {
 			w.nonce = rand.Text()
