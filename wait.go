@@ -231,7 +231,10 @@ func (w *waiter) await(ctx context.Context, ttl time.Duration) (grant, error) {
 	if g, ok := w.granted(payload); ok {
 		return g, nil
 	}
-	w.turn = payload != "" && !w.deadWatch()
+	// Our turn: a release named us (a grant for another call of this
+	// NetMutex, or a failed connection, is not our turn, only a reason to
+	// look).
+	w.turn = payload == w.m.waiterID && !w.deadWatch()
 	return grant{}, nil
 }
 
