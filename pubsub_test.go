@@ -291,6 +291,11 @@ func TestUnlockYieldsToSubscribedWaiters(t *testing.T) {
 			t.Fatal("yield set before any release")
 		}
 		locked := lockInBackground(t, b, cb)
+		// Its second attempt has been sent; wait until it has queued.
+		eventually(t, 5*time.Second, "the waiter queued", func() bool {
+			n, _ := redis.Int(e.do(t, "ZCARD", b.keys.waiters), nil)
+			return n == 1
+		})
 		mustUnlock(t, a)
 		if a.yieldUntil.Load() == 0 {
 			t.Errorf("no yield after a release that reached a subscribed waiter")
