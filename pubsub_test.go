@@ -12,7 +12,8 @@ import (
 	"github.com/gomodule/redigo/redis"
 )
 
-// countingBackend counts the script calls made through it, by script name.
+// countingBackend counts the script calls made through it, by script name,
+// once they have returned.
 // It keeps the wrapped Backend's pub/sub hub, unless polling is set.
 type countingBackend struct {
 	Backend
@@ -26,10 +27,14 @@ func counting(b Backend) *countingBackend {
 	return &countingBackend{Backend: b, calls: make(map[string]int)}
 }
 
+// Eval counts a call once it has returned, so that a count says what
+// Redis has run (a waiter counted twice has queued).
 func (c *countingBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
-	c.mu.Lock()
-	c.calls[s.Name()]++
-	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		c.calls[s.Name()]++
+		c.mu.Unlock()
+	}()
 	return c.Backend.Eval(ctx, s, keys, args)
 }
 
