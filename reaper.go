@@ -49,11 +49,19 @@ func (m *NetMutex) reapLater(value string, replies []nodeReply, targets []bool) 
 	}
 }
 
+// The reaper's pause between passes doubles from reapFirstPause to
+// reapMaxPause: a node back from a blip gets its release at once, one that
+// stays away costs a call every quarter second.
+const (
+	reapFirstPause = 10 * time.Millisecond
+	reapMaxPause   = 250 * time.Millisecond
+)
+
 // reap retries the pending releases, with a growing pause between passes,
 // until none is left.
 func (m *NetMutex) reap() {
 	r := &m.reaper
-	pause := 10 * time.Millisecond
+	pause := reapFirstPause
 	t := time.NewTimer(pause)
 	defer t.Stop()
 	for {
@@ -84,7 +92,7 @@ func (m *NetMutex) reap() {
 			return
 		}
 		r.mu.Unlock()
-		pause = min(2*pause, 250*time.Millisecond)
+		pause = min(2*pause, reapMaxPause)
 		t.Reset(pause)
 	}
 }
