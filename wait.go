@@ -62,10 +62,10 @@ type waiter struct {
 // needed only while other clients keep winning.
 const maxBallots = 3
 
-// maxWatchFailures bounds the attempts to watch one node's channel while
-// the node answers scripts: a node whose pub/sub cannot be set up (a proxy
-// that refuses it, a stalled dial) is tried again only after an outage, and
-// its waiter polls meanwhile.
+// maxWatchFailures bounds the attempts in a row to watch one node's
+// channel while the node answers scripts: a node whose pub/sub cannot be set
+// up (a proxy that refuses it, a stalled dial) is tried again only after an
+// outage, and its waiter polls meanwhile.
 const maxWatchFailures = 2
 
 // acquire runs acquire rounds until one succeeds; with wait false (TryLock)
@@ -240,10 +240,12 @@ func (w *waiter) await(ctx context.Context, ttl time.Duration) (grant, error) {
 
 // granted returns the hold a release granted us, from its message
 // "g:<nonce>:<n>:<token>". Its key's TTL started when the release ran,
-// after our last round that found the lock held began (w.busy): the local
-// deadline counts from then. A message for another call of this NetMutex
-// (an earlier nonce), or one that came too late to leave any validity, is
-// not a grant: the next attempt finds the key and deals with it.
+// after our last round that found the lock held had reached the server, so
+// after that round began (w.busy): the local deadline is the validity
+// counted from then. A message for another call of this NetMutex (an
+// earlier nonce) is not a grant; nor is one that leaves less than an extend
+// interval, which the watchdog could not keep: the next attempt adopts the
+// key (lua/acquire.lua), renewing its TTL from a start of its own.
 func (w *waiter) granted(payload string) (grant, bool) {
 	rest, ok := strings.CutPrefix(payload, "g:")
 	if !ok || w.nonce == "" || w.busy.IsZero() {
@@ -256,11 +258,11 @@ func (w *waiter) granted(payload string) (grant, bool) {
 		return grant{}, false
 	}
 	m := w.m
-	validity := m.cfg.expiry - time.Since(w.busy) - m.driftTerm
-	if validity <= 0 {
+	until := w.busy.Add(m.cfg.expiry - m.driftTerm)
+	if time.Until(until) < m.cfg.expiry/extendsPerExpiry {
 		return grant{}, false
 	}
-	return grant{value: nonce + "." + n, token: token, start: w.busy, until: w.busy.Add(validity)}, true
+	return grant{value: nonce + "." + n, token: token, start: w.busy, until: until}, true
 }
 
 // ttlJitter: a waiter wakes at the holder's TTL plus up to a sixteenth of
@@ -411,6 +413,7 @@ func (w *waiter) listen(ctx context.Context) bool {
 		if got[i] == nil {
 			w.failed[i]++
 		} else {
+			w.failed[i] = 0 // only failures in a row make a node's waiters poll
 			fresh = true
 		}
 	}

@@ -443,3 +443,37 @@ func TestOutageWindowOption(t *testing.T) {
 		}
 	}
 }
+
+// A waiter granted the lock long after its last look at the holder's TTL
+// (here 60% of the expiry) gets a hold that is valid and stays held: its
+// local deadline counts from that look, once, and the watchdog extends it.
+func TestGrantAfterLongWait(t *testing.T) {
+	forEachEnv(t, realOnly, func(t *testing.T, e *env) {
+		const expiry = 500 * time.Millisecond
+		opts := []Option{WithExpiry(expiry), WithNodeTimeout(100 * time.Millisecond)}
+		holder := e.newMutex(t, "longwait", opts...)
+		waiter := e.newMutex(t, "longwait", opts...)
+		mustLock(t, holder)
+		locked := make(chan error, 1)
+		go func() { locked <- waiter.LockCtx(context.Background()) }()
+		eventually(t, 5*time.Second, "the waiter queued", func() bool {
+			n, _ := redis.Int(e.do(t, "ZCARD", holder.keys.waiters), nil)
+			return n == 1
+		})
+		time.Sleep(expiry * 3 / 5)
+		mustUnlock(t, holder)
+		if err := <-locked; err != nil {
+			t.Fatalf("LockCtx: %v", err)
+		}
+		if until, held := waiter.current().deadline(); !held || time.Until(until) <= 0 {
+			t.Fatalf("hold after a long wait: held %v, %v left; want held, with time left", held, time.Until(until))
+		}
+		time.Sleep(2 * expiry) // the watchdog must keep it
+		select {
+		case <-waiter.Lost():
+			t.Fatalf("hold after a long wait lost within two expiries")
+		default:
+		}
+		mustUnlock(t, waiter)
+	})
+}
