@@ -162,6 +162,14 @@ func TestScripts(t *testing.T) {
 		if n, _ := redis.Int(e.do(t, "GET", k.fence), nil); n != 10 {
 			t.Errorf("fence counter after the grant: got %d, want 10 (the undone grant of g1 took 9: a counter may skip, never repeat)", n)
 		}
+		// g1, skipped and gone from the queue, is not added again under its
+		// nonce: it is told to join again under a fresh one.
+		if got := acquireAs("g1+5000+N1:jq", "s", "0"); len(got) != 4 || got[0] != statusOther || got[3] != 1 {
+			t.Errorf("acquire by a member gone from the queue: got %v, want [-1 0 pttl 1]", got)
+		}
+		if q := queue(); !slices.Equal(q, []string{"g3+7000+N3"}) {
+			t.Errorf("waiters' queue after g1 was told to join again: got %v, want [g3+7000+N3]", q)
+		}
 		// The grantee's own attempt, before or without the message, adopts
 		// the grant: its TTL refreshed, the token and n returned.
 		check("acquire by the grantee", acquireAs("g2+6000+N2:jq", "fresh", "0"), 1, 10, 10)

@@ -39,12 +39,14 @@ type outcome struct {
 	kind  outcomeKind
 	grant grant         // acquired
 	ttl   time.Duration // busy: the shortest remaining TTL of a holder seen, -1 if unknown
-	start time.Time     // when the round began
 	took  time.Duration // how long the round took
 	err   error         // down, failed, ended
 	// unqueue lists, after an acquired round, the nodes that did not grant:
 	// their waiters' queues may still hold our id.
 	unqueue []bool
+	// rejoin: busy, and our member is no longer queued; it must join
+	// again under a fresh nonce (see lua/acquire.lua).
+	rejoin bool
 }
 
 type outcomeKind int
@@ -91,7 +93,7 @@ func (m *NetMutex) fanout(ctx context.Context, s *Script, keys, args []string, t
 // ctx must be bounded by the node timeout.
 func (m *NetMutex) call(ctx context.Context, i int, s *Script, keys, args []string) nodeReply {
 	vals, err := m.nodes[i].Eval(ctx, s, keys, args)
-	if err == nil && (len(vals) == 0 || (s == acquireScript && len(vals) != 3)) {
+	if err == nil && (len(vals) == 0 || (s == acquireScript && len(vals) != 3 && len(vals) != 4)) {
 		return nodeReply{err: nodeError(i, fmt.Errorf("%s script: unexpected reply %v", s.Name(), vals)), permanent: true}
 	}
 	if err != nil {
@@ -133,6 +135,7 @@ func (m *NetMutex) acquireRound(ctx context.Context, q ask) outcome {
 	validity := m.cfg.expiry - took - m.driftTerm
 
 	ttl := time.Duration(-1)
+	rejoin := false
 	nGranted, fenced := 0, 0 // fenced: nodes whose counters were above our ballot
 	var errs []error
 	answered, permanent := 0, false
@@ -161,6 +164,7 @@ func (m *NetMutex) acquireRound(ctx context.Context, q ask) outcome {
 				value = q.nonce + "." + strconv.FormatInt(n, 10)
 			}
 		case statusOther:
+			rejoin = rejoin || len(r.vals) > 3 && r.vals[3] == 1
 			if pttl := time.Duration(r.vals[2]) * time.Millisecond; pttl >= 0 && (ttl < 0 || pttl < ttl) {
 				ttl = pttl
 			}
@@ -221,7 +225,7 @@ func (m *NetMutex) acquireRound(ctx context.Context, q ask) outcome {
 		// same moment split the votes.
 		return outcome{kind: split, ttl: ttl, took: took}
 	}
-	return outcome{kind: busy, ttl: ttl, start: start, took: took}
+	return outcome{kind: busy, ttl: ttl, took: took, rejoin: rejoin}
 }
 
 // learn records a fence counter seen on a node, so the next ballot is above

@@ -49,8 +49,12 @@ type waiter struct {
 	failed  []int       // per node: watches that failed since the nodes last answered
 	queued  bool        // some node's waiters' queue may hold our member
 	turn    bool        // a release named us: an attempt that loses goes back to the head
-	nonce   string      // fresh for this call, once it may be granted the lock (m.grants)
-	busy    time.Time   // when the last round that found the lock held began
+	// nonce names one join of the queue, when a release may grant us the
+	// lock (m.grants): fresh for each, so that a grant's message names the
+	// join it answers. joined is when the first round that could add it
+	// began, before the release that grants it can have run.
+	nonce   string
+	joined  time.Time
 	timer   *time.Timer
 	delay   backoff   // polling, and retries while the nodes do not answer
 	down    time.Time // when the nodes stopped answering; zero while they answer
@@ -94,9 +98,15 @@ func (w *waiter) run(ctx context.Context) (bool, error) {
 		w.queued = w.queued || q.flags != "" // the flags say "queue me" or "I may be queued"
 		w.turn = false
 		w.drain() // a wake-up from before this attempt is answered by it
+		if q.nonce != "" && strings.Contains(q.flags, "j") && w.joined.IsZero() {
+			w.joined = time.Now()
+		}
 		o := m.acquireRound(ctx, q)
-		if o.kind == busy {
-			w.busy = o.start
+		if o.rejoin {
+			// Our member is gone from the queue: join again, at once,
+			// under a fresh nonce.
+			w.nonce, w.joined, w.queued = "", time.Time{}, false
+			continue
 		}
 		switch o.kind {
 		case acquired:
@@ -228,7 +238,7 @@ func (w *waiter) await(ctx context.Context, ttl time.Duration) (grant, error) {
 	if !woken || err != nil {
 		return grant{}, err
 	}
-	if g, ok := w.granted(payload); ok {
+	if g, ok := w.granted(ctx, payload); ok {
 		return g, nil
 	}
 	// Our turn: a release named us (a grant for another call of this
@@ -239,30 +249,38 @@ func (w *waiter) await(ctx context.Context, ttl time.Duration) (grant, error) {
 }
 
 // granted returns the hold a release granted us, from its message
-// "g:<nonce>:<n>:<token>". Its key's TTL started when the release ran,
-// after our last round that found the lock held had reached the server, so
-// after that round began (w.busy): the local deadline is the validity
-// counted from then. A message for another call of this NetMutex (an
-// earlier nonce) is not a grant; nor is one that leaves less than an extend
-// interval, which the watchdog could not keep: the next attempt adopts the
-// key (lua/acquire.lua), renewing its TTL from a start of its own.
-func (w *waiter) granted(payload string) (grant, bool) {
+// "g:<nonce>:<n>:<token>". Its key's TTL started when the release ran, after
+// our member was added under this nonce, so after the first round that
+// could add it began (w.joined): the local deadline is the validity counted
+// from then. A member is added once per nonce (lua/acquire.lua), so a late
+// message of a grant since lost cannot name the current join. A message
+// that leaves less than an extend interval, which the watchdog could not
+// keep, is not taken as a grant: the next attempt adopts the key, renewing
+// its TTL from a start of its own. A grant naming an earlier nonce (a join
+// of an earlier call, left behind by a leave that failed, or one we were
+// told to leave) is released at once, so that the lock goes on.
+func (w *waiter) granted(ctx context.Context, payload string) (grant, bool) {
 	rest, ok := strings.CutPrefix(payload, "g:")
-	if !ok || w.nonce == "" || w.busy.IsZero() {
+	if !ok {
 		return grant{}, false
 	}
 	nonce, rest, _ := strings.Cut(rest, ":")
 	n, tok, _ := strings.Cut(rest, ":")
 	token, err := strconv.ParseUint(tok, 10, 64)
-	if nonce != w.nonce || err != nil {
+	if err != nil {
 		return grant{}, false
 	}
 	m := w.m
-	until := w.busy.Add(m.cfg.expiry - m.driftTerm)
-	if time.Until(until) < m.cfg.expiry/extendsPerExpiry {
+	value := nonce + "." + n
+	if nonce != w.nonce {
+		m.release(context.WithoutCancel(ctx), value, nil)
 		return grant{}, false
 	}
-	return grant{value: nonce + "." + n, token: token, start: w.busy, until: until}, true
+	until := w.joined.Add(m.cfg.expiry - m.driftTerm)
+	if w.joined.IsZero() || time.Until(until) < m.cfg.expiry/extendsPerExpiry {
+		return grant{}, false
+	}
+	return grant{value: value, token: token, start: w.joined, until: until}, true
 }
 
 // ttlJitter: a waiter wakes at the holder's TTL plus up to a sixteenth of

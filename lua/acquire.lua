@@ -28,7 +28,7 @@
 -- return the token it was granted with (the fence counter is shared by every
 -- name in the slot and may have moved on since).
 --
--- Reply, always an array of three integers:
+-- Reply, an array of three integers (four when a waiter must join again):
 --   { 1, token,   0    }  acquired; or the key already held our value (a retry
 --                         of our own request): its TTL is refreshed and the
 --                         token it was granted with is returned
@@ -39,6 +39,8 @@
 --   {-1, counter, pttl }  held by another value; pttl is its remaining TTL in
 --                         ms (-1: the key has no TTL). counter is 0 unless the
 --                         proposal was a ballot (only a quorum needs it).
+--   {-1, counter, pttl, 1}  the same, and our member (with a nonce) is no
+--                         longer queued: join again under a fresh nonce
 --   {-2, counter, 0    }  free, but the proposed token is not above the counter
 --   {-3, counter, 0    }  our value was already released: this request arrived
 --                         late (a node that stalled) and must not take the key
@@ -77,10 +79,19 @@ end
 if cur then
   -- A waiter that may be queued looks first (one call, where joining is
   -- three); one that cannot be (its first join) joins at once, NX keeping
-  -- it from moving if it was after all.
+  -- it from moving if it was after all. A member with a nonce joins once:
+  -- one that is gone (a release took it, granting it a lock since lost, or
+  -- skipping it; or the queue was lost) is not added again under the same
+  -- nonce, so that a late message of that release can never be taken for a
+  -- grant of the new join. The waiter is told to join again under a fresh
+  -- nonce (the reply's fourth integer).
   local join = string.find(flags, 'j', 1, true)
-  if join and string.find(flags, 'q', 1, true) and redis.call('ZSCORE', KEYS[3], waiter) then
-    join = false
+  if join and string.find(flags, 'q', 1, true) then
+    if redis.call('ZSCORE', KEYS[3], waiter) then
+      join = false
+    elseif nonce ~= '' then
+      return {-1, 0, redis.call('PTTL', KEYS[1]), 1} -- a nonce means one node: no ballot
+    end
   end
   if join then
     local score = 0 -- below every arrival time: the head
