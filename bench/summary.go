@@ -193,6 +193,37 @@ func writeSummary(p printer, scs []*scenario) {
 			},
 		},
 		{
+			what: "the same, without the PINGs a client library sends by itself (rueidis: one per idle connection per second)", threshold: "≤ 1.00",
+			value: func(nl string) (string, bool, bool) {
+				r := get(waitingID, nl)
+				if r == nil || r.wait == nil {
+					return "", false, false
+				}
+				v := r.wait.lockPerWaiterSecond()
+				return fmtRate(v), v <= 1, true
+			},
+			ref: func() string {
+				sc := byID[waitingID]
+				if sc == nil {
+					return "no peer measured"
+				}
+				var low *waitResult
+				var name string
+				for _, r := range sc.rows {
+					if _, ok := rowStatus(r); !ok || r.res.wait == nil || r.c.role != rolePeer {
+						continue
+					}
+					if low == nil || r.res.wait.lockPerWaiterSecond() < low.lockPerWaiterSecond() {
+						low, name = r.res.wait, r.name
+					}
+				}
+				if low == nil {
+					return "no peer measured"
+				}
+				return fmt.Sprintf("lowest peer: %s, %s", name, fmtRate(low.lockPerWaiterSecond()))
+			},
+		},
+		{
 			what: "for reference: 8 clients CS/s ÷ fastest *fair* peer (self-reacquire ≤ 50% and fairness ≥ 0.5)", threshold: "–",
 			value: func(nl string) (string, bool, bool) {
 				v, _, ok := rateVsBest("clients8", fair, 0)(nl)

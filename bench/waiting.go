@@ -40,12 +40,20 @@ type waitResult struct {
 	window   time.Duration // between the two INFO snapshots
 	commands int64         // Redis commands in the window, the measuring connection's own left out
 	top      []cmdCount    // the commands with most calls in the window, most first
+	pings    int64         // PINGs among commands: a client library's own keepalive (rueidis), not the lock's
 	served   int           // waiters that got the lock after the holder released it
 	handover time.Duration // from the holder's unlock to the last served waiter's unlock returning
 }
 
 // perWaiterSecond is the figure of the scenario.
 func (w *waitResult) perWaiterSecond() float64 { return w.perSecond(w.commands) / float64(w.waiters) }
+
+// lockPerWaiterSecond is the figure without the PINGs a client library
+// sends by itself to keep idle connections checked (rueidis: one per idle
+// connection per second, its Dialer.KeepAlive): what the lock costs.
+func (w *waitResult) lockPerWaiterSecond() float64 {
+	return w.perSecond(w.commands-w.pings) / float64(w.waiters)
+}
 
 // perSecond is n over the window.
 func (w *waitResult) perSecond(n int64) float64 {
@@ -165,6 +173,7 @@ func waitBehindHolder(ctx context.Context, cls []client, probe redis.Conn, name 
 	}
 	w.window = time.Since(t0)
 	w.commands, w.top = after.since(before)
+	w.pings = after.calls["ping"] - before.calls["ping"]
 
 	inside.Add(-1)
 	unlocked := time.Now()
