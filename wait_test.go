@@ -293,9 +293,9 @@ func TestCancelledWaiterPassesTurn(t *testing.T) {
 	})
 }
 
-// A restart of Redis (stop, start on the same port) while goroutines wait
-// in Lock and LockCtx costs them nothing: they ride it out and lock when the
-// server is back, one after the other.
+// A restart of Redis (stop, 300ms down, start on the same port) while
+// goroutines wait in Lock and LockCtx costs them nothing: they ride it out
+// and lock when the server is back, one after the other.
 func TestWaitersRideOutRestart(t *testing.T) {
 	forEachEnv(t, realOnly, func(t *testing.T, e *env) {
 		holder := e.newMutex(t, "restart", WithNodeTimeout(200*time.Millisecond))
@@ -320,6 +320,10 @@ func TestWaitersRideOutRestart(t *testing.T) {
 			q, _ := redis.Int(e.do(t, "ZCARD", holder.keys.waiters), nil)
 			return q == 2*n
 		})
+		// Down for 300ms and more (the stop, the pause, the start), as a
+		// restart of a real deployment.
+		e.server.Stop()
+		time.Sleep(300 * time.Millisecond)
 		e.server.Restart()
 		// The holder's key is gone with the restart (no persistence): its
 		// hold is lost, and the waiters take turns.
