@@ -87,7 +87,7 @@ func writeContendedTable(p printer, sc *scenario) {
 }
 
 func writeWaitingTable(p printer, sc *scenario) {
-	low, _ := lowestWaiting(sc, nil)
+	low, _ := lowestWaiting(sc, nil, (*waitResult).perWaiterSecond)
 	p("| contender | commands per waiter-second | × lowest | without the client's keepalive PINGs | commands/s | top commands, per waiter-second | after the release | gave up | errors | overlaps | notes |\n")
 	p("|---|--:|--:|--:|--:|---|--:|--:|--:|--:|---|\n")
 	for _, r := range sc.rows {
@@ -109,16 +109,16 @@ func writeWaitingTable(p printer, sc *scenario) {
 	}
 }
 
-// lowestWaiting is the measured row of a waiting scenario with the fewest
-// commands per waiter-second, among the rows that pass keep (nil: all).
-func lowestWaiting(sc *scenario, keep func(*row) bool) (*waitResult, string) {
+// lowestWaiting is the measured row of a waiting scenario with the lowest
+// figure, among the rows that pass keep (nil: all).
+func lowestWaiting(sc *scenario, keep func(*row) bool, figure func(*waitResult) float64) (*waitResult, string) {
 	var low *waitResult
 	var name string
 	for _, r := range sc.rows {
 		if _, ok := rowStatus(r); !ok || r.res.wait == nil || (keep != nil && !keep(r)) {
 			continue
 		}
-		if low == nil || r.res.wait.perWaiterSecond() < low.perWaiterSecond() {
+		if low == nil || figure(r.res.wait) < figure(low) {
 			low, name = r.res.wait, r.name
 		}
 	}

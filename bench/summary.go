@@ -81,6 +81,31 @@ func writeSummary(p printer, scs []*scenario) {
 			return fmt.Sprintf("%.2f× (%s/s)", x, fmtRate(r.rate())), x >= min, true
 		}
 	}
+	// waitingValue and waitingRef give a figure of the waiting scenario
+	// (at most 1 per waiter-second), netlock's and the lowest peer's.
+	waitingValue := func(figure func(*waitResult) float64) func(string) (string, bool, bool) {
+		return func(nl string) (string, bool, bool) {
+			r := get(waitingID, nl)
+			if r == nil || r.wait == nil {
+				return "", false, false
+			}
+			v := figure(r.wait)
+			return fmtRate(v), v <= 1, true
+		}
+	}
+	waitingRef := func(figure func(*waitResult) float64) func() string {
+		return func() string {
+			sc := byID[waitingID]
+			if sc == nil {
+				return "no peer measured"
+			}
+			low, name := lowestWaiting(sc, func(r *row) bool { return r.c.role == rolePeer }, figure)
+			if low == nil {
+				return "no peer measured"
+			}
+			return fmt.Sprintf("lowest peer: %s, %s", name, fmtRate(figure(low)))
+		}
+	}
 	p50Ratio := func(id, refID, refPrefix string, max float64) func(string) (string, bool, bool) {
 		return func(nl string) (string, bool, bool) {
 			r, ref := get(id, nl), get(refID, refPrefix+clientOf(nl))
@@ -172,56 +197,11 @@ func writeSummary(p printer, scs []*scenario) {
 		},
 		{
 			what: fmt.Sprintf("%d waiters behind a holder: Redis commands per waiter-second (issue 10)", waitingClients), threshold: "≤ 1.00",
-			value: func(nl string) (string, bool, bool) {
-				r := get(waitingID, nl)
-				if r == nil || r.wait == nil {
-					return "", false, false
-				}
-				v := r.wait.perWaiterSecond()
-				return fmtRate(v), v <= 1, true
-			},
-			ref: func() string {
-				sc := byID[waitingID]
-				if sc == nil {
-					return "no peer measured"
-				}
-				low, name := lowestWaiting(sc, func(r *row) bool { return r.c.role == rolePeer })
-				if low == nil {
-					return "no peer measured"
-				}
-				return fmt.Sprintf("lowest peer: %s, %s", name, fmtRate(low.perWaiterSecond()))
-			},
+			value: waitingValue((*waitResult).perWaiterSecond), ref: waitingRef((*waitResult).perWaiterSecond),
 		},
 		{
 			what: "the same, without the PINGs a client library sends by itself (rueidis: one per idle connection per second)", threshold: "≤ 1.00",
-			value: func(nl string) (string, bool, bool) {
-				r := get(waitingID, nl)
-				if r == nil || r.wait == nil {
-					return "", false, false
-				}
-				v := r.wait.lockPerWaiterSecond()
-				return fmtRate(v), v <= 1, true
-			},
-			ref: func() string {
-				sc := byID[waitingID]
-				if sc == nil {
-					return "no peer measured"
-				}
-				var low *waitResult
-				var name string
-				for _, r := range sc.rows {
-					if _, ok := rowStatus(r); !ok || r.res.wait == nil || r.c.role != rolePeer {
-						continue
-					}
-					if low == nil || r.res.wait.lockPerWaiterSecond() < low.lockPerWaiterSecond() {
-						low, name = r.res.wait, r.name
-					}
-				}
-				if low == nil {
-					return "no peer measured"
-				}
-				return fmt.Sprintf("lowest peer: %s, %s", name, fmtRate(low.lockPerWaiterSecond()))
-			},
+			value: waitingValue((*waitResult).lockPerWaiterSecond), ref: waitingRef((*waitResult).lockPerWaiterSecond),
 		},
 		{
 			what: "for reference: 8 clients CS/s ÷ fastest *fair* peer (self-reacquire ≤ 50% and fairness ≥ 0.5)", threshold: "–",
