@@ -24,14 +24,14 @@ func NewRedigo(pool *redis.Pool) Backend {
 	}
 	b := &redigoBackend{pool: pool}
 	if pool.Dial != nil || pool.DialContext != nil {
-		b.hub = newHub(b.dialPubSub, true)
+		b.hub = NewHub(HubConfig{Listen: b.listen})
 	}
 	return b
 }
 
 type redigoBackend struct {
 	pool *redis.Pool
-	hub  *hub // nil if the pool cannot dial
+	hub  *Hub // nil if the pool cannot dial
 }
 
 func (b *redigoBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
@@ -89,20 +89,20 @@ func remaining(ctx context.Context) (time.Duration, error) {
 	return d, nil
 }
 
-// finalErr reports whether err is an error reply of the server or means the
+// Final reports whether err is an error reply of the server or means the
 // pool was closed.
-func (b *redigoBackend) finalErr(err error) bool {
+func (b *redigoBackend) Final(err error) bool {
 	var reply redis.Error
 	return errors.As(err, &reply) || strings.Contains(err.Error(), "get on closed pool")
 }
 
-// pubsub returns the backend's hub, which dials its pub/sub connection with
+// Hub returns the backend's Hub, which dials its pub/sub connection with
 // the pool's Dial function (outside the pool: it is not returned to it, and
 // does not count against MaxActive). It returns nil, so waiters poll, if the
 // pool has no Dial function.
-func (b *redigoBackend) pubsub() *hub { return b.hub }
+func (b *redigoBackend) Hub() *Hub { return b.hub }
 
-func (b *redigoBackend) dialPubSub(ctx context.Context, onMessage func(channel, payload string)) (psConn, error) {
+func (b *redigoBackend) listen(ctx context.Context, onMessage func(channel, payload string)) (Listener, error) {
 	var conn redis.Conn
 	var err error
 	switch p := b.pool; {
@@ -122,15 +122,15 @@ type redigoPubSub struct {
 	onMessage func(channel, payload string)
 }
 
-func (c *redigoPubSub) subscribe(_ context.Context, channel string) error {
+func (c *redigoPubSub) Subscribe(_ context.Context, channel string) error {
 	return c.psc.Subscribe(channel)
 }
 
-func (c *redigoPubSub) unsubscribe(_ context.Context, channel string) error {
+func (c *redigoPubSub) Unsubscribe(_ context.Context, channel string) error {
 	return c.psc.Unsubscribe(channel)
 }
 
-func (c *redigoPubSub) receive() (psEvent, error) {
+func (c *redigoPubSub) Confirmed() (string, error) {
 	for {
 		// No read deadline: the connection idles while the lock is held,
 		// however long that is. close ends the wait.
@@ -138,16 +138,13 @@ func (c *redigoPubSub) receive() (psEvent, error) {
 		case redis.Message:
 			c.onMessage(v.Channel, string(v.Data))
 		case redis.Subscription:
-			switch v.Kind {
-			case "subscribe":
-				return psEvent{kind: psSubscribed, channel: v.Channel}, nil
-			case "unsubscribe":
-				return psEvent{kind: psUnsubscribed, channel: v.Channel}, nil
+			if v.Kind == "subscribe" {
+				return v.Channel, nil
 			}
 		case error:
-			return psEvent{}, v
+			return "", v
 		}
 	}
 }
 
-func (c *redigoPubSub) close() { c.psc.Close() }
+func (c *redigoPubSub) Close() { c.psc.Close() }

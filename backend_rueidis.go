@@ -21,13 +21,13 @@ func NewRueidis(client rueidis.Client) Backend {
 		return nil // New names the nil backend
 	}
 	b := &rueidisBackend{client: client}
-	b.hub = newHub(b.dialPubSub, client.Mode() != rueidis.ClientModeCluster)
+	b.hub = NewHub(HubConfig{Listen: b.listen, Cluster: client.Mode() == rueidis.ClientModeCluster})
 	return b
 }
 
 type rueidisBackend struct {
 	client rueidis.Client
-	hub    *hub
+	hub    *Hub
 }
 
 func (b *rueidisBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
@@ -39,16 +39,18 @@ func (b *rueidisBackend) Eval(ctx context.Context, s *Script, keys, args []strin
 	return reply, err
 }
 
-// finalErr reports whether err is an error reply of the server or means the
+// Final reports whether err is an error reply of the server or means the
 // client was closed.
-func (b *rueidisBackend) finalErr(err error) bool {
+func (b *rueidisBackend) Final(err error) bool {
 	_, reply := rueidis.IsRedisErr(err)
 	return reply || errors.Is(err, rueidis.ErrClosing)
 }
 
-func (b *rueidisBackend) pubsub() *hub { return b.hub }
+// Hub returns the backend's Hub, whose connection is a dedicated one of the
+// client.
+func (b *rueidisBackend) Hub() *Hub { return b.hub }
 
-func (b *rueidisBackend) dialPubSub(ctx context.Context, onMessage func(channel, payload string)) (psConn, error) {
+func (b *rueidisBackend) listen(ctx context.Context, onMessage func(channel, payload string)) (Listener, error) {
 	dc, _ := b.client.Dedicate()
 	c := &rueidisPubSub{dc: dc, notify: make(chan struct{}, 1), closed: make(chan struct{})}
 	// The hooks run on rueidis's reading goroutine. Messages are dispatched
@@ -58,11 +60,8 @@ func (b *rueidisBackend) dialPubSub(ctx context.Context, onMessage func(channel,
 	c.errs = dc.SetPubSubHooks(rueidis.PubSubHooks{
 		OnMessage: func(m rueidis.PubSubMessage) { onMessage(m.Channel, m.Message) },
 		OnSubscription: func(s rueidis.PubSubSubscription) {
-			switch s.Kind {
-			case "subscribe":
-				c.push(psEvent{kind: psSubscribed, channel: s.Channel})
-			case "unsubscribe":
-				c.push(psEvent{kind: psUnsubscribed, channel: s.Channel})
+			if s.Kind == "subscribe" {
+				c.push(s.Channel)
 			}
 		},
 	})
@@ -76,13 +75,13 @@ type rueidisPubSub struct {
 	closed chan struct{}
 
 	mu     sync.Mutex
-	queue  []psEvent
+	queue  []string // confirmed channels
 	closer sync.Once
 }
 
-func (c *rueidisPubSub) push(ev psEvent) {
+func (c *rueidisPubSub) push(channel string) {
 	c.mu.Lock()
-	c.queue = append(c.queue, ev)
+	c.queue = append(c.queue, channel)
 	c.mu.Unlock()
 	select {
 	case c.notify <- struct{}{}:
@@ -90,22 +89,22 @@ func (c *rueidisPubSub) push(ev psEvent) {
 	}
 }
 
-func (c *rueidisPubSub) subscribe(ctx context.Context, channel string) error {
+func (c *rueidisPubSub) Subscribe(ctx context.Context, channel string) error {
 	return c.dc.Do(ctx, c.dc.B().Subscribe().Channel(channel).Build()).Error()
 }
 
-func (c *rueidisPubSub) unsubscribe(ctx context.Context, channel string) error {
+func (c *rueidisPubSub) Unsubscribe(ctx context.Context, channel string) error {
 	return c.dc.Do(ctx, c.dc.B().Unsubscribe().Channel(channel).Build()).Error()
 }
 
-func (c *rueidisPubSub) receive() (psEvent, error) {
+func (c *rueidisPubSub) Confirmed() (string, error) {
 	for {
 		c.mu.Lock()
 		if len(c.queue) > 0 {
-			ev := c.queue[0]
+			ch := c.queue[0]
 			c.queue = c.queue[1:]
 			c.mu.Unlock()
-			return ev, nil
+			return ch, nil
 		}
 		c.mu.Unlock()
 		select {
@@ -114,16 +113,16 @@ func (c *rueidisPubSub) receive() (psEvent, error) {
 			if !ok || err == nil {
 				err = errHubDown
 			}
-			return psEvent{}, err
+			return "", err
 		case <-c.closed:
-			return psEvent{}, errHubDown
+			return "", errHubDown
 		}
 	}
 }
 
 // close closes the dedicated connection rather than returning it to the
 // pool: returning it would wait for an UNSUBSCRIBE round trip.
-func (c *rueidisPubSub) close() {
+func (c *rueidisPubSub) Close() {
 	c.closer.Do(func() {
 		close(c.closed)
 		c.dc.Close()

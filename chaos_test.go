@@ -428,16 +428,16 @@ func (b *spyBackend) Eval(ctx context.Context, s *Script, keys, args []string) (
 	return vals, err
 }
 
-func (b *spyBackend) pubsub() *hub {
-	if s, ok := b.Backend.(subscriber); ok {
-		return s.pubsub()
+func (b *spyBackend) Hub() *Hub {
+	if s, ok := b.Backend.(Subscriber); ok {
+		return s.Hub()
 	}
 	return nil
 }
 
-func (b *spyBackend) finalErr(err error) bool {
-	f, ok := b.Backend.(finalErrer)
-	return ok && f.finalErr(err)
+func (b *spyBackend) Final(err error) bool {
+	f, ok := b.Backend.(ErrorClassifier)
+	return ok && f.Final(err)
 }
 
 // path tells how the client's hold with token came, just after its LockCtx

@@ -45,7 +45,7 @@ type NetMutex struct {
 	queueMS    string   // TTL of the waiters' queue: queueExpiries
 	driftTerm  time.Duration
 
-	hubs []*hub // per node: its Backend's pub/sub hub, nil if it has none
+	hubs []*Hub // per node: its Backend's pub/sub hub, nil if it has none
 	// waiterID names m in the waiters' queues while it waits. One id per
 	// NetMutex is enough: only the goroutine that owns m waits in Redis.
 	waiterID string
@@ -137,7 +137,7 @@ func New(name string, backends []Backend, opts ...Option) (*NetMutex, error) {
 		tombMS:    strconv.FormatInt(tombstoneExpiries*cfg.expiry.Milliseconds(), 10),
 		queueMS:   strconv.FormatInt(queueExpiries*cfg.expiry.Milliseconds(), 10),
 		driftTerm: cfg.driftTerm(),
-		hubs:      make([]*hub, len(backends)),
+		hubs:      make([]*Hub, len(backends)),
 		waiterID:  rand.Text(),
 		epoch:     time.Now(),
 	}
@@ -145,8 +145,13 @@ func New(name string, backends []Backend, opts ...Option) (*NetMutex, error) {
 	m.waitChan = m.keys.channel + ":" + m.waiterID
 	tries := releaseWakeTries
 	for i, b := range backends {
-		if s, ok := b.(subscriber); ok {
-			m.hubs[i] = s.pubsub()
+		if s, ok := b.(Subscriber); ok {
+			if h := s.Hub(); h != nil {
+				if h.listen == nil {
+					return nil, fmt.Errorf("netlock: backend %d: its Hub has no Listen function (HubConfig.Listen)", i)
+				}
+				m.hubs[i] = h
+			}
 		}
 		if h := m.hubs[i]; h != nil && !h.counted {
 			tries = 1

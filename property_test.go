@@ -235,7 +235,7 @@ func (b *cancelBackend) Eval(ctx context.Context, s *Script, keys, args []string
 	return vals, err
 }
 
-func (b *cancelBackend) finalErr(err error) bool { return finalErr(b.Backend, err) }
+func (b *cancelBackend) Final(err error) bool { return finalErr(b.Backend, err) }
 
 func checkModel(rt *rapid.T, nNodes int, stats *propStats, steps *atomic.Int64) {
 	const (

@@ -10,21 +10,11 @@ import (
 // Waiters are woken by the release script's PUBLISH. A release tells only
 // the waiter whose turn it is (the head of the lock's waiters' queue), on
 // that waiter's own channel, p{name}:released:<waiter id>: one NetMutex,
-// whose goroutines share the one subscription. Each Backend made by
-// NewRedigo or NewRueidis has one hub: at most one pub/sub connection,
-// shared by every waiter of every NetMutex on that Backend. A channel is
-// unsubscribed about hubLinger after its last watch stopped (a waiter that
-// comes back meanwhile joins it without a round trip), and the connection
-// is closed when no channel is subscribed.
-//
-// A Backend without a hub (another implementation of Backend) still works:
-// its waiters poll, after jittered delays bounded by the holder's TTL.
-
-// A subscriber is a Backend that can wake waiters on release. Like
-// io.WriterTo, it is an optional ability found by type assertion.
-type subscriber interface {
-	pubsub() *hub
-}
+// whose goroutines share the one subscription. Each Subscriber has one Hub:
+// at most one pub/sub connection, shared by every waiter of every NetMutex
+// on that Backend. A channel is unsubscribed about hubLinger after its last
+// watch stopped (a waiter that comes back meanwhile joins it without a round
+// trip), and the connection is closed when no channel is subscribed.
 
 // hubLinger is how long a subscription stays after its last waiter left:
 // long enough that a lock contended again and again is not subscribed anew
@@ -32,55 +22,29 @@ type subscriber interface {
 // do not outlive their use by much.
 const hubLinger = 100 * time.Millisecond
 
-// psConn is one pub/sub connection. Sends (subscribe, unsubscribe) are
-// serialized by the hub; receive is called by one goroutine only, and close
-// may be called concurrently with it, making it return an error. Messages do
-// not come through receive: the connection hands each to the onMessage
-// function it was dialed with, from its own reading goroutine, which saves a
-// goroutine hop on every wake-up.
-type psConn interface {
-	// subscribe sends SUBSCRIBE; its confirmation comes through receive.
-	subscribe(ctx context.Context, channel string) error
-	// unsubscribe sends UNSUBSCRIBE; its confirmation comes through receive.
-	unsubscribe(ctx context.Context, channel string) error
-	// receive blocks until the next confirmation.
-	receive() (psEvent, error)
-	close()
-}
-
-type psKind int
-
-const (
-	psSubscribed psKind = iota
-	psUnsubscribed
-)
-
-type psEvent struct {
-	kind    psKind
-	channel string
-}
-
 // errHubDown is returned to a waiter whose subscription died with its
 // connection before the server confirmed it.
 var errHubDown = errors.New("netlock: pub/sub connection lost")
 
-// A hub shares one pub/sub connection among the waiters of one Backend.
+// A Hub shares one pub/sub connection among the waiters of one Backend: it
+// is what a Subscriber gives netlock. Make it with NewHub, once per Backend.
+// Its methods are netlock's own; a Backend only hands it out.
 //
 // Two locks: mu orders the connection's life and its sends (a SUBSCRIBE is
 // sent and its confirmation queued under mu); wmu guards the registry of
 // topics and watches and is never held across I/O, so that a message can be
 // dispatched from the connection's reading goroutine while a send waits.
 // Lock order: mu, then wmu.
-type hub struct {
-	dial func(ctx context.Context, onMessage func(channel, payload string)) (psConn, error)
+type Hub struct {
+	listen func(ctx context.Context, onMessage func(channel, payload string)) (Listener, error)
 	// counted: the count PUBLISH returns includes this hub's subscriptions,
 	// so a release can tell a waiter nobody listens for. Not on a Redis
-	// Cluster, where PUBLISH counts only the subscribers of the node it runs
-	// on, and ours may be connected to another.
+	// Cluster (HubConfig.Cluster), where PUBLISH counts only the subscribers
+	// of the node it runs on, and ours may be connected to another.
 	counted bool
 
 	mu   sync.Mutex
-	conn psConn        // nil when closed
+	conn Listener      // nil when closed
 	down chan struct{} // closed when conn fails or is closed
 	// pending lists, per channel, the topics whose SUBSCRIBE the server has
 	// not confirmed yet, in the order sent: the server confirms in order.
@@ -100,29 +64,32 @@ type topic struct {
 	idle    time.Time // when its last watch stopped, if it has none
 }
 
-// A watch is one waiter's interest in one channel of one hub. A message on
+// A watch is one waiter's interest in one channel of one Hub. A message on
 // the channel is signalled on wake with its payload; the connection failing,
 // with "".
 type watch struct {
-	hub   *hub
+	hub   *Hub
 	topic *topic
 	wake  chan<- string // capacity 1; shared by all watches of one waiter
 }
 
-func newHub(dial func(ctx context.Context, onMessage func(channel, payload string)) (psConn, error), counted bool) *hub {
-	return &hub{dial: dial, counted: counted, topics: make(map[string]*topic), pending: make(map[string][]*topic)}
+// NewHub returns a Hub whose connections are opened by c.Listen. A Backend
+// makes one, when it is made, and returns it from every call of its Hub
+// method.
+func NewHub(c HubConfig) *Hub {
+	return &Hub{listen: c.Listen, counted: !c.Cluster, topics: make(map[string]*topic), pending: make(map[string][]*topic)}
 }
 
 // watch subscribes to channel, if no other waiter already has, and returns
 // once the server has confirmed the subscription: every release published
 // afterwards is signalled on wake. ctx bounds the dial and the wait for the
 // confirmation. On error nothing is left subscribed for this waiter.
-func (h *hub) watch(ctx context.Context, channel string, wake chan<- string) (*watch, error) {
+func (h *Hub) watch(ctx context.Context, channel string, wake chan<- string) (*watch, error) {
 	h.mu.Lock()
 	if h.conn == nil {
 		// Dialing under h.mu: the waiters of this hub that arrive meanwhile
 		// need this same connection.
-		conn, err := h.dial(ctx, h.dispatch)
+		conn, err := h.listen(ctx, h.dispatch)
 		if err != nil {
 			h.mu.Unlock()
 			return nil, err
@@ -135,7 +102,7 @@ func (h *hub) watch(ctx context.Context, channel string, wake chan<- string) (*w
 	h.wmu.Unlock()
 	if t == nil {
 		t = &topic{channel: channel, ready: make(chan struct{}), down: h.down, watches: make(map[*watch]struct{})}
-		if err := h.conn.subscribe(ctx, channel); err != nil {
+		if err := h.conn.Subscribe(ctx, channel); err != nil {
 			h.failLocked(h.conn)
 			h.mu.Unlock()
 			return nil, err
@@ -166,7 +133,7 @@ func (h *hub) watch(ctx context.Context, channel string, wake chan<- string) (*w
 // join watches channel if it is subscribed and confirmed already, without
 // any I/O; it returns nil otherwise. A waiter that joins before its first
 // attempt needs no attempt after subscribing.
-func (h *hub) join(channel string, wake chan<- string) *watch {
+func (h *Hub) join(channel string, wake chan<- string) *watch {
 	h.wmu.Lock()
 	defer h.wmu.Unlock()
 	t := h.topics[channel]
@@ -184,7 +151,7 @@ func (h *hub) join(channel string, wake chan<- string) *watch {
 }
 
 // subscribed reports whether channel has a subscription (confirmed or not).
-func (h *hub) subscribed(channel string) bool {
+func (h *Hub) subscribed(channel string) bool {
 	h.wmu.Lock()
 	defer h.wmu.Unlock()
 	return h.topics[channel] != nil
@@ -223,7 +190,7 @@ func (w *watch) stop() {
 
 // sweepIdle unsubscribes the channels that have had no watch for hubLinger,
 // and closes the connection when none is left.
-func (h *hub) sweepIdle() {
+func (h *Hub) sweepIdle() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.sweep = nil
@@ -256,7 +223,7 @@ func (h *hub) sweepIdle() {
 		// The send is a write to a local socket buffer; a caller's context
 		// has nothing to do with it.
 		ctx, cancel := context.WithTimeout(context.Background(), hubLinger)
-		err := h.conn.unsubscribe(ctx, ch)
+		err := h.conn.Unsubscribe(ctx, ch)
 		cancel()
 		if err != nil {
 			h.failLocked(h.conn)
@@ -273,7 +240,7 @@ func (h *hub) sweepIdle() {
 // NetMutex.waitChan), or granting it the lock. It is called by the
 // connection's reading goroutine; a message from a connection that has just
 // failed is harmless, a wake-up being only a reason to look.
-func (h *hub) dispatch(channel, payload string) {
+func (h *Hub) dispatch(channel, payload string) {
 	h.wmu.Lock()
 	defer h.wmu.Unlock()
 	if t := h.topics[channel]; t != nil {
@@ -284,9 +251,9 @@ func (h *hub) dispatch(channel, payload string) {
 }
 
 // read handles the confirmations of conn until it fails or is closed.
-func (h *hub) read(conn psConn) {
+func (h *Hub) read(conn Listener) {
 	for {
-		ev, err := conn.receive()
+		channel, err := conn.Confirmed()
 		h.mu.Lock()
 		if h.conn != conn {
 			h.mu.Unlock()
@@ -297,14 +264,12 @@ func (h *hub) read(conn psConn) {
 			h.mu.Unlock()
 			return
 		}
-		if ev.kind == psSubscribed {
-			if q := h.pending[ev.channel]; len(q) > 0 {
-				close(q[0].ready)
-				if len(q) == 1 {
-					delete(h.pending, ev.channel)
-				} else {
-					h.pending[ev.channel] = q[1:]
-				}
+		if q := h.pending[channel]; len(q) > 0 {
+			close(q[0].ready)
+			if len(q) == 1 {
+				delete(h.pending, channel)
+			} else {
+				h.pending[channel] = q[1:]
 			}
 		}
 		h.mu.Unlock()
@@ -314,11 +279,11 @@ func (h *hub) read(conn psConn) {
 // failLocked closes conn and forgets every subscription, waking every
 // waiter: each watches again and makes an attempt, so a release that was
 // published while the connection was failing is not missed.
-func (h *hub) failLocked(conn psConn) {
+func (h *Hub) failLocked(conn Listener) {
 	if h.conn != conn {
 		return
 	}
-	conn.close()
+	conn.Close()
 	close(h.down)
 	h.conn, h.down = nil, nil
 	h.wmu.Lock()

@@ -38,9 +38,9 @@ func (c *countingBackend) Eval(ctx context.Context, s *Script, keys, args []stri
 	return c.Backend.Eval(ctx, s, keys, args)
 }
 
-func (c *countingBackend) pubsub() *hub {
-	if s, ok := c.Backend.(subscriber); ok && !c.polling {
-		return s.pubsub()
+func (c *countingBackend) Hub() *Hub {
+	if s, ok := c.Backend.(Subscriber); ok && !c.polling {
+		return s.Hub()
 	}
 	return nil
 }
@@ -185,7 +185,7 @@ func TestWaitersShareOneSubscription(t *testing.T) {
 		const waiters = 12
 		holder := e.newMutex(t, "shared")
 		b := e.backend(t)
-		h := b.(subscriber).pubsub()
+		h := b.(Subscriber).Hub()
 		ms := make([]*NetMutex, waiters)
 		for i := range ms {
 			m, err := New("shared", []Backend{b}, WithRetryDelay(time.Millisecond, 10*time.Second))

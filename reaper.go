@@ -97,22 +97,14 @@ func (m *NetMutex) reap() {
 	}
 }
 
-// A finalErrer is a Backend that can tell a final error: an error reply
-// from the server (it ran or refused the request: nothing is in flight), or
-// a closed client (nothing sent through it will be delivered). Retrying the
-// release after a final error cannot change anything.
-type finalErrer interface {
-	finalErr(err error) bool
-}
-
 // permanentErr reports whether err, from a call to b, is an answer that
 // retrying cannot change: an error reply (a key of another type, a missing
 // permission, a script the server refuses) other than those of a server that
 // is loading, busy, failing over or full; or a closed client. A waiter gives
 // up at once on it, where it rides out anything else (see WithOutageWindow).
 func permanentErr(b Backend, err error) bool {
-	f, ok := b.(finalErrer)
-	return ok && f.finalErr(err) && !transientReply(err.Error())
+	f, ok := b.(ErrorClassifier)
+	return ok && f.Final(err) && !transientReply(err.Error())
 }
 
 // transientReply reports whether msg is an error reply that a moment can
@@ -134,6 +126,6 @@ func finalErr(b Backend, err error) bool {
 		// its process (and a key it had persisted keeps its TTL).
 		return true
 	}
-	f, ok := b.(finalErrer)
-	return ok && f.finalErr(err)
+	f, ok := b.(ErrorClassifier)
+	return ok && f.Final(err)
 }

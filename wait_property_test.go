@@ -192,7 +192,7 @@ type waitResult struct {
 // It has a hub of its own, dialing with the wrapped Backend's hub's dial.
 type probeBackend struct {
 	Backend
-	hub *hub
+	hub *Hub
 
 	rounds atomic.Int64 // acquire script calls
 	msgs   atomic.Int64 // messages received and passed on to the hub
@@ -205,9 +205,9 @@ type probeBackend struct {
 
 func newProbe(b Backend) *probeBackend {
 	p := &probeBackend{Backend: b, mine: map[string]bool{}}
-	inner := b.(subscriber).pubsub()
-	p.hub = newHub(func(ctx context.Context, onMessage func(channel, payload string)) (psConn, error) {
-		return inner.dial(ctx, func(channel, payload string) {
+	inner := b.(Subscriber).Hub()
+	p.hub = NewHub(HubConfig{Listen: func(ctx context.Context, onMessage func(channel, payload string)) (Listener, error) {
+		return inner.listen(ctx, func(channel, payload string) {
 			if p.mute.CompareAndSwap(true, false) {
 				p.muted.Add(1)
 				return
@@ -215,7 +215,7 @@ func newProbe(b Backend) *probeBackend {
 			p.msgs.Add(1)
 			onMessage(channel, payload)
 		})
-	}, inner.counted)
+	}, Cluster: !inner.counted})
 	return p
 }
 
@@ -238,9 +238,9 @@ func (p *probeBackend) Eval(ctx context.Context, s *Script, keys, args []string)
 	return p.Backend.Eval(ctx, s, keys, args)
 }
 
-func (p *probeBackend) pubsub() *hub { return p.hub }
+func (p *probeBackend) Hub() *Hub { return p.hub }
 
-func (p *probeBackend) finalErr(err error) bool { return finalErr(p.Backend, err) }
+func (p *probeBackend) Final(err error) bool { return finalErr(p.Backend, err) }
 
 // owns reports whether the lock value v (the key's "<value>:<token>" without
 // the token) was proposed through p, or granted to one of its nonces.

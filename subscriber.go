@@ -1,0 +1,82 @@
+package netlock
+
+import "context"
+
+// What a Backend can offer besides Eval. Each is an optional interface,
+// found by type assertion like io.WriterTo; NewRedigo, NewRueidis and
+// netlock/goredis implement both. A Backend that wraps another (to count or
+// log its calls, say) should implement the ones its inner Backend does, by
+// forwarding to it, or its waiters lose what they give.
+
+// A Subscriber is a Backend whose waiters wait by message. With it, a
+// waiter listens on a channel of its own, joins the lock's queue of waiters
+// (turns go in order of arrival, across processes), and sleeps until the
+// release that makes it the head of that queue tells it so; over one
+// deployment the release grants it the lock in the same script. A waiter
+// costs Redis about one command per expiry, and a dead waiter is skipped.
+//
+// A Backend that is not a Subscriber still works: its waiters poll, with
+// the jittered delays of WithRetryDelay bounded by the holder's remaining
+// TTL, and take no place in the queue, so turns are not in order of
+// arrival.
+type Subscriber interface {
+	Backend
+	// Hub returns the Backend's Hub, made once by NewHub: the same Hub from
+	// every call. A nil Hub means the Backend cannot listen now; its
+	// waiters poll.
+	Hub() *Hub
+}
+
+// HubConfig says how a Hub reaches its Backend's server.
+type HubConfig struct {
+	// Listen opens a new pub/sub connection to the server, or the same
+	// deployment, the Backend's Eval reaches. Every message the connection
+	// receives must be passed to onMessage, in the order received, from the
+	// goroutine that reads it (onMessage does no I/O and returns at once).
+	// ctx bounds the dial. Required.
+	Listen func(ctx context.Context, onMessage func(channel, payload string)) (Listener, error)
+
+	// Cluster says the Backend is a Redis Cluster. There PUBLISH counts
+	// only the subscribers connected to the node it runs on, so a release
+	// cannot tell a waiter nobody listens for: it tells the head of the
+	// queue to attempt instead of granting it the lock, and a waiter whose
+	// process died keeps its place until its entry expires.
+	Cluster bool
+}
+
+// A Listener is one pub/sub connection of a Hub, opened by
+// HubConfig.Listen. The Hub calls Confirmed from one goroutine; Subscribe,
+// Unsubscribe and Close may be called meanwhile, from others, but never two
+// of them at once.
+type Listener interface {
+	// Subscribe sends SUBSCRIBE channel. It need not wait for the server's
+	// confirmation: Confirmed returns it.
+	Subscribe(ctx context.Context, channel string) error
+	// Unsubscribe sends UNSUBSCRIBE channel, without waiting for the
+	// server's confirmation.
+	Unsubscribe(ctx context.Context, channel string) error
+	// Confirmed blocks until the server confirms a SUBSCRIBE and returns
+	// its channel; the server confirms them in the order they were sent.
+	// Confirmations of UNSUBSCRIBE are dropped. Once the connection fails
+	// or is closed, Confirmed returns an error, and the Hub stops using the
+	// Listener.
+	Confirmed() (channel string, err error)
+	// Close closes the connection, dropping its subscriptions, and makes
+	// Confirmed return an error. It may be called more than once.
+	Close()
+}
+
+// An ErrorClassifier is a Backend that can tell which of its errors are
+// final. Without it, netlock takes every error for one that may have left
+// the call in flight: the reaper keeps delivering a release until the
+// tombstone's lifetime ends (ten expiries), and a waiter rides out even an
+// error reply like WRONGTYPE for the outage window (WithOutageWindow) before
+// it reports it.
+type ErrorClassifier interface {
+	// Final reports whether err, returned by Eval, is final: the server
+	// answered with an error reply (it ran or refused the script: nothing
+	// of the call is still in flight), or the client is closed (nothing
+	// sent through it can be delivered any more). A connection refused is
+	// final whatever Final says.
+	Final(err error) bool
+}
