@@ -122,22 +122,31 @@ func (h *hold) deadline() (time.Time, bool) {
 // whether the hold is over.
 func (h *hold) expire(now time.Time) bool {
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.state == held && !now.Before(h.until) {
+	lostNow := h.state == held && !now.Before(h.until)
+	if lostNow {
 		h.state = lost
 		close(h.ended)
 	}
-	return h.state != held
+	over := h.state != held
+	h.mu.Unlock()
+	if lostNow {
+		h.m.lostHold(h, lostDeadline)
+	}
+	return over
 }
 
 // lose declares the hold lost now (an extend or release found the key gone
 // or taken).
 func (h *hold) lose() {
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.state == held {
+	lostNow := h.state == held
+	if lostNow {
 		h.state = lost
 		close(h.ended)
+	}
+	h.mu.Unlock()
+	if lostNow {
+		h.m.lostHold(h, lostExtend)
 	}
 }
 
@@ -145,15 +154,20 @@ func (h *hold) lose() {
 // until is later. It reports whether the hold is still held.
 func (h *hold) moveUntil(until time.Time) bool {
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.state == held && !time.Now().Before(h.until) {
+	lostNow := h.state == held && !time.Now().Before(h.until)
+	if lostNow {
 		h.state = lost // the extend came back too late
 		close(h.ended)
 	}
 	if h.state == held && until.After(h.until) {
 		h.until = until
 	}
-	return h.state == held
+	ok := h.state == held
+	h.mu.Unlock()
+	if lostNow {
+		h.m.lostHold(h, lostLate)
+	}
+	return ok
 }
 
 // end stops the watchdog, waits for a tick under way (cancelling its
@@ -162,9 +176,11 @@ func (h *hold) moveUntil(until time.Time) bool {
 func (h *hold) end() (wasLost bool) {
 	h.mu.Lock()
 	h.timer.Stop()
+	lostNow := false
 	if h.state == held {
 		if !time.Now().Before(h.until) {
 			h.state = lost
+			lostNow = true
 		}
 		close(h.ended)
 	}
@@ -172,6 +188,9 @@ func (h *hold) end() (wasLost bool) {
 	h.state = released
 	ticking, cancel := h.ticking, h.cancel
 	h.mu.Unlock()
+	if lostNow {
+		h.m.lostHold(h, lostDeadline)
+	}
 	if ticking != nil {
 		// Nothing of the hold outlives Unlock.
 		cancel()
@@ -185,7 +204,7 @@ func (h *hold) end() (wasLost bool) {
 // answers after until is too late). On success it moves until. It returns
 // ErrLockLost when the key is gone or taken on so many nodes that a quorum
 // can never hold it again.
-func (m *NetMutex) extendRound(ctx context.Context, h *hold) error {
+func (m *NetMutex) extendRound(ctx context.Context, h *hold) (err error) {
 	until, ok := h.deadline()
 	if !ok {
 		return ErrLockLost
@@ -193,7 +212,8 @@ func (m *NetMutex) extendRound(ctx context.Context, h *hold) error {
 	ctx, cancel := context.WithDeadline(ctx, until)
 	defer cancel()
 	start := time.Now()
-	err := m.settle(m.fanout(ctx, extendScript, m.extendKeys, []string{h.value, m.expiryMS, m.queueMS}, nil))
+	defer func() { m.extended(h, time.Since(start), err) }()
+	err = m.settle(m.fanout(ctx, extendScript, m.extendKeys, []string{h.value, m.expiryMS, m.queueMS}, nil))
 	if err != nil {
 		return err
 	}

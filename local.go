@@ -17,14 +17,15 @@ type localWaiter struct {
 
 // own makes the calling goroutine the owner of m, waiting in line behind
 // the goroutines of this process that came first. It returns the hold handed
-// over with ownership, or nil if the owner must acquire in Redis itself. If
-// ctx ends first it returns ctx's cause, and m is as if own was not called.
-func (m *NetMutex) own(ctx context.Context) (*hold, error) {
+// over with ownership, or nil if the owner must acquire in Redis itself, and
+// whether it had to wait. If ctx ends first it returns ctx's cause, and m is
+// as if own was not called.
+func (m *NetMutex) own(ctx context.Context) (h *hold, waited bool, err error) {
 	m.mu.Lock()
 	if !m.owned {
 		m.owned = true
 		m.mu.Unlock()
-		return nil, nil
+		return nil, false, nil
 	}
 	w := &localWaiter{turn: make(chan *hold, 1)}
 	m.waiters = append(m.waiters, w)
@@ -33,25 +34,25 @@ func (m *NetMutex) own(ctx context.Context) (*hold, error) {
 	select {
 	case h := <-w.turn:
 		if ctx.Err() == nil {
-			return h, nil
+			return h, true, nil
 		}
 		// The turn and ctx's end were both ready and select picked the
 		// turn at random: a caller whose ctx has ended must not hold m.
 		m.passTurn(h)
-		return nil, context.Cause(ctx)
+		return nil, true, context.Cause(ctx)
 	case <-ctx.Done():
 	}
 	m.mu.Lock()
 	if i := slices.Index(m.waiters, w); i >= 0 {
 		m.waiters = slices.Delete(m.waiters, i, i+1)
 		m.mu.Unlock()
-		return nil, context.Cause(ctx)
+		return nil, true, context.Cause(ctx)
 	}
 	m.mu.Unlock()
 	// Our turn came as ctx ended: pass it on, so a cancelled caller never
 	// holds m.
 	m.passTurn(<-w.turn)
-	return nil, context.Cause(ctx)
+	return nil, true, context.Cause(ctx)
 }
 
 // passTurn gives up a turn that reached a caller who no longer wants it

@@ -69,6 +69,7 @@ type NetMutex struct {
 	owned    bool
 	waiters  []*localWaiter // FIFO
 	hold     *hold          // set by a successful acquire or a hand-off, cleared by UnlockCtx
+	since    time.Time      // when the holding goroutine's LockCtx or TryLockCtx returned
 	handoffs int            // hand-offs in a row of the current hold
 
 	// seen is the highest fence counter learned from any node: the next
@@ -192,16 +193,19 @@ func (m *NetMutex) TryLock() bool {
 	return ok
 }
 
-// Unlock unlocks m. Like sync.Mutex.Unlock, it is a run-time error, a panic
-// whose value matches ErrNotHeld, if m is not locked. It also panics if the
-// hold was lost (ErrLockLost) or the release failed; use UnlockCtx to get
-// these as errors. Whether it panics or not, m is unlocked afterwards.
+// Unlock unlocks m. Like sync.Mutex.Unlock, it panics only on misuse: if m
+// is not locked (a panic whose value matches ErrNotHeld), or was not made by
+// New. Whatever Redis does, it returns, with m unlocked in this process: a
+// hold that had been lost is logged at Warn (and Lost was closed when it
+// was found lost); a release that could not reach every node is logged at
+// Warn and delivered in the background when the nodes answer (see reaper).
+// Use UnlockCtx to get these as errors.
 func (m *NetMutex) Unlock() {
 	err := m.UnlockCtx(context.Background())
 	switch {
 	case errors.Is(err, ErrNotHeld):
 		panic(errUnlockUnlocked)
-	case err != nil:
+	case errors.Is(err, errZero):
 		panic(err)
 	}
 }

@@ -25,19 +25,26 @@ import (
 // each node's last error, joined with ctx's error if ctx ended first. An
 // answer that retrying cannot change (a key of another type, a missing
 // permission) is returned at once, the same way.
-func (m *NetMutex) LockCtx(ctx context.Context) error {
+func (m *NetMutex) LockCtx(ctx context.Context) (err error) {
 	if err := m.check(); err != nil {
 		return err
+	}
+	var contended, handedOver bool
+	if done := m.startAcquire(ctx, false); done != nil {
+		defer func() { done(err == nil, contended, handedOver, err) }()
 	}
 	if ctx.Err() != nil {
 		return notObtained(context.Cause(ctx))
 	}
-	h, err := m.own(ctx)
+	h, waited, err := m.own(ctx)
+	contended, handedOver = waited, h != nil
 	if err != nil {
 		return notObtained(err)
 	}
 	if h == nil { // not handed over by the previous local holder
-		if _, err := m.acquire(ctx, true); err != nil {
+		_, busy, err := m.acquire(ctx, true)
+		contended = contended || busy
+		if err != nil {
 			m.passOwnership()
 			return err
 		}
@@ -48,6 +55,7 @@ func (m *NetMutex) LockCtx(ctx context.Context) error {
 		m.UnlockCtx(context.WithoutCancel(ctx))
 		return notObtained(context.Cause(ctx))
 	}
+	m.heldSince()
 	return nil
 }
 
@@ -56,21 +64,28 @@ func (m *NetMutex) LockCtx(ctx context.Context) error {
 // this process or another client holds it; and (false, err) when the attempt
 // could not be made (ctx ended, or Redis could not be asked), leaving nothing
 // held on any node. ctx bounds the one attempt.
-func (m *NetMutex) TryLockCtx(ctx context.Context) (bool, error) {
+func (m *NetMutex) TryLockCtx(ctx context.Context) (ok bool, err error) {
 	if err := m.check(); err != nil {
 		return false, err
+	}
+	contended := false
+	if done := m.startAcquire(ctx, true); done != nil {
+		defer func() { done(ok, contended, false, err) }()
 	}
 	if ctx.Err() != nil {
 		return false, notObtained(context.Cause(ctx))
 	}
 	if !m.tryOwn() {
+		contended = true
 		return false, nil
 	}
-	ok, err := m.acquire(ctx, false)
+	ok, contended, err = m.acquire(ctx, false)
 	if !ok {
 		m.passOwnership()
+		return false, err
 	}
-	return ok, err
+	m.heldSince()
+	return true, nil
 }
 
 // UnlockCtx unlocks m. It returns ErrNotHeld if m is not locked, and
@@ -94,8 +109,10 @@ func (m *NetMutex) UnlockCtx(ctx context.Context) error {
 		m.mu.Unlock()
 		return ErrNotHeld
 	}
+	held := time.Since(m.since)
 	if m.handOffLocked(h) {
 		m.mu.Unlock()
+		m.unlocked(ctx, h, held, true, nil)
 		return nil
 	}
 	m.handoffs = 0
@@ -113,10 +130,22 @@ func (m *NetMutex) UnlockCtx(ctx context.Context) error {
 		m.yieldUntil.Store(int64(time.Since(m.epoch) + grace))
 	}
 	m.passOwnership()
-	if wasLost {
-		return ErrLockLost
+	switch {
+	case wasLost:
+		err = ErrLockLost
+	case errors.Is(err, ErrLockLost):
+		m.lostHold(h, lostRelease)
 	}
+	m.unlocked(ctx, h, held, false, err)
 	return err
+}
+
+// heldSince records that the calling goroutine's hold of m begins now, for
+// UnlockDone.Held.
+func (m *NetMutex) heldSince() {
+	m.mu.Lock()
+	m.since = time.Now()
+	m.mu.Unlock()
 }
 
 // woke reports whether a release woke a waiter on some node to attempt

@@ -72,8 +72,8 @@ func TestLostWhenKeyDeleted(t *testing.T) {
 		if err := m.ExtendCtx(context.Background()); !errors.Is(err, ErrLockLost) {
 			t.Errorf("ExtendCtx: got %v, want ErrLockLost", err)
 		}
-		if err := recoverErr(m.Unlock); !errors.Is(err, ErrLockLost) {
-			t.Errorf("Unlock: got panic %v, want one matching ErrLockLost", err)
+		if err := m.UnlockCtx(context.Background()); !errors.Is(err, ErrLockLost) {
+			t.Errorf("UnlockCtx: got %v, want ErrLockLost", err)
 		}
 	})
 }

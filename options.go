@@ -3,6 +3,7 @@ package netlock
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 )
@@ -64,6 +65,9 @@ type config struct {
 	handoffs      int
 	outage        time.Duration // the expiry unless outageSet
 	outageSet     bool
+	logger        *slog.Logger // nil: slog.Default(), Warn and above
+	loggerSet     bool
+	observer      Observer
 }
 
 func defaultConfig() config {
@@ -139,6 +143,21 @@ func WithOutageWindow(d time.Duration) Option {
 	return func(c *config) { c.outage, c.outageSet = d, true }
 }
 
+// WithLogger sets where a NetMutex logs. At Warn: a hold lost, a release
+// that could not be delivered to every node (the reaper retries it), the
+// reaper giving up. At Debug: every acquire, unlock and extend. Records carry
+// the attributes lock (the name), token, and node or error where they
+// apply. Without this option, records at Warn and above go to slog.Default(),
+// whichever logger that is when they are logged; pass
+// slog.New(slog.DiscardHandler) to log nothing.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) { c.logger, c.loggerSet = l, true }
+}
+
+// WithObserver sets the Observer told of the NetMutex's acquires, unlocks,
+// extends and lost holds (default none).
+func WithObserver(o Observer) Option { return func(c *config) { c.observer = o } }
+
 // newConfig applies opts over the defaults and validates the result.
 func newConfig(opts []Option) (config, error) {
 	c := defaultConfig()
@@ -177,6 +196,9 @@ func newConfig(opts []Option) (config, error) {
 		c.outage = c.expiry
 	} else if c.outage < 0 {
 		errs = append(errs, fmt.Sprintf("outage window %v is negative", c.outage))
+	}
+	if c.loggerSet && c.logger == nil {
+		errs = append(errs, "logger is nil (to log nothing, pass slog.New(slog.DiscardHandler))")
 	}
 	if c.handoffs < 0 {
 		errs = append(errs, fmt.Sprintf("local hand-off bound %d is negative", c.handoffs))

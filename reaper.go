@@ -30,6 +30,7 @@ type pendingRelease struct {
 	node   int
 	value  string
 	giveUp time.Time
+	err    error // the last delivery's
 }
 
 // reapLater queues releases of value for the nodes whose replies were
@@ -40,7 +41,7 @@ func (m *NetMutex) reapLater(value string, replies []nodeReply, targets []bool) 
 	defer r.mu.Unlock()
 	for i, rep := range replies {
 		if (targets == nil || targets[i]) && rep.err != nil && !finalErr(m.nodes[i], rep.err) {
-			r.pending = append(r.pending, pendingRelease{node: i, value: value, giveUp: time.Now().Add(tombstoneExpiries * m.cfg.expiry)})
+			r.pending = append(r.pending, pendingRelease{node: i, value: value, giveUp: time.Now().Add(tombstoneExpiries * m.cfg.expiry), err: rep.err})
 		}
 	}
 	if len(r.pending) > 0 && !r.running {
@@ -74,12 +75,18 @@ func (m *NetMutex) reap() {
 		var left []pendingRelease
 		for _, p := range batch {
 			if time.Now().After(p.giveUp) {
+				m.reapGaveUp(p.node, "the tombstone's lifetime ended: a late acquire can no longer take the key", p.err)
 				continue
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), m.cfg.nodeTimeout)
 			rep := m.call(ctx, p.node, releaseScript, m.releaseKeys(p.value), m.releaseArgs(p.value))
 			cancel()
-			if rep.err != nil && !finalErr(m.nodes[p.node], rep.err) {
+			switch {
+			case rep.err == nil:
+			case finalErr(m.nodes[p.node], rep.err):
+				m.reapGaveUp(p.node, "the node answered with an error, refused the connection, or its client is closed", rep.err)
+			default:
+				p.err = rep.err
 				left = append(left, p)
 			}
 		}

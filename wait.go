@@ -43,6 +43,7 @@ import (
 type waiter struct {
 	m    *NetMutex
 	wait bool // LockCtx; TryLockCtx makes one attempt
+	busy bool // an attempt found the lock held
 
 	wake    chan string // capacity 1: a message on our channel, or "" for a connection failed
 	watches []*watch    // per node; nil where not watching
@@ -74,12 +75,13 @@ const maxWatchFailures = 2
 
 // acquire runs acquire rounds until one succeeds; with wait false (TryLock)
 // it makes just one attempt. It reports false, with a nil error, only when
-// wait is false and the lock is held elsewhere. The caller owns m.
-func (m *NetMutex) acquire(ctx context.Context, wait bool) (bool, error) {
+// wait is false and the lock is held elsewhere; and whether an attempt found
+// the lock held. The caller owns m.
+func (m *NetMutex) acquire(ctx context.Context, wait bool) (ok, busy bool, err error) {
 	w := waiter{m: m, wait: wait, delay: backoff{min: m.cfg.minRetryDelay, max: m.cfg.maxRetryDelay}}
-	ok, err := w.run(ctx)
+	ok, err = w.run(ctx)
 	w.done(ctx, ok)
-	return ok, err
+	return ok, w.busy, err
 }
 
 func (w *waiter) run(ctx context.Context) (bool, error) {
@@ -130,6 +132,7 @@ func (w *waiter) run(ctx context.Context) (bool, error) {
 			}
 		}
 		w.answered()
+		w.busy = true
 		if !w.wait {
 			return false, nil
 		}

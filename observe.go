@@ -1,0 +1,193 @@
+package netlock
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+)
+
+// An Observer is told what a NetMutex does, for metrics and traces: give it
+// with WithObserver. Every field is optional. netlock calls them
+// synchronously, from the goroutine doing the work and never while holding
+// a lock of its own, so they must return quickly and be safe for concurrent
+// use. Package netlock/otel turns them into OpenTelemetry metrics and spans.
+type Observer struct {
+	// Acquire is called as LockCtx or TryLockCtx (and so Lock, TryLock and
+	// Do) begins, with the caller's context, in which a tracer may start a
+	// span. The function it returns, if not nil, is called once, as that
+	// call returns.
+	Acquire func(ctx context.Context, a AcquireStart) func(AcquireDone)
+
+	// Unlock is called as UnlockCtx (and so Unlock and Do) returns, once
+	// for each LockCtx or TryLockCtx that acquired.
+	Unlock func(UnlockDone)
+
+	// Extend is called after each extend round: the watchdog's, or one of
+	// ExtendCtx.
+	Extend func(ExtendDone)
+
+	// Lost is called once per hold that is lost: its local deadline passed
+	// without a successful extend, or an extend or the release found its
+	// key gone or taken. It runs when netlock learns it, which may be at
+	// Unlock.
+	Lost func(LostHold)
+}
+
+// AcquireStart describes a LockCtx or TryLockCtx that begins.
+type AcquireStart struct {
+	Name string // the lock's name
+	Try  bool   // TryLockCtx (TryLock): one attempt, no waiting
+}
+
+// AcquireDone describes how a LockCtx or TryLockCtx ended.
+type AcquireDone struct {
+	Name     string
+	Try      bool
+	Acquired bool          // m is held
+	Token    uint64        // the hold's fencing token, if acquired (0 with fencing off)
+	Wait     time.Duration // from the call's start to its return
+	// Contended: the lock was held when the call began, in this process
+	// or elsewhere (a TryLock that found it held, or a LockCtx that waited).
+	Contended bool
+	// HandedOver: the hold came from a goroutine of this process, without
+	// a round trip to Redis (WithLocalHandoffs).
+	HandedOver bool
+	// Err is what the call returned: nil when acquired, and when TryLock
+	// found the lock held.
+	Err error
+}
+
+// UnlockDone describes an UnlockCtx of a hold.
+type UnlockDone struct {
+	Name  string
+	Token uint64
+	Held  time.Duration // from the acquire's return to the unlock
+	// HandedOver: the hold went to a goroutine of this process waiting
+	// for it, which holds it now; nothing was sent to Redis.
+	HandedOver bool
+	// Err is what UnlockCtx returned: nil, ErrLockLost (the hold had been
+	// lost), or an error matching ErrQuorum (the release did not reach
+	// enough nodes: the reaper delivers it when they answer).
+	Err error
+}
+
+// ExtendDone describes one extend round of a hold.
+type ExtendDone struct {
+	Name  string
+	Token uint64
+	Took  time.Duration
+	// Err is nil when the hold's local deadline moved; ErrLockLost when its
+	// key was gone or taken; another error (nodes not answering) leaves
+	// the hold as it was, to be extended again before its deadline.
+	Err error
+}
+
+// LostHold describes a hold that was lost.
+type LostHold struct {
+	Name   string
+	Token  uint64
+	Reason string // what showed it, in words, for logs
+}
+
+// Reasons a hold is lost, as LostHold.Reason gives them.
+const (
+	lostDeadline = "its local deadline passed without a successful extend"
+	lostExtend   = "an extend found its key gone or taken"
+	lostLate     = "an extend succeeded only after the local deadline had passed"
+	lostRelease  = "the release found its key gone or taken"
+)
+
+// log returns m's logger if it logs at level, nil otherwise. Without
+// WithLogger, netlock logs to slog.Default() at Warn and above.
+func (m *NetMutex) log(ctx context.Context, level slog.Level) *slog.Logger {
+	l := m.cfg.logger
+	if l == nil {
+		if level < slog.LevelWarn {
+			return nil
+		}
+		l = slog.Default()
+	}
+	if !l.Enabled(ctx, level) {
+		return nil
+	}
+	return l
+}
+
+// startAcquire tells the observer and the debug log that an acquire call
+// begins, and returns the function to call as it returns.
+func (m *NetMutex) startAcquire(ctx context.Context, try bool) func(acquired, contended, handedOver bool, err error) {
+	o := m.cfg.observer.Acquire
+	debug := m.log(ctx, slog.LevelDebug)
+	if o == nil && debug == nil {
+		return nil
+	}
+	start := time.Now()
+	var done func(AcquireDone)
+	if o != nil {
+		done = o(ctx, AcquireStart{Name: m.name, Try: try})
+	}
+	return func(acquired, contended, handedOver bool, err error) {
+		d := AcquireDone{Name: m.name, Try: try, Acquired: acquired, Wait: time.Since(start), Contended: contended, HandedOver: handedOver, Err: err}
+		if acquired {
+			d.Token = m.Token()
+		}
+		if debug != nil {
+			debug.LogAttrs(ctx, slog.LevelDebug, "netlock: acquire", slog.String("lock", m.name), slog.Bool("acquired", acquired),
+				slog.Uint64("token", d.Token), slog.Duration("wait", d.Wait), slog.Bool("contended", contended), slog.Bool("handed_over", handedOver), errAttr(err))
+		}
+		if done != nil {
+			done(d)
+		}
+	}
+}
+
+// unlocked tells the observer, and the log, how an UnlockCtx of h ended.
+func (m *NetMutex) unlocked(ctx context.Context, h *hold, held time.Duration, handedOver bool, err error) {
+	if err != nil {
+		// A lost hold was logged when it was found lost.
+		if l := m.log(ctx, slog.LevelWarn); l != nil && !errors.Is(err, ErrLockLost) {
+			l.LogAttrs(ctx, slog.LevelWarn, "netlock: release not delivered to every node; it is retried in the background", slog.String("lock", m.name), slog.Uint64("token", h.token), errAttr(err))
+		}
+	} else if l := m.log(ctx, slog.LevelDebug); l != nil {
+		l.LogAttrs(ctx, slog.LevelDebug, "netlock: unlock", slog.String("lock", m.name), slog.Uint64("token", h.token), slog.Duration("held", held), slog.Bool("handed_over", handedOver))
+	}
+	if o := m.cfg.observer.Unlock; o != nil {
+		o(UnlockDone{Name: m.name, Token: h.token, Held: held, HandedOver: handedOver, Err: err})
+	}
+}
+
+// extended tells the observer, and the debug log, how an extend round of h
+// ended.
+func (m *NetMutex) extended(h *hold, took time.Duration, err error) {
+	if l := m.log(context.Background(), slog.LevelDebug); l != nil {
+		l.LogAttrs(context.Background(), slog.LevelDebug, "netlock: extend", slog.String("lock", m.name), slog.Uint64("token", h.token), slog.Duration("took", took), errAttr(err))
+	}
+	if o := m.cfg.observer.Extend; o != nil {
+		o(ExtendDone{Name: m.name, Token: h.token, Took: took, Err: err})
+	}
+}
+
+// lostHold tells the observer, and the log at Warn, that h was lost.
+func (m *NetMutex) lostHold(h *hold, reason string) {
+	if l := m.log(context.Background(), slog.LevelWarn); l != nil {
+		l.LogAttrs(context.Background(), slog.LevelWarn, "netlock: lock lost", slog.String("lock", m.name), slog.Uint64("token", h.token), slog.String("reason", reason))
+	}
+	if o := m.cfg.observer.Lost; o != nil {
+		o(LostHold{Name: m.name, Token: h.token, Reason: reason})
+	}
+}
+
+// reapGaveUp logs that the reaper stopped delivering a release to node i.
+func (m *NetMutex) reapGaveUp(node int, why string, err error) {
+	if l := m.log(context.Background(), slog.LevelWarn); l != nil {
+		l.LogAttrs(context.Background(), slog.LevelWarn, "netlock: gave up delivering a release", slog.String("lock", m.name), slog.Int("node", node), slog.String("reason", why), errAttr(err))
+	}
+}
+
+func errAttr(err error) slog.Attr {
+	if err == nil {
+		return slog.Attr{}
+	}
+	return slog.String("error", err.Error())
+}
