@@ -11,9 +11,12 @@ import (
 // with replicas, or a Redis Cluster. A NetMutex over one Backend is a plain
 // lock; over several it is a quorum lock.
 //
-// Implementations must be safe for concurrent use. NewRedigo and NewRueidis
-// are the ones netlock provides; another client library needs only this one
-// method.
+// Implementations must be safe for concurrent use. NewRedigo, NewRueidis
+// and package netlock/goredis are the ones netlock provides. Another client
+// library needs only this one method to lock correctly; with it alone, its
+// waiters poll. Implementing the optional interfaces as well, Subscriber
+// (waiting by message, in a queue) and ErrorClassifier (telling final
+// errors), makes it wait and recover as the built-in Backends do.
 type Backend interface {
 	// Eval runs s with EVALSHA, falling back to EVAL when the server answers
 	// NOSCRIPT, and returns its reply: every netlock script returns an array
@@ -53,9 +56,12 @@ var (
 	// leave: one definition, prepended to both.
 	//go:embed lua/handon.lua
 	handOnLua string
+	//go:embed lua/inspect.lua
+	inspectLua string
 
 	acquireScript = newScript("acquire", acquireLua)
 	releaseScript = newScript("release", handOnLua+releaseLua)
 	extendScript  = newScript("extend", extendLua)
 	leaveScript   = newScript("leave", handOnLua+leaveLua)
+	inspectScript = newScript("inspect", inspectLua)
 )

@@ -5,11 +5,22 @@
 // # sync.Locker and the context layer
 //
 // NetMutex satisfies sync.Locker. Lock blocks until the lock is held, however
-// long the current holder keeps it; Unlock releases it. Like etcd's
-// concurrency.NewLocker, both panic when Redis cannot be asked, since
-// sync.Locker has no way to return an error; the panic value is an error
-// matching one of the sentinel errors. TryLock makes one attempt and reports
-// whether it succeeded, like sync.Mutex.TryLock.
+// long the current holder keeps it; Unlock releases it. TryLock makes one
+// attempt and reports whether it succeeded, like sync.Mutex.TryLock.
+//
+// When each method panics, exactly:
+//   - Lock and TryLock panic when Redis cannot be asked (after the outage
+//     window, for Lock), since sync.Locker has no way to return an error,
+//     as etcd's concurrency.NewLocker does; the panic value is the error
+//     LockCtx or TryLockCtx would return.
+//   - Unlock panics only on misuse, as sync.Mutex does: the NetMutex is not
+//     locked (the value matches ErrNotHeld). A hold that was lost, or a
+//     release Redis did not take, is logged at Warn and returns; a release
+//     that could not be delivered is delivered in the background.
+//   - Lock, TryLock and Unlock also panic on a NetMutex not made by New,
+//     with an error saying so.
+//   - The ctx methods and Do never panic (Do lets a panic of its function
+//     go on, after unlocking): they return the error.
 //
 //	mu, err := netlock.New("balance:"+account, []netlock.Backend{netlock.NewRedigo(pool)})
 //	...
@@ -127,4 +138,18 @@
 // Errors name the node they came from ("netlock: node 0: ..."). Failures to
 // reach Redis match ErrQuorum; contention matches ErrNotObtained, and so does
 // a context that ended while waiting, together with the context's error.
+//
+// # Clients, logs and metrics
+//
+// NewRedigo, NewRueidis and netlock/goredis make Backends of the three Go
+// Redis clients; a Backend of your own needs one method, Eval, and waits by
+// message if it also implements Subscriber (see there).
+//
+// A NetMutex logs with log/slog (WithLogger): at Warn, a hold lost, a
+// release not delivered to every node, and the reaper giving up; at Debug,
+// every acquire, unlock and extend. Without WithLogger, Warn and above go to
+// slog.Default(). WithObserver gives every acquire, unlock, extend and lost
+// hold to functions of yours; netlock/otelnetlock turns them into
+// OpenTelemetry metrics and spans. Inspect tells whether a lock is held, by
+// which token, and for how long, without taking it.
 package netlock
