@@ -8,6 +8,18 @@
 // long the current holder keeps it; Unlock releases it. TryLock makes one
 // attempt and reports whether it succeeded, like sync.Mutex.TryLock.
 //
+//	mu, err := netlock.New("balance:"+account, []netlock.Backend{netlock.NewRedigo(pool)})
+//	...
+//	mu.Lock()
+//	balance := read()
+//	write(balance - amount)
+//	mu.Unlock()
+//
+// The context layer returns errors instead: LockCtx waits until ctx ends,
+// TryLockCtx makes one attempt, UnlockCtx and ExtendCtx report a hold that
+// was lost (ErrLockLost). Do runs a function under the lock, with a context
+// that is cancelled if the hold is lost.
+//
 // When each method panics, exactly:
 //   - Lock and TryLock panic when Redis cannot be asked (after the outage
 //     window, for Lock), since sync.Locker has no way to return an error,
@@ -21,18 +33,6 @@
 //     with an error saying so.
 //   - The ctx methods and Do never panic (Do lets a panic of its function
 //     go on, after unlocking): they return the error.
-//
-//	mu, err := netlock.New("balance:"+account, []netlock.Backend{netlock.NewRedigo(pool)})
-//	...
-//	mu.Lock()
-//	balance := read()
-//	write(balance - amount)
-//	mu.Unlock()
-//
-// The context layer returns errors instead: LockCtx waits until ctx ends,
-// TryLockCtx makes one attempt, UnlockCtx and ExtendCtx report a hold that
-// was lost (ErrLockLost). Do runs a function under the lock, with a context
-// that is cancelled if the hold is lost.
 //
 // Goroutines of one process that share a NetMutex queue locally first, in
 // order of arrival, and only one of them at a time talks to Redis. A
