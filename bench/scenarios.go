@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// Sizes of the scenarios, as issue 4 sets them.
+// Sizes of the scenarios.
 const (
 	contendingClients = 8
 	sharingGoroutines = 8

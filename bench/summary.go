@@ -5,7 +5,7 @@ import (
 	"strings"
 )
 
-// The targets of issues 4 and 10, each computed from this run's rows.
+// The targets netlock holds itself to, each computed from this run's rows.
 
 var netlockRows = []string{"netlock/redigo", "netlock/rueidis"}
 
@@ -196,7 +196,7 @@ func writeSummary(p printer, scs []*scenario) {
 			value: rateVsBest(fmt.Sprintf("quorum%d", quorumServers), nil, 1.5), ref: bestRef(fmt.Sprintf("quorum%d", quorumServers), nil, "ops/s"),
 		},
 		{
-			what: fmt.Sprintf("%d waiters behind a holder: Redis commands per waiter-second (issue 10)", waitingClients), threshold: "≤ 1.00",
+			what: fmt.Sprintf("%d waiters behind a holder: Redis commands per waiter-second", waitingClients), threshold: "≤ 1.00",
 			value: waitingValue((*waitResult).perWaiterSecond), ref: waitingRef((*waitResult).perWaiterSecond),
 		},
 		{
@@ -213,7 +213,7 @@ func writeSummary(p printer, scs []*scenario) {
 		},
 	}
 
-	p("## Summary: the targets of issues 4 and 10\n\n")
+	p("## Summary: netlock against its targets\n\n")
 	p("Each figure is netlock's, as a ratio to a row measured in this same run (the waiting cost: as measured, next to the lowest peer's).\n\n")
 	p("| target | threshold | %s | compared with |\n|---|---|%s---|\n", strings.Join(netlockRows, " | "), strings.Repeat("---|", len(netlockRows)))
 	for _, t := range targets {

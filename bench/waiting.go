@@ -16,7 +16,7 @@ import (
 	"github.com/gomodule/redigo/redis"
 )
 
-// The waiting scenario (issue 10): what clients waiting for a held lock cost
+// The waiting scenario: what clients waiting for a held lock cost
 // Redis, in commands per waiter-second.
 const (
 	waitingClients = 40
