@@ -8,7 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
+	"log/slog"
 	"os"
 	"os/signal"
 	"strconv"
@@ -51,7 +51,7 @@ var (
 
 // demoConfig is the demo's validated flags.
 type demoConfig struct {
-	redisAddr  string // "" for the embedded server
+	server     *node // nil for the embedded server
 	workers    int
 	procs      int
 	increments int
@@ -72,8 +72,10 @@ GET counter, pause, SET counter to the value read plus one.
 
 By default Redis is embedded in the demo (miniredis): nothing to set up.
 With --redis the demo uses a real server, under keys unique to the run that
-it deletes afterwards.
+it deletes afterwards. It authenticates as run does (--user,
+$NETLOCK_PASSWORD, or a URL), but does not read $NETLOCK_REDIS.
 
+` + addrHelp + `
 Exit status: 0 when the locked phase counted every update, 1 when it did not
 or Redis failed, 2 for bad flags.
 
@@ -98,7 +100,8 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func parseDemoFlags(args []string, stdout, stderr io.Writer) (cfg demoConfig, code int, ok bool) {
 	fs := flag.NewFlagSet("netlock demo", flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // errors and help are printed below
-	fs.StringVar(&cfg.redisAddr, "redis", "", "use the Redis server at `host:port` instead of the embedded one")
+	var cf connFlags
+	cf.register(fs, true)
 	fs.IntVar(&cfg.workers, "workers", 100, "number of worker goroutines, 1 to "+strconv.Itoa(maxWorkers))
 	fs.IntVar(&cfg.procs, "procs", 0, "number of simulated processes the workers are spread over, each with its\nown Redis client and its own NetMutex: 1 to --workers (default 4, or --workers\nif fewer)")
 	fs.IntVar(&cfg.increments, "increments", 5, "increments each worker makes, 1 to "+strconv.Itoa(maxIncrements))
@@ -106,9 +109,7 @@ func parseDemoFlags(args []string, stdout, stderr io.Writer) (cfg demoConfig, co
 	fs.StringVar(&cfg.backend, "backend", "redigo", "Redis client library: redigo or rueidis")
 	printHelp := func(w io.Writer) {
 		fmt.Fprint(w, demoHelp)
-		fs.SetOutput(w)
-		fs.PrintDefaults()
-		fs.SetOutput(io.Discard)
+		printFlags(w, fs)
 	}
 	bad := func(format string, a ...any) (demoConfig, int, bool) {
 		fmt.Fprintf(stderr, "netlock demo: "+format+"\n", a...)
@@ -121,10 +122,7 @@ func parseDemoFlags(args []string, stdout, stderr io.Writer) (cfg demoConfig, co
 			printHelp(stdout)
 			return cfg, exitOK, false
 		}
-		if strings.Contains(err.Error(), "flag -pause") {
-			return bad("%v; want a duration such as 1ms, 500us or 0", err)
-		}
-		return bad("%v", err)
+		return bad("%s", flagError(fs, err))
 	}
 	if fs.NArg() > 0 {
 		return bad("unexpected argument %q: demo takes only flags", fs.Arg(0))
@@ -148,11 +146,11 @@ func parseDemoFlags(args []string, stdout, stderr io.Writer) (cfg demoConfig, co
 	if cfg.procs < 1 || cfg.procs > cfg.workers {
 		return bad("--procs must be between 1 and --workers (%d), not %d", cfg.workers, cfg.procs)
 	}
-	if set["redis"] {
-		if _, port, err := net.SplitHostPort(cfg.redisAddr); err != nil || port == "" {
-			return bad("--redis must be host:port, such as 127.0.0.1:6379, not %q", cfg.redisAddr)
-		}
+	server, err := cf.resolveDemo(os.Getenv)
+	if err != nil {
+		return bad("%v", err)
 	}
+	cfg.server = server
 	return cfg, exitOK, true
 }
 
@@ -170,15 +168,17 @@ func demo(ctx context.Context, cfg demoConfig, stdout, stderr io.Writer) (code i
 		return exitFail
 	}
 
-	where := "Redis at " + cfg.redisAddr
-	addr := cfg.redisAddr
-	if addr == "" {
+	server := cfg.server
+	where := ""
+	if server != nil {
+		where = "Redis at " + server.name
+	} else {
 		mr, err := miniredis.Run()
 		if err != nil {
 			return fail("start embedded Redis", err)
 		}
 		defer mr.Close()
-		addr, where = mr.Addr(), "embedded Redis"
+		server, where = &node{name: mr.Addr(), network: "tcp", address: mr.Addr()}, "embedded Redis"
 	}
 
 	// Every key of the run starts with prefix: the counter, and, through
@@ -197,13 +197,14 @@ func demo(ctx context.Context, cfg demoConfig, stdout, stderr io.Writer) (code i
 	}()
 	perProc := (cfg.workers + cfg.procs - 1) / cfg.procs
 	for range cfg.procs {
-		c, err := dial(cfg.backend, addr, perProc)
+		c, err := dial(cfg.backend, server, perProc)
 		if err != nil {
 			return fail("connect to "+where, err)
 		}
 		p := &process{client: c}
 		procs = append(procs, p)
-		p.mu, err = netlock.New("demo", []netlock.Backend{c.backend()}, netlock.WithPrefix(prefix))
+		// No logger: the demo counts and reports the holds lost itself.
+		p.mu, err = netlock.New("demo", []netlock.Backend{c.backend()}, netlock.WithPrefix(prefix), netlock.WithLogger(slog.New(slog.DiscardHandler)))
 		if err != nil {
 			return fail("create the NetMutex", err)
 		}
@@ -505,26 +506,19 @@ type client interface {
 	close()
 }
 
-// dial connects to addr with the named library. A redigo pool keeps up to
-// idle connections open between uses.
-func dial(lib, addr string, idle int) (client, error) {
+// dial connects to server with the named library. A redigo pool keeps up
+// to idle connections open between uses.
+func dial(lib string, server *node, idle int) (client, error) {
 	switch lib {
 	case "rueidis":
-		c, err := rueidis.NewClient(rueidis.ClientOption{
-			InitAddress:  []string{addr},
-			DisableCache: true, // miniredis does not support client tracking
-		})
+		c, err := rueidis.NewClient(server.rueidisOption())
 		if err != nil {
 			return nil, err
 		}
 		return rueidisClient{c}, nil
 	default:
-		pool := &redis.Pool{
-			DialContext: func(ctx context.Context) (redis.Conn, error) {
-				return redis.DialContext(ctx, "tcp", addr, redis.DialConnectTimeout(opTimeout))
-			},
-			MaxIdle: idle + 1, // workers plus the lock's own calls, without redialling
-		}
+		// idle+1: workers plus the lock's own calls, without redialling.
+		pool := server.pool(idle+1, redis.DialConnectTimeout(opTimeout))
 		// Dial once now, so that an unreachable server is reported at once.
 		ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 		defer cancel()

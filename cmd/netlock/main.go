@@ -11,8 +11,10 @@
 //	status  show whether a lock is held, on each Redis node
 //	demo    run a lost-update race on a Redis counter, without and with a NetMutex
 //	help    show help for netlock or for one command
+//	version show netlock's version (also --version)
 //
-// Run "netlock <command> --help" for the flags of a command.
+// Run "netlock <command> --help" for the flags of a command, "netlock
+// --version" for the version.
 package main
 
 import (
@@ -20,6 +22,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/debug"
 )
 
 // A command is one sub-command of netlock. run gets the arguments after the
@@ -72,6 +75,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		usage(stdout)
 		return exitOK
+	case "version", "-version", "--version":
+		if len(rest) > 0 {
+			fmt.Fprintf(stderr, "netlock %s: unexpected %q\n", name, rest[0])
+			return exitUsage
+		}
+		fmt.Fprintln(stdout, version(debug.ReadBuildInfo()))
+		return exitOK
 	}
 	if c := lookup(name); c != nil {
 		return c.run(ctx, rest, stdout, stderr)
@@ -97,5 +107,6 @@ func usage(w io.Writer) {
 		fmt.Fprintf(w, "\t%-8s%s\n", c.name, c.summary)
 	}
 	fmt.Fprintf(w, "\t%-8s%s\n", "help", "show this help, or \"netlock help <command>\" for one command")
+	fmt.Fprintf(w, "\t%-8s%s\n", "version", "show netlock's version (also --version)")
 	fmt.Fprint(w, "\nRun \"netlock <command> --help\" for the flags of a command.\n")
 }

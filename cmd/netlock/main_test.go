@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"testing"
@@ -298,6 +299,9 @@ func TestDemoBadFlags(t *testing.T) {
 		{[]string{"--backend", "go-redis"}, "--backend"},
 		{[]string{"--redis", "localhost"}, "--redis"},
 		{[]string{"--redis", ""}, "--redis"},
+		{[]string{"--redis", "a:1", "--redis", "b:1"}, "--redis given more than once"},
+		{[]string{"--redis", "redis://a:1/x"}, `--redis: redis://a:1/x: database "x"`},
+		{[]string{"--user", "alice"}, "--user, --tls and --tls-ca need --redis"},
 		{[]string{"--no-such-flag"}, "no-such-flag"},
 		{[]string{"extra"}, `"extra"`},
 	} {
@@ -339,11 +343,22 @@ func TestDispatch(t *testing.T) {
 		{[]string{"run", "-h"}, 0, "-conflict-exit-code code", ""},
 		{[]string{"help", "status"}, 0, "Usage: netlock status [flags] NAME", ""},
 		{[]string{"status", "--help"}, 0, "Exit status: 0 free, 1 held, 2 bad usage", ""},
+		{[]string{"status", "--help"}, 0, "\n  --json\n", ""},
+		{[]string{"run", "--help"}, 0, "\n  --wait duration\n", ""},
+		{[]string{"run", "--help"}, 0, "\n  -v\ttell on stderr", ""},
+		{[]string{"demo", "--help"}, 0, "\n  --workers int\n", ""},
+		{[]string{"--version"}, 0, "netlock ", ""},
+		{[]string{"version"}, 0, "netlock ", ""},
+		{[]string{"version", "x"}, 2, "", `netlock version: unexpected "x"`},
+		{[]string{"help"}, 0, "\tversion show netlock's version", ""},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			code, stdout, stderr := runCmd(t, t.Context(), tc.args...)
 			if code != tc.code {
 				t.Errorf("exit %d, want %d", code, tc.code)
+			}
+			if regexp.MustCompile(`(?m)^  -[a-z][a-z]`).MatchString(stdout) {
+				t.Errorf("stdout names a flag -name, want --name")
 			}
 			for _, c := range []struct{ name, got, want string }{{"stdout", stdout, tc.out}, {"stderr", stderr, tc.errOut}} {
 				if c.want == "" && c.got != "" {
@@ -354,5 +369,57 @@ func TestDispatch(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestVersion checks the version line for the build information a binary
+// may have.
+func TestVersion(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		bi   *debug.BuildInfo
+		ok   bool
+		want string
+	}{
+		{"none", nil, false, "netlock: version unknown (built without module information)"},
+		{"release", &debug.BuildInfo{GoVersion: "go1.26.0", Main: debug.Module{Path: "github.com/netlock-go/netlock", Version: "v1.2.0"}}, true, "netlock v1.2.0 (go1.26.0)"},
+		{"checkout", &debug.BuildInfo{GoVersion: "go1.26.0", Main: debug.Module{Version: "(devel)"}, Settings: []debug.BuildSetting{
+			{Key: "vcs", Value: "git"}, {Key: "vcs.revision", Value: "908507f0123456789abcdef0123456789abcdef0"},
+			{Key: "vcs.time", Value: "2025-11-23T09:14:00Z"}, {Key: "vcs.modified", Value: "true"},
+		}}, true, "netlock (devel), revision 908507f0123456789abcdef0123456789abcdef0, 2025-11-23T09:14:00Z, modified (go1.26.0)"},
+		{"clean checkout", &debug.BuildInfo{Main: debug.Module{Version: "(devel)"}, Settings: []debug.BuildSetting{
+			{Key: "vcs.revision", Value: "908507f"}, {Key: "vcs.modified", Value: "false"},
+		}}, true, "netlock (devel), revision 908507f"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := version(tc.bi, tc.ok); got != tc.want {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestVersionBinary: a binary built from this checkout with VCS stamping
+// (which GOFLAGS=-buildvcs=false, set in some environments, turns off)
+// names its commit.
+func TestVersionBinary(t *testing.T) {
+	rev, err := exec.Command("git", "rev-parse", "HEAD").Output()
+	if err != nil {
+		t.Skipf("not in a git checkout (%v): the build records no revision to compare", err)
+	}
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "netlock")
+	if out, err := exec.Command(goTool, "build", "-buildvcs=true", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build -buildvcs=true: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin, "--version").Output()
+	// The version is "(devel)", or since Go 1.24 a pseudo-version made of
+	// the same commit.
+	want := regexp.MustCompile(`^netlock \S+, revision ` + strings.TrimSpace(string(rev)) + `, \S+(, modified)? \(go[^)]+\)\n$`)
+	if err != nil || !want.Match(out) {
+		t.Errorf("netlock --version: %v, stdout %q; want a line matching %v", err, out, want)
 	}
 }

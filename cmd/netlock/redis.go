@@ -4,26 +4,30 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"flag"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
 
 	"github.com/gomodule/redigo/redis"
+	"github.com/redis/rueidis"
 
 	"github.com/netlock-go/netlock"
 )
 
-// Environment variables read by run and status.
+// Environment variables read by run, status and demo.
 const (
-	envRedis    = "NETLOCK_REDIS"    // comma-separated addresses, when no --redis is given
-	envPassword = "NETLOCK_PASSWORD" // the only way to give a password: never in argv, where ps shows it
+	envRedis    = "NETLOCK_REDIS"    // comma-separated addresses, when no --redis is given (run, status)
+	envPassword = "NETLOCK_PASSWORD" // the password, where the address has none: never in argv, where ps shows it
 	defaultAddr = "127.0.0.1:6379"
+	defaultPort = "6379"
 )
 
-// connFlags are the flags with which run and status reach Redis, as parsed.
+// connFlags are the flags with which the commands reach Redis, as parsed.
 type connFlags struct {
 	addrs  addrList
 	user   string
@@ -32,120 +36,360 @@ type connFlags struct {
 	prefix string
 }
 
-// connHelp is the part of the commands' help about reaching Redis.
-const connHelp = `Redis: each --redis is one independent deployment (not a replica of
-another); with several, the lock is a quorum lock, held when a majority of
-them grant it. Without --redis, the addresses come from $NETLOCK_REDIS
-(comma-separated), else 127.0.0.1:6379. The password, if any, is read from
-$NETLOCK_PASSWORD only, so that it never shows in ps.
+// addrHelp says which addresses --redis takes.
+const addrHelp = `--redis takes host:port, redis://[[user]:password@]host[:port][/db],
+rediss://... (the same over TLS), or unix:///path/to/socket[?db=N]. A URL's
+user and password are used for that server; otherwise --user and
+$NETLOCK_PASSWORD are (a URL with one word before @, redis://secret@host,
+gives a password, as redis-cli reads it). A password in a URL on the command
+line shows in ps: prefer $NETLOCK_PASSWORD.
 `
 
-// register defines the connection flags on fs.
-func (c *connFlags) register(fs *flag.FlagSet) {
-	fs.Var(&c.addrs, "redis", "Redis server at `host:port`; repeat for a quorum over independent servers\n(default $"+envRedis+", else "+defaultAddr+")")
+// connHelp is the part of run's and status's help about reaching Redis.
+const connHelp = `Redis: each --redis is one independent deployment (not a replica of
+another, not another database of the same server); with several, the lock
+is a quorum lock, held when a majority of them grant it. Without --redis,
+the addresses come from $NETLOCK_REDIS (comma-separated), else
+127.0.0.1:6379. $NETLOCK_REDIS may hold URLs with passwords: ps does not
+show it.
+
+` + addrHelp
+
+// register defines the connection flags on fs: for run and status all of
+// them; for the demo (one server, keys of its own) all but --prefix.
+func (c *connFlags) register(fs *flag.FlagSet, demo bool) {
+	if demo {
+		fs.Var(&c.addrs, "redis", "use the Redis server at `address` (host:port or a URL, see above) instead of\nthe embedded one")
+	} else {
+		fs.Var(&c.addrs, "redis", "Redis server at `address` (host:port or a URL, see above); repeat for a\nquorum over independent servers (default $"+envRedis+", else "+defaultAddr+")")
+		fs.StringVar(&c.prefix, "prefix", netlock.DefaultPrefix, "prefix of the lock's Redis keys, as netlock.WithPrefix")
+	}
 	fs.StringVar(&c.user, "user", "", "authenticate as the ACL `user` (password from $"+envPassword+")")
-	fs.BoolVar(&c.tls, "tls", false, "connect with TLS, verifying the server against the system's roots")
-	fs.StringVar(&c.tlsCA, "tls-ca", "", "verify the server against the CA certificates in PEM `file` (implies --tls)")
-	fs.StringVar(&c.prefix, "prefix", netlock.DefaultPrefix, "prefix of the lock's Redis keys, as netlock.WithPrefix")
+	fs.BoolVar(&c.tls, "tls", false, "connect with TLS, verifying the server against the system's roots\n(rediss:// URLs always do)")
+	fs.StringVar(&c.tlsCA, "tls-ca", "", "verify TLS servers against the CA certificates in PEM `file` (implies --tls)")
 }
 
 // A conn is how to reach the Redis deployments of a lock: validated
 // connection flags and environment.
 type conn struct {
-	addrs     []string
-	user      string
-	password  string
-	tlsConfig *tls.Config // nil without TLS
-	prefix    string
+	nodes  []node
+	prefix string
 }
 
-// resolve validates the flags, fills in the defaults from the environment
-// (getenv), and reads the CA file. Its error is a usage error, worded for
-// the user.
+// A node is how to reach one Redis deployment.
+type node struct {
+	name     string // for messages: as given, without its password
+	network  string // "tcp" or "unix"
+	address  string // host:port, or the socket's path
+	user     string
+	password string
+	db       int
+	tls      *tls.Config // nil without TLS
+}
+
+// resolve validates the flags of run and status, fills in the defaults from
+// the environment (getenv), and reads the CA file. Its error is a usage
+// error, worded for the user.
 func (c *connFlags) resolve(getenv func(string) string) (*conn, error) {
-	r := &conn{addrs: c.addrs, user: c.user, password: getenv(envPassword), prefix: c.prefix}
-	from := "--redis"
-	if len(r.addrs) == 0 {
+	addrs, from := []string(c.addrs), "--redis"
+	if len(addrs) == 0 {
 		if env := getenv(envRedis); env != "" {
 			from = "$" + envRedis
 			for _, a := range strings.Split(env, ",") {
-				r.addrs = append(r.addrs, strings.TrimSpace(a))
+				addrs = append(addrs, strings.TrimSpace(a))
 			}
 		} else {
-			r.addrs = []string{defaultAddr}
+			addrs = []string{defaultAddr}
 		}
 	}
-	seen := map[string]bool{}
-	for _, a := range r.addrs {
-		host, port, err := net.SplitHostPort(a)
-		if n, perr := strconv.Atoi(port); err != nil || host == "" || perr != nil || n < 1 || n > 65535 {
-			return nil, fmt.Errorf("%s: %q is not host:port, such as 127.0.0.1:6379", from, a)
-		}
-		if seen[a] {
-			// Two votes from one server would make the quorum a lie.
-			return nil, fmt.Errorf("%s: %s given twice; a quorum needs independent servers", from, a)
-		}
-		seen[a] = true
+	if strings.ContainsAny(c.prefix, "{}") {
+		// netlock.New's rule, in the flag's words.
+		return nil, fmt.Errorf("--prefix %q must not contain '{' or '}', which netlock puts around the lock name", c.prefix)
 	}
-	if r.user != "" && r.password == "" {
-		return nil, fmt.Errorf("--user %s needs the password in $%s", r.user, envPassword)
+	nodes, err := c.nodes(addrs, from, getenv)
+	if err != nil {
+		return nil, err
 	}
-	if c.tls || c.tlsCA != "" {
-		r.tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12}
-		if c.tlsCA != "" {
-			pem, err := os.ReadFile(c.tlsCA)
-			if err != nil {
-				return nil, fmt.Errorf("--tls-ca: %w", err)
-			}
-			roots := x509.NewCertPool()
-			if !roots.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("--tls-ca: no PEM certificate in %s", c.tlsCA)
-			}
-			r.tlsConfig.RootCAs = roots
-		}
-	}
-	return r, nil
+	return &conn{nodes: nodes, prefix: c.prefix}, nil
 }
 
-// pools returns one redigo pool per address. Dialling and AUTH happen when a
-// connection is first used, bounded by the context of that use. The caller
-// closes the pools.
-func (c *conn) pools() []*redis.Pool {
-	opts := []redis.DialOption{}
-	if c.password != "" {
-		opts = append(opts, redis.DialUsername(c.user), redis.DialPassword(c.password))
+// resolveDemo validates the demo's flags: one --redis at most. It returns
+// nil without --redis: the demo then embeds its server.
+func (c *connFlags) resolveDemo(getenv func(string) string) (*node, error) {
+	switch {
+	case len(c.addrs) > 1:
+		return nil, errors.New("--redis given more than once; the demo uses one server")
+	case len(c.addrs) == 0 && (c.user != "" || c.tls || c.tlsCA != ""):
+		return nil, errors.New("--user, --tls and --tls-ca need --redis: the embedded server takes no password and no TLS")
+	case len(c.addrs) == 0:
+		return nil, nil
 	}
-	if cfg := c.tlsConfig; cfg != nil {
-		// tls.Dialer, not redigo's DialUseTLS: its handshake honours the
-		// context, so a server that stalls in the handshake costs no more
-		// than the node timeout. It takes the server name from the address.
+	nodes, err := c.nodes(c.addrs, "--redis", getenv)
+	if err != nil {
+		return nil, err
+	}
+	return &nodes[0], nil
+}
+
+// nodes parses addrs, given by from, into nodes with their credentials and
+// TLS.
+func (c *connFlags) nodes(addrs []string, from string, getenv func(string) string) ([]node, error) {
+	var tlsConfig *tls.Config
+	if c.tlsCA != "" {
+		pem, err := os.ReadFile(c.tlsCA)
+		if err != nil {
+			return nil, fmt.Errorf("--tls-ca: %w", err)
+		}
+		roots := x509.NewCertPool()
+		if !roots.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--tls-ca: no PEM certificate in %s", c.tlsCA)
+		}
+		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots}
+	}
+	password := getenv(envPassword)
+	seen := map[string]string{}
+	var nodes []node
+	for _, a := range addrs {
+		n, useTLS, err := parseNode(a)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", from, err)
+		}
+		// Two databases of one server are one deployment: two votes from
+		// it would make the quorum a lie.
+		server := n.network + " " + strings.ToLower(n.address)
+		if first, ok := seen[server]; ok {
+			if first == n.name {
+				return nil, fmt.Errorf("%s: %s given twice; a quorum needs independent servers", from, n.name)
+			}
+			return nil, fmt.Errorf("%s: %s and %s are the same server; a quorum needs independent servers", from, first, n.name)
+		}
+		seen[server] = n.name
+		if n.password == "" {
+			// No password in the URL: $NETLOCK_PASSWORD, for the URL's user
+			// or else --user's.
+			if n.user == "" {
+				n.user = c.user
+			}
+			n.password = password
+		}
+		if n.user != "" && n.password == "" {
+			if c.user == n.user {
+				return nil, fmt.Errorf("--user %s needs the password in $%s", n.user, envPassword)
+			}
+			return nil, fmt.Errorf("%s: %s names the user %s without a password: give it in the URL or in $%s", from, n.name, n.user, envPassword)
+		}
+		if n.network == "tcp" && (useTLS || c.tls || c.tlsCA != "") {
+			n.tls = tlsConfig
+			if n.tls == nil {
+				n.tls = &tls.Config{MinVersion: tls.VersionTLS12}
+			}
+		}
+		nodes = append(nodes, n)
+	}
+	return nodes, nil
+}
+
+// parseNode parses one address: host:port, redis://, rediss:// (TLS, also
+// reported as useTLS) or unix://. The error does not repeat a password.
+func parseNode(s string) (n node, useTLS bool, err error) {
+	if !strings.Contains(s, "://") {
+		host, port, err := net.SplitHostPort(s)
+		if p, perr := strconv.Atoi(port); err != nil || host == "" || perr != nil || p < 1 || p > 65535 {
+			return node{}, false, fmt.Errorf("%q is not host:port, such as 127.0.0.1:6379, nor a redis://, rediss:// or unix:// URL", s)
+		}
+		return node{name: s, network: "tcp", address: s}, false, nil
+	}
+	shown := redact(s)
+	u, err := url.Parse(s)
+	if err != nil {
+		// url's error repeats the URL, password and all.
+		return node{}, false, fmt.Errorf("%s is not a valid URL", shown)
+	}
+	bad := func(format string, a ...any) (node, bool, error) {
+		return node{}, false, fmt.Errorf("%s: "+format, append([]any{shown}, a...)...)
+	}
+	if u.Opaque != "" || u.Fragment != "" {
+		return bad("want redis://host:port/db, rediss://host:port/db or unix:///path/to/socket")
+	}
+	if u.User != nil {
+		if p, ok := u.User.Password(); ok {
+			n.user, n.password = u.User.Username(), p
+		} else {
+			n.password = u.User.Username() // redis://secret@host, as redis-cli reads it
+		}
+	}
+	q := u.Query()
+	for k := range q {
+		if k != "db" {
+			return bad("unknown parameter %q (only db)", k)
+		}
+	}
+	dbText := q.Get("db")
+	switch u.Scheme {
+	case "redis", "rediss":
+		if p := strings.TrimPrefix(u.Path, "/"); p != "" {
+			if dbText != "" {
+				return bad("the database is given twice, as /%s and db=%s", p, dbText)
+			}
+			dbText = p
+		}
+		host, port := u.Hostname(), u.Port()
+		if host == "" {
+			host = "localhost" // as redigo.DialURL and redis-cli
+		}
+		if port == "" {
+			port = defaultPort
+		}
+		if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+			return bad("port %q is not a number from 1 to 65535", port)
+		}
+		n.network, n.address = "tcp", net.JoinHostPort(host, port)
+		useTLS = u.Scheme == "rediss"
+	case "unix":
+		if u.Host != "" || u.Path == "" {
+			return bad("want unix:///path/to/socket, with three slashes")
+		}
+		n.network, n.address = "unix", u.Path
+	default:
+		return bad("unknown scheme %q: want redis://, rediss:// or unix://", u.Scheme)
+	}
+	if dbText != "" {
+		db, err := strconv.Atoi(dbText)
+		if err != nil || db < 0 {
+			return bad("database %q is not a number from 0 up", dbText)
+		}
+		n.db = db
+	}
+	n.name = n.display(u.Scheme)
+	return n, useTLS, nil
+}
+
+// display names n as a URL of scheme without its password.
+func (n *node) display(scheme string) string {
+	user := ""
+	if n.user != "" {
+		user = url.User(n.user).String() + "@"
+	}
+	if n.network == "unix" {
+		s := "unix://" + user + n.address
+		if n.db != 0 {
+			s += "?db=" + strconv.Itoa(n.db)
+		}
+		return s
+	}
+	s := scheme + "://" + user + n.address
+	if n.db != 0 {
+		s += "/" + strconv.Itoa(n.db)
+	}
+	return s
+}
+
+// redact returns the URL s with its password, if any, replaced by xxxxx:
+// for messages about an address that could not be parsed.
+func redact(s string) string {
+	i := strings.Index(s, "://")
+	rest := s[i+3:]
+	end := strings.IndexAny(rest, "/?#")
+	if end < 0 {
+		end = len(rest)
+	}
+	at := strings.LastIndex(rest[:end], "@")
+	if at < 0 {
+		return s
+	}
+	userinfo := rest[:at]
+	if user, _, ok := strings.Cut(userinfo, ":"); ok {
+		userinfo = user + ":xxxxx"
+	} else {
+		userinfo = "xxxxx" // one word before @ is a password
+	}
+	return s[:i+3] + userinfo + rest[at:]
+}
+
+// dialOptions are redigo's options for n: credentials, database and TLS.
+// TLS goes through a tls.Dialer, not redigo's DialUseTLS: its handshake
+// honours the context, so a server that stalls in the handshake costs no
+// more than the node timeout. It takes the server name from the address.
+func (n *node) dialOptions() []redis.DialOption {
+	var opts []redis.DialOption
+	if n.password != "" {
+		opts = append(opts, redis.DialUsername(n.user), redis.DialPassword(n.password))
+	}
+	if n.db != 0 {
+		opts = append(opts, redis.DialDatabase(n.db))
+	}
+	if cfg := n.tls; cfg != nil {
 		opts = append(opts, redis.DialContextFunc(func(ctx context.Context, network, addr string) (net.Conn, error) {
 			d := tls.Dialer{Config: cfg}
 			return d.DialContext(ctx, network, addr)
 		}))
 	}
-	pools := make([]*redis.Pool, len(c.addrs))
-	for i, addr := range c.addrs {
-		pools[i] = &redis.Pool{
-			MaxIdle: 2, // the watchdog's extend and the release
-			DialContext: func(ctx context.Context) (redis.Conn, error) {
-				return redis.DialContext(ctx, "tcp", addr, opts...)
-			},
+	return opts
+}
+
+// dial connects to n with redigo, bounded by ctx.
+func (n *node) dial(ctx context.Context, extra ...redis.DialOption) (redis.Conn, error) {
+	return redis.DialContext(ctx, n.network, n.address, append(n.dialOptions(), extra...)...)
+}
+
+// pool returns a redigo pool for n. Dialling, AUTH and SELECT happen when a
+// connection is first used, bounded by the context of that use. The caller
+// closes the pool.
+func (n *node) pool(maxIdle int, extra ...redis.DialOption) *redis.Pool {
+	return &redis.Pool{
+		MaxIdle: maxIdle,
+		DialContext: func(ctx context.Context) (redis.Conn, error) {
+			return n.dial(ctx, extra...)
+		},
+	}
+}
+
+// rueidisOption is rueidis's client option for n.
+func (n *node) rueidisOption() rueidis.ClientOption {
+	o := rueidis.ClientOption{
+		InitAddress:  []string{n.address},
+		Username:     n.user,
+		Password:     n.password,
+		SelectDB:     n.db,
+		TLSConfig:    n.tls,
+		DisableCache: true, // netlock never reads through the cache; miniredis has no CLIENT TRACKING
+	}
+	if n.network == "unix" {
+		o.DialCtxFn = func(ctx context.Context, _ string, d *net.Dialer, _ *tls.Config) (net.Conn, error) {
+			return d.DialContext(ctx, "unix", n.address)
 		}
 	}
+	return o
+}
+
+// pools returns one redigo pool per node; the caller closes them.
+func (c *conn) pools() []*redis.Pool {
+	pools := make([]*redis.Pool, len(c.nodes))
+	for i := range c.nodes {
+		pools[i] = c.nodes[i].pool(2) // the watchdog's extend and the release
+	}
 	return pools
+}
+
+// backends returns one netlock Backend per pool.
+func backends(pools []*redis.Pool) []netlock.Backend {
+	b := make([]netlock.Backend, len(pools))
+	for i, p := range pools {
+		b[i] = netlock.NewRedigo(p)
+	}
+	return b
 }
 
 // where names the nodes for a message: "127.0.0.1:6379", or "node 0
 // 10.0.0.1:6379, node 1 10.0.0.2:6379" for a quorum, whose errors name nodes
 // by index.
 func (c *conn) where() string {
-	if len(c.addrs) == 1 {
-		return c.addrs[0]
+	if len(c.nodes) == 1 {
+		return c.nodes[0].name
 	}
-	s := make([]string, len(c.addrs))
-	for i, a := range c.addrs {
-		s[i] = fmt.Sprintf("node %d %s", i, a)
+	s := make([]string, len(c.nodes))
+	for i, n := range c.nodes {
+		s[i] = fmt.Sprintf("node %d %s", i, n.name)
 	}
 	return strings.Join(s, ", ")
 }
@@ -167,7 +411,35 @@ func (l *addrList) Set(s string) error {
 	return nil
 }
 
-// oneLine joins the lines of a multi-line error (errors.Join) with "; ".
+// oneLine renders err for a message: the lines of a multi-line error
+// (errors.Join) joined with "; ", without the library's "netlock: " prefixes,
+// which would double the command's own.
 func oneLine(err error) string {
-	return strings.ReplaceAll(err.Error(), "\n", "; ")
+	s := strings.ReplaceAll(err.Error(), "\n", "; ")
+	s = strings.TrimPrefix(s, "netlock: ")
+	return strings.ReplaceAll(s, "; netlock: ", "; ")
+}
+
+// errText renders err, about c's nodes, for a message: oneLine, without the
+// "node 0: " of a single node, which the message names already.
+func (c *conn) errText(err error) string {
+	s := oneLine(err)
+	if len(c.nodes) == 1 {
+		s = strings.TrimPrefix(s, "node 0: ")
+	}
+	return s
+}
+
+// authHint returns advice for a node's error that is about credentials, ""
+// for any other.
+func authHint(err error) string {
+	switch s := err.Error(); {
+	case strings.Contains(s, "NOAUTH"):
+		return "the server wants a password: put it in $" + envPassword + " (with --user for an ACL user), or in a redis:// URL"
+	case strings.Contains(s, "WRONGPASS"):
+		return "the server refused the user or password ($" + envPassword + ", --user, or the redis:// URL)"
+	case strings.Contains(s, "NOPERM"):
+		return "the user lacks a permission netlock needs: EVALSHA and EVAL, the commands its scripts run, SUBSCRIBE, and the lock's keys and channels"
+	}
+	return ""
 }

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gomodule/redigo/redis"
+
 	"github.com/netlock-go/netlock/internal/redistest"
 )
 
@@ -60,7 +62,7 @@ func TestAuth(t *testing.T) {
 
 	// The password alone authenticates the default user.
 	redisDo(t, s, "CONFIG", "SET", "requirepass", "0ther")
-	if code, _, stderr := runNetlock(t, nil, "run", "--redis", s.Addr(), "job", "--", "true"); code != exitUsage || !strings.Contains(stderr, "NOAUTH") {
+	if code, _, stderr := runNetlock(t, nil, "run", "--redis", s.Addr(), "job", "--", "true"); code != exitUsage || !strings.Contains(stderr, "NOAUTH") || !strings.Contains(stderr, "put it in $NETLOCK_PASSWORD") {
 		t.Errorf("without a password: exit %d, want %d with NOAUTH; stderr %q", code, exitUsage, stderr)
 	}
 	if code, _, _ := runNetlock(t, []string{envPassword + "=0ther"}, "run", "--redis", s.Addr(), "job", "--", "true"); code != 0 {
@@ -87,6 +89,17 @@ func TestTLS(t *testing.T) {
 		t.Errorf("status inside the run does not show the lock held:\n%s", stdout)
 	}
 	checkReleased(t, s, "job")
+
+	rediss := "rediss://" + addr
+	code, stdout, stderr = runNetlock(t, nil, "run", "--redis", rediss, "--tls-ca", ca, "job", "--", "sh", "-c",
+		`"$1" status --redis "$2" --tls-ca "$3" "$NETLOCK_NAME"`, "sh", netlockBin, rediss, ca)
+	if code != exitHeld || !strings.HasPrefix(stdout, `lock "job": held, fencing token 2`) {
+		t.Errorf("run with rediss:// and --tls-ca: exit %d, want status's %d, held by token 2; stdout %q, stderr %q", code, exitHeld, stdout, stderr)
+	}
+	checkReleased(t, s, "job")
+	if code, _, stderr := runNetlock(t, nil, "run", "--redis", rediss, "job", "--", "true"); code != exitUsage || !strings.Contains(stderr, "certificate signed by unknown authority") {
+		t.Errorf("run with rediss:// and no CA: exit %d, want %d with an unknown authority; stderr %q", code, exitUsage, stderr)
+	}
 
 	for _, tc := range []struct {
 		flags []string
@@ -168,28 +181,60 @@ func writeCerts(t *testing.T, dir string) (ca, cert, key string) {
 	return write("ca.pem", "CERTIFICATE", caDER), write("server.pem", "CERTIFICATE", srvDER), write("server.key", "PRIVATE KEY", srvKeyDER)
 }
 
-// TestRedisFlags checks the addresses resolve takes from the flags and the
-// environment.
+// TestRedisFlags checks the servers resolve takes from the flags and the
+// environment: each as name network address user password db tls.
 func TestRedisFlags(t *testing.T) {
 	for _, tc := range []struct {
 		flags []string
 		env   map[string]string
-		want  string // addresses, comma-separated, or the error
+		want  string // nodes, "; "-separated, or the error
 	}{
-		{nil, nil, "127.0.0.1:6379"},
-		{nil, map[string]string{envRedis: "10.0.0.1:6379"}, "10.0.0.1:6379"},
-		{nil, map[string]string{envRedis: " a:1 ,b:2,c:3 "}, "a:1,b:2,c:3"},
-		{[]string{"--redis", "x:1"}, map[string]string{envRedis: "a:1"}, "x:1"},
-		{[]string{"--redis", "x:1", "--redis", "[::1]:2"}, nil, "x:1,[::1]:2"},
-		{nil, map[string]string{envRedis: "a:1,,b:2"}, `$NETLOCK_REDIS: "" is not host:port, such as 127.0.0.1:6379`},
+		{nil, nil, "127.0.0.1:6379 tcp 127.0.0.1:6379 - - 0 -"},
+		{nil, map[string]string{envRedis: "10.0.0.1:6379"}, "10.0.0.1:6379 tcp 10.0.0.1:6379 - - 0 -"},
+		{nil, map[string]string{envRedis: " a:1 ,b:2,c:3 "}, "a:1 tcp a:1 - - 0 -; b:2 tcp b:2 - - 0 -; c:3 tcp c:3 - - 0 -"},
+		{[]string{"--redis", "x:1"}, map[string]string{envRedis: "a:1"}, "x:1 tcp x:1 - - 0 -"},
+		{[]string{"--redis", "x:1", "--redis", "[::1]:2"}, nil, "x:1 tcp x:1 - - 0 -; [::1]:2 tcp [::1]:2 - - 0 -"},
+		{nil, map[string]string{envRedis: "a:1,,b:2"}, `$NETLOCK_REDIS: "" is not host:port, such as 127.0.0.1:6379, nor a redis://, rediss:// or unix:// URL`},
 		{nil, map[string]string{envRedis: "a:1,a:1"}, "$NETLOCK_REDIS: a:1 given twice; a quorum needs independent servers"},
-		{[]string{"--redis", ":6379"}, nil, `--redis: ":6379" is not host:port, such as 127.0.0.1:6379`},
-		{[]string{"--redis", "a:0"}, nil, `--redis: "a:0" is not host:port, such as 127.0.0.1:6379`},
+		{[]string{"--redis", ":6379"}, nil, `--redis: ":6379" is not host:port, such as 127.0.0.1:6379, nor a redis://, rediss:// or unix:// URL`},
+		{[]string{"--redis", "a:0"}, nil, `--redis: "a:0" is not host:port, such as 127.0.0.1:6379, nor a redis://, rediss:// or unix:// URL`},
+
+		// URLs.
+		{[]string{"--redis", "redis://h:7000/3"}, nil, "redis://h:7000/3 tcp h:7000 - - 3 -"},
+		{[]string{"--redis", "redis://h"}, nil, "redis://h:6379 tcp h:6379 - - 0 -"},
+		{[]string{"--redis", "redis://"}, nil, "redis://localhost:6379 tcp localhost:6379 - - 0 -"},
+		{[]string{"--redis", "redis://h/"}, nil, "redis://h:6379 tcp h:6379 - - 0 -"},
+		{[]string{"--redis", "redis://h?db=2"}, nil, "redis://h:6379/2 tcp h:6379 - - 2 -"},
+		{[]string{"--redis", "redis://alice:s3cret@h:1/2"}, nil, "redis://alice@h:1/2 tcp h:1 alice s3cret 2 -"},
+		{[]string{"--redis", "redis://:s3cret@h:1"}, nil, "redis://h:1 tcp h:1 - s3cret 0 -"},
+		{[]string{"--redis", "redis://s3cret@h:1"}, nil, "redis://h:1 tcp h:1 - s3cret 0 -"},
+		{[]string{"--redis", "redis://alice:@h:1"}, map[string]string{envPassword: "pw"}, "redis://alice@h:1 tcp h:1 alice pw 0 -"},
+		{[]string{"--redis", "redis://alice:@h:1"}, nil, "--redis: redis://alice@h:1 names the user alice without a password: give it in the URL or in $NETLOCK_PASSWORD"},
+		{[]string{"--redis", "redis://alice:s3cret@h:1", "--user", "bob"}, map[string]string{envPassword: "pw"}, "redis://alice@h:1 tcp h:1 alice s3cret 0 -"},
+		{[]string{"--redis", "redis://h:1", "--user", "bob"}, map[string]string{envPassword: "pw"}, "redis://h:1 tcp h:1 bob pw 0 -"},
+		{[]string{"--redis", "rediss://h:1/1"}, nil, "rediss://h:1/1 tcp h:1 - - 1 tls"},
+		{[]string{"--redis", "redis://h:1", "--tls"}, nil, "redis://h:1 tcp h:1 - - 0 tls"},
+		{[]string{"--redis", "unix:///run/redis.sock"}, nil, "unix:///run/redis.sock unix /run/redis.sock - - 0 -"},
+		{[]string{"--redis", "unix:///run/redis.sock?db=4", "--tls"}, nil, "unix:///run/redis.sock?db=4 unix /run/redis.sock - - 4 -"},
+		{[]string{"--redis", "unix://alice:pw@/run/redis.sock"}, nil, "unix://alice@/run/redis.sock unix /run/redis.sock alice pw 0 -"},
+		{[]string{"--redis", "redis://h:1/1", "--redis", "redis://h:1/2"}, nil, "--redis: redis://h:1/1 and redis://h:1/2 are the same server; a quorum needs independent servers"},
+		{[]string{"--redis", "h:1", "--redis", "redis://H:1"}, nil, "--redis: h:1 and redis://H:1 are the same server; a quorum needs independent servers"},
+		{[]string{"--redis", "redis://h:1/x"}, nil, `--redis: redis://h:1/x: database "x" is not a number from 0 up`},
+		{[]string{"--redis", "redis://h:1/-1"}, nil, `--redis: redis://h:1/-1: database "-1" is not a number from 0 up`},
+		{[]string{"--redis", "redis://h:1/1?db=2"}, nil, `--redis: redis://h:1/1?db=2: the database is given twice, as /1 and db=2`},
+		{[]string{"--redis", "redis://h:99999"}, nil, `--redis: redis://h:99999: port "99999" is not a number from 1 to 65535`},
+		{[]string{"--redis", "redis://h:1?timeout=3"}, nil, `--redis: redis://h:1?timeout=3: unknown parameter "timeout" (only db)`},
+		{[]string{"--redis", "http://h:1"}, nil, `--redis: http://h:1: unknown scheme "http": want redis://, rediss:// or unix://`},
+		{[]string{"--redis", "unix://run/redis.sock"}, nil, `--redis: unix://run/redis.sock: want unix:///path/to/socket, with three slashes`},
+		{[]string{"--redis", "redis://alice:hunter2@h:1/x"}, nil, `--redis: redis://alice:xxxxx@h:1/x: database "x" is not a number from 0 up`},
+		{[]string{"--redis", "redis://hunter2@h:1/x"}, nil, `--redis: redis://xxxxx@h:1/x: database "x" is not a number from 0 up`},
+		{[]string{"--redis", "redis://alice:hunter2@h:1/%zz"}, nil, `--redis: redis://alice:xxxxx@h:1/%zz is not a valid URL`},
+		{[]string{"--prefix", "a}"}, nil, `--prefix "a}" must not contain '{' or '}', which netlock puts around the lock name`},
 	} {
 		t.Run(strings.Join(tc.flags, " "), func(t *testing.T) {
 			var cf connFlags
 			fs := flag.NewFlagSet("test", flag.ContinueOnError)
-			cf.register(fs)
+			cf.register(fs, false)
 			if err := fs.Parse(tc.flags); err != nil {
 				t.Fatal(err)
 			}
@@ -198,11 +243,105 @@ func TestRedisFlags(t *testing.T) {
 			if err != nil {
 				got = err.Error()
 			} else {
-				got = strings.Join(c.addrs, ",")
+				var nodes []string
+				for _, n := range c.nodes {
+					tls := "-"
+					if n.tls != nil {
+						tls = "tls"
+					}
+					nodes = append(nodes, strings.Join([]string{n.name, n.network, n.address, or(n.user, "-"), or(n.password, "-"), strconv.Itoa(n.db), tls}, " "))
+				}
+				got = strings.Join(nodes, "; ")
 			}
 			if got != tc.want {
-				t.Errorf("got %q, want %q", got, tc.want)
+				t.Errorf("got  %q\nwant %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// or returns s, or def if s is empty.
+func or(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// TestRedisURL: a database number in a URL, and a unix socket, reach the
+// database and the server they name.
+func TestRedisURL(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "redis.sock")
+	s := redistest.Start(t, "--unixsocket", sock, "--unixsocketperm", "700", "--user", "alice", "on", ">s3cret", "~*", "&*", "+@all")
+	fence := func(db int) string {
+		t.Helper()
+		c, err := redis.Dial("tcp", s.Addr(), redis.DialDatabase(db))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		v, _ := redis.String(c.Do("GET", fenceKey("job")))
+		return v
+	}
+	for _, tc := range []struct {
+		url string
+		db  int
+	}{
+		{"redis://" + s.Addr() + "/3", 3},
+		{"unix://" + sock + "?db=2", 2},
+		{"redis://alice:s3cret@" + s.Addr() + "/5", 5},
+		{"unix://alice:s3cret@" + sock + "?db=6", 6},
+	} {
+		t.Run(tc.url, func(t *testing.T) {
+			script := `"$1" status --redis "$2" "$NETLOCK_NAME"`
+			code, stdout, stderr := runNetlock(t, nil, "run", "--redis", tc.url, "job", "--", "sh", "-c", script, "sh", netlockBin, tc.url)
+			if code != exitHeld || !strings.HasPrefix(stdout, `lock "job": held, fencing token 1, TTL `) {
+				t.Errorf("status inside the run: exit %d, want %d, and held by token 1:\n%s", code, exitHeld, stdout)
+			}
+			if strings.Contains(stdout+stderr, "s3cret") {
+				t.Errorf("the password shows in the output")
+			}
+			if got := fence(tc.db); got != "1" {
+				t.Errorf("fence counter in database %d: got %q, want 1", tc.db, got)
+			}
+		})
+	}
+	if got := fence(0); got != "" {
+		t.Errorf("fence counter in database 0: got %q, want none", got)
+	}
+}
+
+// TestDemoAuth: the demo authenticates as run does, with both clients, on
+// TCP and on a unix socket.
+func TestDemoAuth(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "redis.sock")
+	s := redistest.Start(t, "--unixsocket", sock, "--unixsocketperm", "700", "--user", "alice", "on", ">s3cret", "~*", "&*", "+@all")
+	for _, backend := range []string{"redigo", "rueidis"} {
+		for _, tc := range []struct {
+			name  string
+			env   []string
+			flags []string
+			code  int
+			error string
+		}{
+			{"user and password", []string{envPassword + "=s3cret"}, []string{"--redis", s.Addr(), "--user", "alice"}, 0, ""},
+			{"URL", nil, []string{"--redis", "redis://alice:s3cret@" + s.Addr() + "/1"}, 0, ""},
+			{"unix socket", nil, []string{"--redis", "unix://alice:s3cret@" + sock + "?db=2"}, 0, ""},
+			{"wrong password", []string{envPassword + "=guess"}, []string{"--redis", s.Addr(), "--user", "alice"}, exitFail, "WRONGPASS"},
+		} {
+			t.Run(backend+"/"+tc.name, func(t *testing.T) {
+				args := append([]string{"demo", "--backend", backend, "--workers", "4", "--increments", "2"}, tc.flags...)
+				code, stdout, stderr := runNetlock(t, tc.env, args...)
+				if code != tc.code || !strings.Contains(stderr, tc.error) {
+					t.Errorf("exit %d, want %d, with %q on stderr", code, tc.code, tc.error)
+				}
+				if tc.code == 0 {
+					checkReport(t, stdout, 8)
+				}
+				if strings.Contains(stdout+stderr, "s3cret") {
+					t.Errorf("the password shows in the output")
+				}
+			})
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -45,7 +46,9 @@ netlock's stdin, stdout, stderr and environment, plus:
                  hold of NAME: give it to what PROGRAM writes to, so that a
                  late write of an earlier holder can be refused
 
-netlock writes to stderr only, and only errors unless -v.
+netlock writes to stderr only, and only errors unless -v. With -v it tells
+what it does, and while it waits for the lock, who holds it (fencing token,
+TTL): when the wait starts and every 5 seconds.
 
 SIGINT, SIGTERM and SIGHUP sent to netlock are forwarded to PROGRAM, and
 netlock waits for it to exit. If the hold is lost while PROGRAM runs (its key
@@ -85,6 +88,15 @@ type runConfig struct {
 	verbose  bool
 }
 
+// minExpiry is the shortest --expiry: netlock waits at most a tenth of the
+// expiry for each answer from Redis (netlock.WithNodeTimeout's default), and
+// a round trip with a TLS handshake rarely fits in much less than 10ms.
+const minExpiry = 100 * time.Millisecond
+
+// waitReportEvery is how often "run -v" tells who holds the lock it waits
+// for. A variable, so that tests can shorten it.
+var waitReportEvery = 5 * time.Second
+
 // runRun runs "netlock run" with args (the arguments after "run") and
 // returns the exit code.
 func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -92,7 +104,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if !ok {
 		return code
 	}
-	r := &runner{cfg: cfg, stdout: stdout, stderr: stderr}
+	r := &runner{cfg: cfg, stdout: stdout, stderr: stderr, msgs: &lockedWriter{w: stderr}}
 	return r.run(ctx)
 }
 
@@ -103,8 +115,8 @@ func parseRunFlags(args []string, stdout, stderr io.Writer) (cfg runConfig, code
 	fs := flag.NewFlagSet("netlock run", flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // errors and help are printed below
 	var cf connFlags
-	cf.register(fs)
-	fs.DurationVar(&cfg.expiry, "expiry", netlock.DefaultExpiry, "TTL of the lock key: how long the lock outlives a netlock that dies\nwithout releasing it; the hold is extended every third of it")
+	cf.register(fs, false)
+	fs.DurationVar(&cfg.expiry, "expiry", netlock.DefaultExpiry, "TTL of the lock key: how long the lock outlives a netlock that dies\nwithout releasing it; the hold is extended every third of it (at least\n"+minExpiry.String()+")")
 	fs.Func("wait", "wait at most `duration` for the lock, 0 to try once (default: as long as it takes)", func(s string) error {
 		d, err := time.ParseDuration(s)
 		if err != nil || d < 0 {
@@ -115,7 +127,7 @@ func parseRunFlags(args []string, stdout, stderr io.Writer) (cfg runConfig, code
 	})
 	fs.DurationVar(&cfg.grace, "grace", 10*time.Second, "when the hold is lost: time between SIGTERM and SIGKILL to the program\n(0: SIGKILL at once)")
 	fs.IntVar(&cfg.conflict, "conflict-exit-code", exitConflict, "exit `code` when the lock is held elsewhere and --wait ran out, 0 to 255")
-	fs.BoolVar(&cfg.verbose, "v", false, "tell on stderr what netlock does")
+	fs.BoolVar(&cfg.verbose, "v", false, "tell on stderr what netlock does, and while waiting who holds the lock")
 	bad := func(format string, a ...any) (runConfig, int, bool) {
 		fmt.Fprintf(stderr, "netlock run: "+format+"\n", a...)
 		fmt.Fprintln(stderr, `Run "netlock run --help" for usage.`)
@@ -125,17 +137,17 @@ func parseRunFlags(args []string, stdout, stderr io.Writer) (cfg runConfig, code
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprint(stdout, runHelp)
-			fs.SetOutput(stdout)
-			fs.PrintDefaults()
+			printFlags(stdout, fs)
 			return cfg, exitOK, false
 		}
-		if msg := err.Error(); strings.Contains(msg, "flag -expiry:") || strings.Contains(msg, "flag -grace:") {
-			err = fmt.Errorf("%w; want a duration such as 30s, 5m or 1m30s", err)
-		}
-		return bad("%v", err)
+		return bad("%s", flagError(fs, err))
 	}
 	rest := fs.Args()
 	switch {
+	case dashDashFirst(fs, args) && len(rest) == 0:
+		return bad("missing the lock name and the program: netlock run [flags] NAME -- PROGRAM [ARGS...]")
+	case dashDashFirst(fs, args):
+		return bad("missing the lock name before --: netlock run [flags] NAME -- %s", strings.Join(rest, " "))
 	case len(rest) == 0:
 		return bad("missing the lock name: netlock run [flags] NAME -- PROGRAM [ARGS...]")
 	case len(rest) == 1:
@@ -152,8 +164,8 @@ func parseRunFlags(args []string, stdout, stderr io.Writer) (cfg runConfig, code
 	cfg.name, cfg.argv = rest[0], rest[2:]
 
 	switch {
-	case cfg.expiry <= 0:
-		return bad("--expiry must be positive, not %v", cfg.expiry)
+	case cfg.expiry < minExpiry:
+		return bad("--expiry must be at least %v, not %v: Redis must answer within a tenth of it", minExpiry, cfg.expiry)
 	case cfg.grace < 0:
 		return bad("--grace must not be negative, not %v", cfg.grace)
 	case cfg.conflict < 0 || cfg.conflict > 255:
@@ -171,11 +183,62 @@ func parseRunFlags(args []string, stdout, stderr io.Writer) (cfg runConfig, code
 type runner struct {
 	cfg            runConfig
 	stdout, stderr io.Writer
+	// msgs is stderr for netlock's own messages, one line per Write,
+	// serialized: they come from the goroutine that waits, the one that
+	// reports while waiting (-v), and the library's logger. The program
+	// gets stderr itself, not a pipe.
+	msgs     io.Writer
+	backends []netlock.Backend
+	opts     []netlock.Option // of the NetMutex, for Inspect too
+}
+
+// lockedWriter serializes the writes to w.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// prefixWriter writes each Write as one line after prefix: slog's text
+// handler writes a record with one Write.
+type prefixWriter struct {
+	prefix string
+	w      io.Writer
+}
+
+func (p prefixWriter) Write(b []byte) (int, error) {
+	if _, err := p.w.Write(append([]byte(p.prefix), b...)); err != nil {
+		return 0, err
+	}
+	return len(b), nil
+}
+
+// logger is the library's logger for the NetMutex: nothing without -v (run
+// reports a lost hold or a failed release itself, in its own words); with
+// -v, its warnings, on stderr after "netlock run: ".
+func (r *runner) logger() *slog.Logger {
+	if !r.cfg.verbose {
+		return slog.New(slog.DiscardHandler)
+	}
+	return slog.New(slog.NewTextHandler(prefixWriter{"netlock run: ", r.msgs}, &slog.HandlerOptions{
+		Level: slog.LevelWarn,
+		ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
+			if len(groups) == 0 && a.Key == slog.TimeKey {
+				return slog.Attr{} // the line is now
+			}
+			return a
+		},
+	}))
 }
 
 // errorf reports on stderr, always.
 func (r *runner) errorf(format string, a ...any) {
-	fmt.Fprintf(r.stderr, "netlock run: "+format+"\n", a...)
+	fmt.Fprintf(r.msgs, "netlock run: "+format+"\n", a...)
 }
 
 // logf reports on stderr with -v.
@@ -198,13 +261,13 @@ func (r *runner) run(ctx context.Context) int {
 
 	pools := cfg.conn.pools()
 	defer closePools(pools)
-	backends := make([]netlock.Backend, len(pools))
-	for i, p := range pools {
-		backends[i] = netlock.NewRedigo(p)
-	}
-	m, err := netlock.New(cfg.name, backends, netlock.WithExpiry(cfg.expiry), netlock.WithPrefix(cfg.conn.prefix))
+	r.backends = backends(pools)
+	r.opts = []netlock.Option{netlock.WithExpiry(cfg.expiry), netlock.WithPrefix(cfg.conn.prefix), netlock.WithLogger(r.logger())}
+	m, err := netlock.New(cfg.name, r.backends, r.opts...)
 	if err != nil {
-		r.errorf("%v", err)
+		// The flags are checked already: what is left is the name, which
+		// New checks as Inspect does for status.
+		r.errorf("%s", oneLine(err))
 		return exitUsage
 	}
 
@@ -225,13 +288,28 @@ func (r *runner) run(ctx context.Context) int {
 		r.errorf("%s while waiting for the lock %q; %s did not run", sigName(sig), cfg.name, cfg.argv[0])
 		return 128 + int(sig.(syscall.Signal))
 	case errors.Is(err, errBusy):
-		r.logf("the lock %q is held elsewhere%s; %s did not run", cfg.name, r.waited(), cfg.argv[0])
+		if r.cfg.verbose {
+			// Who holds it, if Redis still says: it may have been released
+			// since.
+			who := ""
+			if state, held := r.holder(ctx); held {
+				who = " " + state
+			}
+			if cfg.wait == 0 {
+				r.logf("the lock %q is held elsewhere%s; %s did not run", cfg.name, who, cfg.argv[0])
+			} else {
+				r.logf("gave up waiting for the lock %q after %v: held elsewhere%s; %s did not run", cfg.name, cfg.wait, who, cfg.argv[0])
+			}
+		}
 		return cfg.conflict
 	case err != nil && ctx.Err() != nil:
 		r.errorf("stopped while waiting for the lock %q: %v", cfg.name, context.Cause(ctx))
 		return 130 // as for SIGINT
 	case err != nil:
-		r.errorf("cannot take the lock %q on Redis at %s: %s", cfg.name, cfg.conn.where(), oneLine(err))
+		r.errorf("cannot take the lock %q on Redis at %s: %s", cfg.name, cfg.conn.where(), cfg.conn.errText(err))
+		if h := authHint(err); h != "" {
+			r.errorf("%s", h)
+		}
 		return exitUsage
 	}
 	r.logf("acquired the lock %q with fencing token %d after %v", cfg.name, m.Token(), time.Since(start).Round(time.Millisecond))
@@ -267,6 +345,18 @@ func (r *runner) acquire(ctx context.Context, m *netlock.NetMutex, sigs <-chan o
 
 	var err error
 	r.logf("taking the lock %q on Redis at %s", r.cfg.name, r.cfg.conn.where())
+	if r.cfg.verbose && !(r.cfg.waitSet && r.cfg.wait == 0) {
+		// Who holds it, once now (before we could hold it ourselves) and
+		// then every waitReportEvery until the wait ends.
+		if state, held := r.holder(actx); held {
+			upTo := ""
+			if r.cfg.waitSet {
+				upTo = " up to " + r.cfg.wait.String()
+			}
+			r.logf("the lock %q is held elsewhere %s; waiting%s", r.cfg.name, state, upTo)
+		}
+		wg.Go(func() { r.reportWait(actx, done) })
+	}
 	if r.cfg.waitSet && r.cfg.wait == 0 {
 		var ok bool
 		ok, err = m.TryLockCtx(actx)
@@ -292,12 +382,45 @@ func (r *runner) acquire(ctx context.Context, m *netlock.NetMutex, sigs <-chan o
 	return nil, err
 }
 
-// waited says how long netlock waited, for a message.
-func (r *runner) waited() string {
-	if r.cfg.wait == 0 {
-		return ""
+// reportWait tells, every waitReportEvery until done is closed, who holds
+// the lock: "run -v" is waiting for it.
+func (r *runner) reportWait(ctx context.Context, done <-chan struct{}) {
+	start := time.Now()
+	tick := time.NewTicker(waitReportEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-tick.C:
+		}
+		state, held := r.holder(ctx)
+		if held {
+			state = "held elsewhere " + state
+		}
+		select {
+		case <-done:
+			// The wait ended while Inspect ran: the holder it saw may be
+			// this very netlock.
+			return
+		default:
+		}
+		r.logf("still waiting for the lock %q after %v: %s", r.cfg.name, time.Since(start).Round(time.Millisecond), state)
 	}
-	return " for " + r.cfg.wait.String()
+}
+
+// holder says, for a message, who holds the lock: "(fencing token 7, TTL
+// 9.5s)", with held true; or that it is free, or why that cannot be told.
+// It asks Redis (netlock.Inspect), within the node timeout.
+func (r *runner) holder(ctx context.Context) (state string, held bool) {
+	info, err := netlock.Inspect(ctx, r.cfg.name, r.backends, r.opts...)
+	switch {
+	case err != nil:
+		return "who holds it cannot be told: " + oneLine(err), false
+	case info.Held:
+		return "(" + holdText(info) + ")", true
+	}
+	return "free at this moment", false
 }
 
 // supervise runs the program under the held lock m and returns the exit
@@ -412,7 +535,7 @@ func (r *runner) release(ctx context.Context, m *netlock.NetMutex) (held bool) {
 	case errors.Is(err, netlock.ErrLockLost):
 		return false
 	case err != nil:
-		r.errorf("cannot release the lock %q (it expires within %v): %s", r.cfg.name, r.cfg.expiry, oneLine(err))
+		r.errorf("cannot release the lock %q (it expires within %v): %s", r.cfg.name, r.cfg.expiry, r.cfg.conn.errText(err))
 	default:
 		r.logf("released the lock %q", r.cfg.name)
 	}

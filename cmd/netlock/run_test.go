@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -206,8 +207,8 @@ func TestRunConflict(t *testing.T) {
 	}{
 		{[]string{"--wait", "0"}, 1, ""},
 		{[]string{"--wait", "0", "--conflict-exit-code", "9"}, 9, ""},
-		{[]string{"--wait", "0", "-v"}, 1, `the lock "job" is held elsewhere; touch did not run`},
-		{[]string{"--wait", "200ms", "-v"}, 1, `the lock "job" is held elsewhere for 200ms; touch did not run`},
+		{[]string{"--wait", "0", "-v"}, 1, `the lock "job" is held elsewhere (fencing token 7, TTL 9m5`},
+		{[]string{"--wait", "200ms", "-v"}, 1, `gave up waiting for the lock "job" after 200ms: held elsewhere (fencing token 7, TTL 9m5`},
 	} {
 		t.Run(strings.Join(tc.flags, " "), func(t *testing.T) {
 			marker := filepath.Join(t.TempDir(), "ran")
@@ -227,6 +228,9 @@ func TestRunConflict(t *testing.T) {
 			}
 			if !strings.Contains(stderr, tc.stderr) {
 				t.Errorf("stderr does not say %q", tc.stderr)
+			}
+			if tc.stderr != "" && !strings.Contains(stderr, "s); touch did not run\n") {
+				t.Errorf("stderr does not say the program did not run")
 			}
 			if v := redisDo(t, s, "GET", lockKey("job")); v != "someone-else:7" {
 				t.Errorf("lock key holds %q, want the other holder's someone-else:7", v)
@@ -491,28 +495,36 @@ func TestRunBadInput(t *testing.T) {
 		want string   // in the first line of stderr
 	}{
 		{nil, false, "missing the lock name"},
+		{[]string{"--", "echo", "hi"}, false, "missing the lock name before --: netlock run [flags] NAME -- echo hi"},
+		{[]string{"-v", "--", "echo"}, false, "missing the lock name before --: netlock run [flags] NAME -- echo"},
+		{[]string{"--"}, false, "missing the lock name and the program"},
 		{[]string{"job"}, false, `missing -- PROGRAM after the lock name "job"`},
 		{[]string{"job", "touch", "x"}, false, "want -- between the lock name and the program"},
 		{[]string{"job", "--wait", "0", "--", "true"}, false, "--wait after the lock name: flags go before NAME"},
 		{[]string{"job", "--"}, false, "missing the program after --"},
 		{[]string{"job", "--", ""}, false, "empty program name"},
 		{[]string{"", "--", "true"}, false, "empty lock name"},
-		{[]string{"}job", "--", "true"}, false, `lock name "}job" starts with '}'`},
-		{[]string{"--wait", "soon"}, true, `invalid value "soon" for flag -wait: want a duration such as 30s, 5m or 0`},
-		{[]string{"--wait", "-1s"}, true, `invalid value "-1s" for flag -wait: want a duration`},
-		{[]string{"--expiry", "0"}, true, "--expiry must be positive"},
-		{[]string{"--expiry", "5"}, true, `invalid value "5" for flag -expiry: parse error; want a duration such as 30s`},
-		{[]string{"--grace", "soon"}, true, `invalid value "soon" for flag -grace: parse error; want a duration`},
-		{[]string{"--expiry", "1ms"}, true, "expiry 1ms leaves no validity"},
+		{[]string{"}job", "--", "true"}, false, `netlock run: lock name "}job" starts with '}'`},
+		{[]string{"--wait", "soon"}, true, `invalid value "soon" for --wait: want a duration such as 30s, 5m or 0`},
+		{[]string{"--wait", "-1s"}, true, `invalid value "-1s" for --wait: want a duration`},
+		{[]string{"--wait"}, false, `--wait needs a value`},
+		{[]string{"-v=maybe"}, true, `invalid value "maybe" for -v`},
+		{[]string{"--expiry", "0"}, true, "--expiry must be at least 100ms, not 0s"},
+		{[]string{"--expiry", "5"}, true, `invalid value "5" for --expiry: want a duration such as 30s, 5m or 1m30s`},
+		{[]string{"--grace", "soon"}, true, `invalid value "soon" for --grace: want a duration`},
+		{[]string{"--expiry", "1ms"}, true, "--expiry must be at least 100ms, not 1ms: Redis must answer within a tenth of it"},
+		{[]string{"--conflict-exit-code", "x"}, true, `invalid value "x" for --conflict-exit-code: parse error`},
 		{[]string{"--grace", "-1s"}, true, "--grace must not be negative"},
 		{[]string{"--conflict-exit-code", "256"}, true, "--conflict-exit-code must be between 0 and 255"},
-		{[]string{"--prefix", "a{b"}, true, `prefix "a{b" contains '{'`},
+		{[]string{"--prefix", "a{b"}, true, `--prefix "a{b" must not contain '{' or '}'`},
 		{[]string{"--redis", "localhost"}, true, `--redis: "localhost" is not host:port`},
 		{[]string{"--redis", "127.0.0.1:99999"}, true, `--redis: "127.0.0.1:99999" is not host:port`},
 		{[]string{"--redis", "127.0.0.1:1", "--redis", "127.0.0.1:1"}, true, "--redis: 127.0.0.1:1 given twice"},
 		{[]string{"--user", "bob"}, true, "--user bob needs the password in $NETLOCK_PASSWORD"},
 		{[]string{"--tls-ca", filepath.Join(t.TempDir(), "missing.pem")}, true, "--tls-ca: open "},
-		{[]string{"--no-such-flag"}, true, "flag provided but not defined: -no-such-flag"},
+		{[]string{"--no-such-flag"}, true, "unknown flag --no-such-flag"},
+		{[]string{"-no-such-flag"}, true, "unknown flag --no-such-flag"},
+		{[]string{"--redis", "redis://alice:hunter2@127.0.0.1:1/x"}, true, `--redis: redis://alice:xxxxx@127.0.0.1:1/x: database "x" is not a number`},
 		{[]string{"--redis", unreachable}, true, `cannot take the lock "job" on Redis at ` + unreachable + ": "},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
@@ -532,8 +544,11 @@ func TestRunBadInput(t *testing.T) {
 			if stdout != "" {
 				t.Errorf("stdout: got %q, want nothing", stdout)
 			}
-			if first, _, _ := strings.Cut(stderr, "\n"); !strings.HasPrefix(first, "netlock run: ") || !strings.Contains(first, tc.want) {
-				t.Errorf("stderr's first line %q does not say %q", first, tc.want)
+			if first, _, _ := strings.Cut(stderr, "\n"); !strings.HasPrefix(first, "netlock run: ") || !strings.Contains(first, tc.want) || strings.Contains(first, "netlock run: netlock: ") {
+				t.Errorf("stderr's first line %q does not say %q (with the prefix once)", first, tc.want)
+			}
+			if strings.Contains(stderr, "hunter2") {
+				t.Errorf("stderr shows the password")
 			}
 			if exists(marker) {
 				t.Error("the program ran")
@@ -567,5 +582,44 @@ func TestRunRedisFromEnvironment(t *testing.T) {
 	}
 	if got := redisDo(t, b, "GET", fenceKey("job")); got != "1" {
 		t.Errorf("fence counter on the second server: got %q, want 1", got)
+	}
+}
+
+// TestRunVerboseWait: run -v tells who holds the lock when it starts waiting
+// and every waitReportEvery while it waits.
+func TestRunVerboseWait(t *testing.T) {
+	defer func(d time.Duration) { waitReportEvery = d }(waitReportEvery)
+	waitReportEvery = 50 * time.Millisecond
+	s := redistest.Start(t)
+	redisDo(t, s, "SET", lockKey("job"), "someone-else:7", "PX", "600000")
+	code, _, stderr := runCmd(t, t.Context(), "run", "-v", "--redis", s.Addr(), "--wait", "1s", "job", "--", "true")
+	if code != exitConflict {
+		t.Errorf("exit %d, want %d", code, exitConflict)
+	}
+	lines := strings.Split(strings.TrimSuffix(stderr, "\n"), "\n")
+	start := regexp.MustCompile(`^netlock run: the lock "job" is held elsewhere \(fencing token 7, TTL 9m5[0-9.]+s\); waiting up to 1s$`)
+	report := regexp.MustCompile(`^netlock run: still waiting for the lock "job" after [0-9.]+m?s: held elsewhere \(fencing token 7, TTL 9m5[0-9.]+s\)$`)
+	reports := 0
+	for _, l := range lines {
+		if report.MatchString(l) {
+			reports++
+		}
+	}
+	if len(lines) < 2 || !start.MatchString(lines[1]) {
+		t.Errorf("the second line does not match %v", start)
+	}
+	// 1s at one report per 50ms: 20, less what a slow machine loses.
+	if reports < 3 {
+		t.Errorf("%d reports while waiting, want at least 3 matching %v", reports, report)
+	}
+	if last := lines[len(lines)-1]; !strings.HasPrefix(last, `netlock run: gave up waiting for the lock "job" after 1s: held elsewhere (fencing token 7, TTL 9m5`) {
+		t.Errorf("the last line %q does not say netlock gave up", last)
+	}
+
+	// A lock that is free: no report, just the hold.
+	redisDo(t, s, "DEL", lockKey("job"))
+	code, _, stderr = runNetlock(t, nil, "run", "-v", "--redis", s.Addr(), "job", "--", "true")
+	if code != 0 || strings.Contains(stderr, "held elsewhere") || strings.Contains(stderr, "still waiting") {
+		t.Errorf("free lock: exit %d, want 0 and no report of a holder: %q", code, stderr)
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -9,13 +10,10 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"text/tabwriter"
 	"time"
 
-	"github.com/gomodule/redigo/redis"
-
-	"github.com/netlock-go/netlock/internal/keyspace"
+	"github.com/netlock-go/netlock"
 )
 
 // Exit codes of "netlock status".
@@ -27,12 +25,24 @@ const (
 const statusHelp = `Usage: netlock status [flags] NAME
 
 Shows whether the lock NAME is held, on each Redis node: the remaining TTL
-of its key, the holder's fencing token, and the node's fence counter (the
-highest token it has granted in the key's hash slot).
+of its key, the holder's fencing token, the clients queued for it, and the
+node's fence counter (the highest token it has granted in the key's hash
+slot). It changes nothing in Redis.
 
 The lock is held when a majority of the nodes (one of one) hold its key with
 one holder's value; a key on fewer nodes is left over from an acquire that
 failed or a hold that expired elsewhere, and no longer excludes anyone.
+netlock.Inspect decides, as in a Go program.
+
+A node whose maxmemory-policy can evict keys with a TTL (volatile-*,
+allkeys-*) can drop the lock's key under its holder: status warns about it
+on stderr. netlock needs maxmemory-policy noeviction.
+
+--json prints the same as one JSON object: "state" (held, free or unknown),
+"token", "ttl_ms" (-1: no TTL), "holder", and "nodes", each with "addr",
+"state" (held, free or error), "token", "foreign" (a value netlock did not
+write), "ttl_ms", "holder", "waiters", "fence_counter", "maxmemory_policy",
+"maxmemory" (bytes, 0: no limit, -1: unknown), "evicts" and "error".
 
 Exit status: 0 free, 1 held, 2 bad usage or too few nodes answered to tell.
 
@@ -49,7 +59,8 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs := flag.NewFlagSet("netlock status", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	var cf connFlags
-	cf.register(fs)
+	cf.register(fs, false)
+	asJSON := fs.Bool("json", false, "print the status as JSON (see above)")
 	bad := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "netlock status: "+format+"\n", a...)
 		fmt.Fprintln(stderr, `Run "netlock status --help" for usage.`)
@@ -58,150 +69,230 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprint(stdout, statusHelp)
-			fs.SetOutput(stdout)
-			fs.PrintDefaults()
+			printFlags(stdout, fs)
 			return exitOK
 		}
-		return bad("%v", err)
+		return bad("%s", flagError(fs, err))
 	}
 	switch {
 	case fs.NArg() == 0:
 		return bad("missing the lock name: netlock status [flags] NAME")
 	case fs.NArg() > 1:
 		return bad("unexpected %q after the lock name: flags go before NAME", fs.Arg(1))
-	case fs.Arg(0) == "":
-		return bad("empty lock name")
 	}
 	c, err := cf.resolve(os.Getenv)
 	if err != nil {
 		return bad("%v", err)
 	}
 	name := fs.Arg(0)
-	keys := keyspace.New(c.prefix, name, true)
 
 	pools := c.pools()
 	defer closePools(pools)
-	states := make([]nodeState, len(pools))
-	var wg sync.WaitGroup
-	for i, p := range pools {
-		wg.Go(func() { states[i] = readNode(ctx, p, keys) })
+	info, err := netlock.Inspect(ctx, name, backends(pools), netlock.WithPrefix(c.prefix), netlock.WithNodeTimeout(statusTimeout))
+	if err != nil && !errors.Is(err, netlock.ErrQuorum) {
+		// Inspect validates the name as New does: one rule for every
+		// command.
+		return bad("%s", oneLine(err))
 	}
-	wg.Wait()
+	code := exitFree
+	switch {
+	case err != nil:
+		code = exitUsage
+	case info.Held:
+		code = exitHeld
+	}
 
-	code, summary := judge(states)
-	fmt.Fprintf(stdout, "lock %q: %s\n", name, summary)
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tSTATE\tTTL\tTOKEN\tFENCE COUNTER")
-	for i, s := range states {
-		fmt.Fprintf(tw, "%s\t%s\n", c.addrs[i], s)
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(statusJSON(name, c, info, err))
+	} else {
+		fmt.Fprintf(stdout, "lock %q: %s\n", name, summary(info, err))
+		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "NODE\tSTATE\tTTL\tTOKEN\tWAITERS\tFENCE COUNTER")
+		for i, n := range info.Nodes {
+			fmt.Fprintf(tw, "%s\t%s\n", c.nodes[i].name, row(n))
+		}
+		tw.Flush()
 	}
-	tw.Flush()
-	for i, s := range states {
-		if s.err != nil {
-			fmt.Fprintf(stderr, "netlock status: %s: %s\n", c.addrs[i], oneLine(s.err))
+	for i, n := range info.Nodes {
+		who := c.nodes[i].name
+		if len(info.Nodes) > 1 {
+			who = fmt.Sprintf("node %d %s", i, who)
+		}
+		if n.Err != nil {
+			fmt.Fprintf(stderr, "netlock status: %s: %s\n", who, nodeErrorText(i, n.Err))
+			if h := authHint(n.Err); h != "" {
+				fmt.Fprintf(stderr, "netlock status: %s\n", h)
+			}
+		}
+		if n.Evicts() {
+			fmt.Fprintf(stderr, "netlock status: warning: %s has maxmemory-policy %s, which can evict the lock's key under its holder%s; netlock needs noeviction\n",
+				who, n.MaxMemoryPolicy, maxmemoryText(n.MaxMemory))
 		}
 	}
 	return code
 }
 
-// nodeState is what one node holds for the lock.
-type nodeState struct {
-	value   string        // the lock key's value, "<random>:<token>"; "" when free
-	pttl    time.Duration // remaining TTL of the lock key; -1 if it has none
-	counter string        // the fence counter, "" when absent
-	err     error
-}
-
-// readNode reads the lock key, its TTL and the fence counter from one node,
-// in one transaction so that they agree.
-func readNode(ctx context.Context, pool *redis.Pool, keys keyspace.Keys) (s nodeState) {
-	ctx, cancel := context.WithTimeout(ctx, statusTimeout)
-	defer cancel()
-	c, err := pool.GetContext(ctx)
-	if err != nil {
-		return nodeState{err: err}
-	}
-	defer c.Close()
-	c.Send("MULTI")
-	c.Send("GET", keys.Lock)
-	c.Send("PTTL", keys.Lock)
-	c.Send("GET", keys.Fence)
-	vals, err := redis.Values(redis.DoContext(c, ctx, "EXEC"))
-	if err == nil && len(vals) != 3 {
-		err = fmt.Errorf("EXEC replied %v", vals)
-	}
-	if err != nil {
-		return nodeState{err: err}
-	}
-	for _, v := range vals {
-		if e, ok := v.(redis.Error); ok {
-			return nodeState{err: e} // WRONGTYPE, say
+// summary says in a few words what Inspect found: held (by which token, for
+// how long), free, or unknown (why).
+func summary(info netlock.Info, err error) string {
+	n := len(info.Nodes)
+	keyed, failed := 0, 0
+	for _, node := range info.Nodes {
+		switch {
+		case node.Err != nil:
+			failed++
+		case node.Held:
+			keyed++
 		}
 	}
-	s.value, _ = redis.String(vals[0], nil)
-	pttl, _ := redis.Int64(vals[1], nil)
-	s.pttl = time.Duration(pttl) * time.Millisecond
-	s.counter, _ = redis.String(vals[2], nil)
+	switch {
+	case err != nil && n == 1:
+		return "unknown: " + nodeErrorText(0, info.Nodes[0].Err)
+	case err != nil:
+		return fmt.Sprintf("unknown: %d of %d nodes failed, and a quorum of %d cannot be told without them", failed, n, n/2+1)
+	case info.Held:
+		return "held, " + holdText(info)
+	case keyed > 0:
+		return fmt.Sprintf("free (a key is left on %d of %d nodes, but no holder has a quorum of %d)", keyed, n, n/2+1)
+	}
+	return "free"
+}
+
+// holdText describes the hold Inspect found, for a message: "fencing token
+// 7, TTL 9.5s", with " on 2 of 3 nodes" over several.
+func holdText(info netlock.Info) string {
+	var s string
+	switch {
+	case info.Token != 0:
+		s = "fencing token " + strconv.FormatUint(info.Token, 10)
+	case anyForeign(info):
+		s = "by a key netlock did not write"
+	default:
+		s = "no fencing token (fencing off)"
+	}
+	if n := len(info.Nodes); n > 1 {
+		on := 0
+		for _, node := range info.Nodes {
+			if node.Err == nil && node.Held && node.Holder == info.Holder {
+				on++
+			}
+		}
+		s += fmt.Sprintf(" on %d of %d nodes", on, n)
+	}
+	return s + ", " + ttlText(info.TTL)
+}
+
+// anyForeign reports whether the hold's nodes hold a value netlock did not
+// write.
+func anyForeign(info netlock.Info) bool {
+	for _, n := range info.Nodes {
+		if n.Err == nil && n.Holder == info.Holder && n.Foreign {
+			return true
+		}
+	}
+	return false
+}
+
+// ttlText renders a hold's TTL for the summary.
+func ttlText(ttl time.Duration) string {
+	if ttl < 0 {
+		return "no TTL"
+	}
+	return "TTL " + ttl.String()
+}
+
+// row renders a node's state as the table's columns after NODE.
+func row(n netlock.NodeInfo) string {
+	counter := strconv.FormatUint(n.FenceCounter, 10)
+	waiters := strconv.Itoa(n.Waiters)
+	token := strconv.FormatUint(n.Token, 10)
+	if n.Foreign {
+		token = "?"
+	}
+	switch {
+	case n.Err != nil:
+		return "error\t-\t-\t-\t-"
+	case !n.Held:
+		return "free\t-\t-\t" + waiters + "\t" + counter
+	case n.TTL < 0:
+		return "held\tnone\t" + token + "\t" + waiters + "\t" + counter
+	}
+	return "held\t" + n.TTL.String() + "\t" + token + "\t" + waiters + "\t" + counter
+}
+
+// nodeErrorText is node i's error without the "netlock: node i: " the
+// library names it with: the command names the node itself.
+func nodeErrorText(i int, err error) string {
+	return strings.TrimPrefix(err.Error(), fmt.Sprintf("netlock: node %d: ", i))
+}
+
+// maxmemoryText says when a policy that evicts comes into play.
+func maxmemoryText(maxmemory int64) string {
+	switch {
+	case maxmemory == 0:
+		return " once maxmemory is set (it is not yet)"
+	case maxmemory > 0:
+		return fmt.Sprintf(" when its %d bytes of maxmemory are full", maxmemory)
+	}
+	return " when its memory is full"
+}
+
+// jsonStatus is status --json's output: netlock.Info, flattened for
+// machines.
+type jsonStatus struct {
+	Name   string     `json:"name"`
+	State  string     `json:"state"` // held, free, unknown
+	Token  uint64     `json:"token"`
+	TTLMS  int64      `json:"ttl_ms"` // -1: no TTL; 0 when not held
+	Holder string     `json:"holder,omitempty"`
+	Error  string     `json:"error,omitempty"`
+	Nodes  []jsonNode `json:"nodes"`
+}
+
+type jsonNode struct {
+	Addr            string `json:"addr"`
+	State           string `json:"state"` // held, free, error
+	Token           uint64 `json:"token"`
+	Foreign         bool   `json:"foreign"`
+	TTLMS           int64  `json:"ttl_ms"`
+	Holder          string `json:"holder,omitempty"`
+	Waiters         int    `json:"waiters"`
+	FenceCounter    uint64 `json:"fence_counter"`
+	MaxMemoryPolicy string `json:"maxmemory_policy,omitempty"`
+	MaxMemory       int64  `json:"maxmemory"`
+	Evicts          bool   `json:"evicts"`
+	Error           string `json:"error,omitempty"`
+}
+
+func statusJSON(name string, c *conn, info netlock.Info, err error) jsonStatus {
+	s := jsonStatus{Name: name, State: "free", Token: info.Token, TTLMS: ttlMS(info.TTL), Holder: info.Holder, Nodes: []jsonNode{}}
+	switch {
+	case err != nil:
+		s.State, s.Error = "unknown", oneLine(err)
+	case info.Held:
+		s.State = "held"
+	}
+	for i, n := range info.Nodes {
+		j := jsonNode{
+			Addr: c.nodes[i].name, State: "free", Token: n.Token, Foreign: n.Foreign, TTLMS: ttlMS(n.TTL), Holder: n.Holder,
+			Waiters: n.Waiters, FenceCounter: n.FenceCounter, MaxMemoryPolicy: n.MaxMemoryPolicy, MaxMemory: n.MaxMemory, Evicts: n.Evicts(),
+		}
+		switch {
+		case n.Err != nil:
+			j.State, j.Error = "error", nodeErrorText(i, n.Err)
+		case n.Held:
+			j.State = "held"
+		}
+		s.Nodes = append(s.Nodes, j)
+	}
 	return s
 }
 
-// token returns the fencing token in the lock key's value "<random>:<token>"
-// (see lua/acquire.lua), or "?" if the value is not netlock's.
-func (s nodeState) token() string {
-	i := strings.LastIndexByte(s.value, ':')
-	if _, err := strconv.ParseUint(s.value[i+1:], 10, 64); i < 0 || err != nil {
-		return "?"
+func ttlMS(d time.Duration) int64 {
+	if d < 0 {
+		return -1
 	}
-	return s.value[i+1:]
-}
-
-// String renders the state as the table's columns after NODE.
-func (s nodeState) String() string {
-	counter := s.counter
-	if counter == "" {
-		counter = "0"
-	}
-	switch {
-	case s.err != nil:
-		return "error\t-\t-\t-"
-	case s.value == "":
-		return "free\t-\t-\t" + counter
-	case s.pttl < 0:
-		return "held\tnone\t" + s.token() + "\t" + counter
-	}
-	return "held\t" + s.pttl.String() + "\t" + s.token() + "\t" + counter
-}
-
-// judge decides from the nodes' states whether the lock is held: a majority
-// of the nodes hold its key with one value. It returns the exit code and a
-// summary.
-func judge(states []nodeState) (code int, summary string) {
-	n, quorum := len(states), len(states)/2+1
-	count := map[string]int{}
-	failed, keyed, most, holder := 0, 0, 0, ""
-	for _, s := range states {
-		switch {
-		case s.err != nil:
-			failed++
-		case s.value != "":
-			keyed++
-			count[s.value]++
-			if count[s.value] > most {
-				most, holder = count[s.value], s.value
-			}
-		}
-	}
-	of := ""
-	if n > 1 {
-		of = fmt.Sprintf(" on %d of %d nodes", most, n)
-	}
-	switch {
-	case most >= quorum:
-		return exitHeld, fmt.Sprintf("held, fencing token %s%s", nodeState{value: holder}.token(), of)
-	case most+failed >= quorum:
-		return exitUsage, fmt.Sprintf("unknown: %d of %d nodes did not answer", failed, n)
-	case keyed > 0:
-		return exitFree, fmt.Sprintf("free (a key is left on %d of %d nodes, but no holder has a quorum of %d)", keyed, n, quorum)
-	}
-	return exitFree, "free"
+	return d.Milliseconds()
 }

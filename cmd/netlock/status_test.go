@@ -1,16 +1,18 @@
 package main
 
 import (
+	"encoding/json"
 	"regexp"
 	"strings"
 	"testing"
 
+	"github.com/netlock-go/netlock/internal/keyspace"
 	"github.com/netlock-go/netlock/internal/redistest"
 )
 
 // statusRow matches the table row of the node at addr.
-func statusRow(addr, state, ttl, token, counter string) *regexp.Regexp {
-	return regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(addr) + `\s+` + state + `\s+` + ttl + `\s+` + token + `\s+` + counter + `$`)
+func statusRow(addr, state, ttl, token, waiters, counter string) *regexp.Regexp {
+	return regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(addr) + `\s+` + state + `\s+` + ttl + `\s+` + token + `\s+` + waiters + `\s+` + counter + `$`)
 }
 
 func TestStatusOneNode(t *testing.T) {
@@ -26,7 +28,7 @@ func TestStatusOneNode(t *testing.T) {
 		if code != exitFree {
 			t.Errorf("exit %d, want %d", code, exitFree)
 		}
-		if !strings.HasPrefix(stdout, "lock \"job\": free\nNODE ") || !statusRow(a, "free", "-", "-", "0").MatchString(stdout) {
+		if !strings.HasPrefix(stdout, "lock \"job\": free\nNODE ") || !statusRow(a, "free", "-", "-", "0", "0").MatchString(stdout) {
 			t.Errorf("stdout does not show job free with fence counter 0:\n%s", stdout)
 		}
 		if stderr != "" {
@@ -36,13 +38,15 @@ func TestStatusOneNode(t *testing.T) {
 
 	redisDo(t, s, "SET", lockKey("job"), "r4nd0m:7", "PX", "50000") // under a minute: TTLs show as seconds
 	redisDo(t, s, "SET", fenceKey("job"), "9")
+	redisDo(t, s, "ZADD", keyspace.New("netlock:", "job", true).Waiters, "1", "w1", "2", "w2")
 	t.Run("held", func(t *testing.T) {
 		code, stdout, _ := status(t)
 		if code != exitHeld {
 			t.Errorf("exit %d, want %d", code, exitHeld)
 		}
-		if !strings.HasPrefix(stdout, "lock \"job\": held, fencing token 7\n") || !statusRow(a, "held", `[1-5]?[0-9](\.[0-9]+)?s`, "7", "9").MatchString(stdout) {
-			t.Errorf("stdout does not show job held with token 7, a TTL up to 50s and fence counter 9:\n%s", stdout)
+		ttl := `[1-5]?[0-9](\.[0-9]+)?s`
+		if !regexp.MustCompile(`^lock "job": held, fencing token 7, TTL `+ttl+"\n").MatchString(stdout) || !statusRow(a, "held", ttl, "7", "2", "9").MatchString(stdout) {
+			t.Errorf("stdout does not show job held with token 7, a TTL up to 50s, 2 waiters and fence counter 9:\n%s", stdout)
 		}
 		if strings.Contains(stdout, "r4nd0m") {
 			t.Errorf("stdout shows the holder's secret value:\n%s", stdout)
@@ -52,7 +56,7 @@ func TestStatusOneNode(t *testing.T) {
 	redisDo(t, s, "PERSIST", lockKey("job"))
 	t.Run("held without TTL", func(t *testing.T) {
 		code, stdout, _ := status(t)
-		if code != exitHeld || !statusRow(a, "held", "none", "7", "9").MatchString(stdout) {
+		if code != exitHeld || !strings.HasPrefix(stdout, `lock "job": held, fencing token 7, no TTL`+"\n") || !statusRow(a, "held", "none", "7", "2", "9").MatchString(stdout) {
 			t.Errorf("exit %d, want %d, and a row with TTL none:\n%s", code, exitHeld, stdout)
 		}
 	})
@@ -60,7 +64,7 @@ func TestStatusOneNode(t *testing.T) {
 	redisDo(t, s, "SET", lockKey("job"), "not netlock's")
 	t.Run("foreign value", func(t *testing.T) {
 		code, stdout, _ := status(t)
-		if code != exitHeld || !statusRow(a, "held", "none", `\?`, "9").MatchString(stdout) {
+		if code != exitHeld || !strings.HasPrefix(stdout, `lock "job": held, by a key netlock did not write, no TTL`+"\n") || !statusRow(a, "held", "none", `\?`, "2", "9").MatchString(stdout) {
 			t.Errorf("exit %d, want %d, and a row with token ?:\n%s", code, exitHeld, stdout)
 		}
 	})
@@ -72,10 +76,10 @@ func TestStatusOneNode(t *testing.T) {
 		if code != exitUsage {
 			t.Errorf("exit %d, want %d", code, exitUsage)
 		}
-		if !strings.Contains(stdout, `lock "job": unknown: 1 of 1 nodes did not answer`) || !statusRow(a, "error", "-", "-", "-").MatchString(stdout) {
+		if !strings.HasPrefix(stdout, `lock "job": unknown: a key of this lock holds a value of another type, nothing was changed: WRONGTYPE`) || !statusRow(a, "error", "-", "-", "-", "-").MatchString(stdout) {
 			t.Errorf("stdout does not show the node's error:\n%s", stdout)
 		}
-		if !strings.Contains(stderr, "netlock status: "+a+": WRONGTYPE") {
+		if !strings.HasPrefix(stderr, "netlock status: "+a+": a key of this lock holds a value of another type") || !strings.Contains(stderr, "WRONGTYPE") {
 			t.Errorf("stderr does not report WRONGTYPE from %s: %q", a, stderr)
 		}
 	})
@@ -90,14 +94,14 @@ func TestStatusInsideRun(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d, want 0", code)
 	}
-	if !strings.HasPrefix(stdout, "lock \"job\": held, fencing token 1\n") || !strings.HasSuffix(stdout, "status 1 token 1\n") {
+	if !strings.HasPrefix(stdout, "lock \"job\": held, fencing token 1, TTL ") || !strings.HasSuffix(stdout, "status 1 token 1\n") {
 		t.Errorf("status inside the run does not show the lock held by token 1, exit 1:\n%s", stdout)
 	}
-	if !statusRow(s.Addr(), "held", `(30|[12][0-9](\.[0-9]+)?)s`, "1", "1").MatchString(stdout) {
+	if !statusRow(s.Addr(), "held", `(30|[12][0-9](\.[0-9]+)?)s`, "1", "0", "1").MatchString(stdout) {
 		t.Errorf("no row with the lock held, a TTL up to 30s and fence counter 1:\n%s", stdout)
 	}
 	code, stdout, _ = runCmd(t, t.Context(), "status", "--redis", s.Addr(), "--prefix", "app:", "job")
-	if code != exitFree || !statusRow(s.Addr(), "free", "-", "-", "1").MatchString(stdout) {
+	if code != exitFree || !statusRow(s.Addr(), "free", "-", "-", "0", "1").MatchString(stdout) {
 		t.Errorf("after the run: exit %d, want %d, and the node free with fence counter 1:\n%s", code, exitFree, stdout)
 	}
 }
@@ -124,9 +128,9 @@ func TestStatusQuorum(t *testing.T) {
 		{"free", func() {}, exitFree, "free"},
 		{"one node", func() { set(servers[0], "a:4") }, exitFree, "free (a key is left on 1 of 3 nodes, but no holder has a quorum of 2)"},
 		{"two values", func() { set(servers[1], "b:5") }, exitFree, "free (a key is left on 2 of 3 nodes, but no holder has a quorum of 2)"},
-		{"two nodes", func() { set(servers[1], "a:4") }, exitHeld, "held, fencing token 4 on 2 of 3 nodes"},
-		{"two nodes, one down", func() { servers[2].Stop() }, exitHeld, "held, fencing token 4 on 2 of 3 nodes"},
-		{"one node, one down", func() { redisDo(t, servers[1], "DEL", lockKey("job")) }, exitUsage, "unknown: 1 of 3 nodes did not answer"},
+		{"two nodes", func() { set(servers[1], "a:4") }, exitHeld, "held, fencing token 4 on 2 of 3 nodes, TTL "},
+		{"two nodes, one down", func() { servers[2].Stop() }, exitHeld, "held, fencing token 4 on 2 of 3 nodes, TTL "},
+		{"one node, one down", func() { redisDo(t, servers[1], "DEL", lockKey("job")) }, exitUsage, "unknown: 1 of 3 nodes failed, and a quorum of 2 cannot be told without them"},
 		{"none, one down", func() { redisDo(t, servers[0], "DEL", lockKey("job")) }, exitFree, "free"},
 	} {
 		step.do()
@@ -135,8 +139,9 @@ func TestStatusQuorum(t *testing.T) {
 			if code != step.code {
 				t.Errorf("exit %d, want %d", code, step.code)
 			}
-			if first, _, _ := strings.Cut(stdout, "\n"); first != `lock "job": `+step.summary {
-				t.Errorf("first line %q, want %q", first, `lock "job": `+step.summary)
+			first, _, _ := strings.Cut(stdout, "\n")
+			if want := `lock "job": ` + step.summary; first != want && !(strings.HasSuffix(want, "TTL ") && strings.HasPrefix(first, want)) {
+				t.Errorf("first line %q, want %q", first, want)
 			}
 		})
 	}
@@ -152,8 +157,11 @@ func TestStatusBadInput(t *testing.T) {
 		{[]string{"a", "b"}, `unexpected "b" after the lock name`},
 		{[]string{"a", "--redis", "x:1"}, `unexpected "--redis" after the lock name: flags go before NAME`},
 		{[]string{""}, "empty lock name"},
+		{[]string{"}x"}, `lock name "}x" starts with '}'`},
+		{[]string{"--prefix", "a{", "x"}, `--prefix "a{" must not contain '{' or '}'`},
 		{[]string{"--redis", "nope", "a"}, `--redis: "nope" is not host:port`},
-		{[]string{"--wait", "0", "a"}, "flag provided but not defined: -wait"},
+		{[]string{"--wait", "0", "a"}, "unknown flag --wait"},
+		{[]string{"--json=maybe", "a"}, `invalid value "maybe" for --json`},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			code, stdout, stderr := runCmd(t, t.Context(), append([]string{"status"}, tc.args...)...)
@@ -163,9 +171,107 @@ func TestStatusBadInput(t *testing.T) {
 			if stdout != "" {
 				t.Errorf("stdout: got %q, want nothing", stdout)
 			}
-			if first, _, _ := strings.Cut(stderr, "\n"); !strings.HasPrefix(first, "netlock status: ") || !strings.Contains(first, tc.want) {
-				t.Errorf("stderr's first line %q does not say %q", first, tc.want)
+			if first, _, _ := strings.Cut(stderr, "\n"); !strings.HasPrefix(first, "netlock status: ") || !strings.Contains(first, tc.want) || strings.Contains(first, "netlock: ") {
+				t.Errorf("stderr's first line %q does not say %q (once netlock)", first, tc.want)
 			}
 		})
+	}
+}
+
+// TestStatusNoAuth: a server that wants a password answers status with
+// NOAUTH, which status reports as such (not as a node that did not answer),
+// with what to do about it.
+func TestStatusNoAuth(t *testing.T) {
+	s := redistest.Start(t)
+	redisDo(t, s, "CONFIG", "SET", "requirepass", "s3cret")
+	code, stdout, stderr := runNetlock(t, nil, "status", "--redis", s.Addr(), "job")
+	if code != exitUsage {
+		t.Errorf("exit %d, want %d", code, exitUsage)
+	}
+	if !strings.HasPrefix(stdout, `lock "job": unknown: NOAUTH Authentication required`) {
+		t.Errorf("stdout does not report NOAUTH:\n%s", stdout)
+	}
+	if !strings.Contains(stderr, "netlock status: "+s.Addr()+": NOAUTH") || !strings.Contains(stderr, "put it in $NETLOCK_PASSWORD") {
+		t.Errorf("stderr does not report NOAUTH with a hint: %q", stderr)
+	}
+	code, stdout, _ = runNetlock(t, []string{envPassword + "=s3cret"}, "status", "--redis", s.Addr(), "job")
+	if code != exitFree || !strings.HasPrefix(stdout, `lock "job": free`) {
+		t.Errorf("with the password: exit %d, want %d, and free:\n%s", code, exitFree, stdout)
+	}
+	code, stdout, _ = runNetlock(t, nil, "status", "--redis", "redis://:s3cret@"+s.Addr(), "job")
+	if code != exitFree || !strings.HasPrefix(stdout, `lock "job": free`) || strings.Contains(stdout, "s3cret") {
+		t.Errorf("with the password in the URL: exit %d, want %d, free, and no password shown:\n%s", code, exitFree, stdout)
+	}
+}
+
+// TestStatusJSON checks status --json on a held lock, a free one, and a
+// quorum with a node down.
+func TestStatusJSON(t *testing.T) {
+	servers := []*redistest.Server{redistest.Start(t), redistest.Start(t), redistest.Start(t)}
+	redisDo(t, servers[0], "SET", lockKey("job"), "r4nd0m:7", "PX", "50000")
+	redisDo(t, servers[0], "SET", fenceKey("job"), "9")
+	redisDo(t, servers[0], "ZADD", keyspace.New("netlock:", "job", true).Waiters, "1", "w1")
+	status := func(t *testing.T, servers ...*redistest.Server) (int, jsonStatus) {
+		t.Helper()
+		args := []string{"status", "--json"}
+		for _, s := range servers {
+			args = append(args, "--redis", s.Addr())
+		}
+		code, stdout, _ := runCmd(t, t.Context(), append(args, "job")...)
+		var got jsonStatus
+		if err := json.Unmarshal([]byte(stdout), &got); err != nil {
+			t.Fatalf("stdout is not JSON: %v\n%s", err, stdout)
+		}
+		if len(got.Nodes) != len(servers) {
+			t.Fatalf("got %d nodes, want %d", len(got.Nodes), len(servers))
+		}
+		return code, got
+	}
+
+	code, got := status(t, servers[0])
+	n := got.Nodes[0]
+	if code != exitHeld || got.Name != "job" || got.State != "held" || got.Token != 7 || got.TTLMS <= 0 || got.TTLMS > 50000 || len(got.Holder) != 12 {
+		t.Errorf("held: exit %d, %+v; want %d, held by token 7 with a TTL up to 50s and a holder", code, got, exitHeld)
+	}
+	if n.Addr != servers[0].Addr() || n.State != "held" || n.Token != 7 || n.TTLMS != got.TTLMS || n.Holder != got.Holder || n.Waiters != 1 || n.FenceCounter != 9 ||
+		n.MaxMemoryPolicy != "noeviction" || n.MaxMemory != 0 || n.Evicts || n.Error != "" {
+		t.Errorf("held: node %+v; want the node's detail", n)
+	}
+
+	code, got = status(t, servers[1])
+	if code != exitFree || got.State != "free" || got.Token != 0 || got.TTLMS != 0 || got.Holder != "" || got.Nodes[0].State != "free" {
+		t.Errorf("free: exit %d, %+v; want %d and free", code, got, exitFree)
+	}
+
+	redisDo(t, servers[1], "SET", lockKey("job"), "r4nd0m:7", "PX", "50000")
+	servers[2].Stop()
+	code, got = status(t, servers...)
+	if code != exitHeld || got.State != "held" || got.Token != 7 || got.Nodes[2].State != "error" || !strings.Contains(got.Nodes[2].Error, "connection refused") || got.Nodes[2].MaxMemory != -1 {
+		t.Errorf("quorum, one down: exit %d, %+v; want %d, held, node 2 an error", code, got, exitHeld)
+	}
+	redisDo(t, servers[1], "DEL", lockKey("job"))
+	code, got = status(t, servers...)
+	if code != exitUsage || got.State != "unknown" || !strings.HasPrefix(got.Error, "cannot tell whether the lock is held") {
+		t.Errorf("quorum, one holds, one down: exit %d, %+v; want %d, unknown, and why", code, got, exitUsage)
+	}
+}
+
+// TestStatusMaxmemoryPolicy: status warns about a server that may evict the
+// lock's key.
+func TestStatusMaxmemoryPolicy(t *testing.T) {
+	s := redistest.Start(t)
+	redisDo(t, s, "CONFIG", "SET", "maxmemory-policy", "allkeys-lru")
+	code, _, stderr := runCmd(t, t.Context(), "status", "--redis", s.Addr(), "job")
+	want := "netlock status: warning: " + s.Addr() + " has maxmemory-policy allkeys-lru, which can evict the lock's key under its holder once maxmemory is set (it is not yet); netlock needs noeviction\n"
+	if code != exitFree || stderr != want {
+		t.Errorf("exit %d, stderr %q; want %d and %q", code, stderr, exitFree, want)
+	}
+	redisDo(t, s, "CONFIG", "SET", "maxmemory-policy", "volatile-ttl", "maxmemory", "100mb")
+	_, stdout, stderr := runCmd(t, t.Context(), "status", "--json", "--redis", s.Addr(), "job")
+	if !strings.Contains(stderr, "has maxmemory-policy volatile-ttl, which can evict the lock's key under its holder when its 104857600 bytes of maxmemory are full") {
+		t.Errorf("stderr does not warn about volatile-ttl: %q", stderr)
+	}
+	if !strings.Contains(stdout, `"maxmemory_policy": "volatile-ttl"`) || !strings.Contains(stdout, `"evicts": true`) {
+		t.Errorf("the JSON does not say the node evicts:\n%s", stdout)
 	}
 }
