@@ -130,7 +130,7 @@ func (h *hold) expire(now time.Time) bool {
 	over := h.state != held
 	h.mu.Unlock()
 	if lostNow {
-		h.m.lostHold(h, lostDeadline)
+		h.m.lostHold(h, LostDeadline)
 	}
 	return over
 }
@@ -146,7 +146,7 @@ func (h *hold) lose() {
 	}
 	h.mu.Unlock()
 	if lostNow {
-		h.m.lostHold(h, lostExtend)
+		h.m.lostHold(h, LostExtend)
 	}
 }
 
@@ -165,7 +165,7 @@ func (h *hold) moveUntil(until time.Time) bool {
 	ok := h.state == held
 	h.mu.Unlock()
 	if lostNow {
-		h.m.lostHold(h, lostLate)
+		h.m.lostHold(h, LostLateExtend)
 	}
 	return ok
 }
@@ -189,7 +189,7 @@ func (h *hold) end() (wasLost bool) {
 	ticking, cancel := h.ticking, h.cancel
 	h.mu.Unlock()
 	if lostNow {
-		h.m.lostHold(h, lostDeadline)
+		h.m.lostHold(h, LostDeadline)
 	}
 	if ticking != nil {
 		// Nothing of the hold outlives Unlock.
@@ -212,7 +212,7 @@ func (m *NetMutex) extendRound(ctx context.Context, h *hold) (err error) {
 	ctx, cancel := context.WithDeadline(ctx, until)
 	defer cancel()
 	start := time.Now()
-	defer func() { m.extended(h, time.Since(start), err) }()
+	defer func() { m.extended(ctx, h, time.Since(start), err) }()
 	err = m.settle(m.fanout(ctx, extendScript, m.extendKeys, []string{h.value, m.expiryMS, m.queueMS}, nil))
 	if err != nil {
 		return err

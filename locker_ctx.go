@@ -30,7 +30,8 @@ func (m *NetMutex) LockCtx(ctx context.Context) (err error) {
 		return err
 	}
 	var contended, handedOver bool
-	if done := m.startAcquire(ctx, false); done != nil {
+	ctx, done := m.startAcquire(ctx, false)
+	if done != nil {
 		defer func() { done(err == nil, contended, handedOver, err) }()
 	}
 	if ctx.Err() != nil {
@@ -69,7 +70,8 @@ func (m *NetMutex) TryLockCtx(ctx context.Context) (ok bool, err error) {
 		return false, err
 	}
 	contended := false
-	if done := m.startAcquire(ctx, true); done != nil {
+	ctx, done := m.startAcquire(ctx, true)
+	if done != nil {
 		defer func() { done(ok, contended, false, err) }()
 	}
 	if ctx.Err() != nil {
@@ -134,7 +136,7 @@ func (m *NetMutex) UnlockCtx(ctx context.Context) error {
 	case wasLost:
 		err = ErrLockLost
 	case errors.Is(err, ErrLockLost):
-		m.lostHold(h, lostRelease)
+		m.lostHold(h, LostRelease)
 	}
 	m.unlocked(ctx, h, held, false, err)
 	return err

@@ -11,21 +11,25 @@ import (
 // with WithObserver. Every field is optional. netlock calls them
 // synchronously, from the goroutine doing the work and never while holding
 // a lock of its own, so they must return quickly and be safe for concurrent
-// use. Package netlock/otel turns them into OpenTelemetry metrics and spans.
+// use. Package netlock/otelnetlock turns them into OpenTelemetry metrics and
+// spans.
 type Observer struct {
 	// Acquire is called as LockCtx or TryLockCtx (and so Lock, TryLock and
 	// Do) begins, with the caller's context, in which a tracer may start a
-	// span. The function it returns, if not nil, is called once, as that
-	// call returns.
-	Acquire func(ctx context.Context, a AcquireStart) func(AcquireDone)
+	// span. The context it returns, if not nil, is the one the call then
+	// uses for its calls to the Backends (so that a client library's spans
+	// nest under the acquire's); it must be ctx or derived from it. The
+	// function it returns, if not nil, is called once, as the call returns.
+	Acquire func(ctx context.Context, a AcquireStart) (context.Context, func(AcquireDone))
 
 	// Unlock is called as UnlockCtx (and so Unlock and Do) returns, once
-	// for each LockCtx or TryLockCtx that acquired.
-	Unlock func(UnlockDone)
+	// for each LockCtx or TryLockCtx that acquired, with UnlockCtx's
+	// context (context.Background() for Unlock).
+	Unlock func(ctx context.Context, u UnlockDone)
 
-	// Extend is called after each extend round: the watchdog's, or one of
-	// ExtendCtx.
-	Extend func(ExtendDone)
+	// Extend is called after each extend round, with ExtendCtx's context,
+	// or context.Background() for the watchdog's.
+	Extend func(ctx context.Context, x ExtendDone)
 
 	// Lost is called once per hold that is lost: its local deadline passed
 	// without a successful extend, or an extend or the release found its
@@ -87,15 +91,25 @@ type ExtendDone struct {
 type LostHold struct {
 	Name   string
 	Token  uint64
-	Reason string // what showed it, in words, for logs
+	Reason LostReason
 }
 
-// Reasons a hold is lost, as LostHold.Reason gives them.
+// A LostReason says how a hold was found lost.
+type LostReason string
+
+// The reasons a hold is lost.
 const (
-	lostDeadline = "its local deadline passed without a successful extend"
-	lostExtend   = "an extend found its key gone or taken"
-	lostLate     = "an extend succeeded only after the local deadline had passed"
-	lostRelease  = "the release found its key gone or taken"
+	// LostDeadline: its local deadline passed without a successful extend
+	// (Redis down, slow or partitioned for longer than the validity).
+	LostDeadline LostReason = "deadline"
+	// LostExtend: an extend found the key gone or taken (it expired,
+	// was deleted, evicted, or lost in a failover).
+	LostExtend LostReason = "extend"
+	// LostLateExtend: an extend succeeded in Redis, but its reply came
+	// after the local deadline had passed.
+	LostLateExtend LostReason = "late_extend"
+	// LostRelease: the release at Unlock found the key gone or taken.
+	LostRelease LostReason = "release"
 )
 
 // log returns m's logger if it logs at level, nil otherwise. Without
@@ -116,18 +130,21 @@ func (m *NetMutex) log(ctx context.Context, level slog.Level) *slog.Logger {
 
 // startAcquire tells the observer and the debug log that an acquire call
 // begins, and returns the function to call as it returns.
-func (m *NetMutex) startAcquire(ctx context.Context, try bool) func(acquired, contended, handedOver bool, err error) {
+func (m *NetMutex) startAcquire(ctx context.Context, try bool) (context.Context, func(acquired, contended, handedOver bool, err error)) {
 	o := m.cfg.observer.Acquire
 	debug := m.log(ctx, slog.LevelDebug)
 	if o == nil && debug == nil {
-		return nil
+		return ctx, nil
 	}
 	start := time.Now()
 	var done func(AcquireDone)
 	if o != nil {
-		done = o(ctx, AcquireStart{Name: m.name, Try: try})
+		var octx context.Context
+		if octx, done = o(ctx, AcquireStart{Name: m.name, Try: try}); octx != nil {
+			ctx = octx
+		}
 	}
-	return func(acquired, contended, handedOver bool, err error) {
+	return ctx, func(acquired, contended, handedOver bool, err error) {
 		d := AcquireDone{Name: m.name, Try: try, Acquired: acquired, Wait: time.Since(start), Contended: contended, HandedOver: handedOver, Err: err}
 		if acquired {
 			d.Token = m.Token()
@@ -153,25 +170,25 @@ func (m *NetMutex) unlocked(ctx context.Context, h *hold, held time.Duration, ha
 		l.LogAttrs(ctx, slog.LevelDebug, "netlock: unlock", slog.String("lock", m.name), slog.Uint64("token", h.token), slog.Duration("held", held), slog.Bool("handed_over", handedOver))
 	}
 	if o := m.cfg.observer.Unlock; o != nil {
-		o(UnlockDone{Name: m.name, Token: h.token, Held: held, HandedOver: handedOver, Err: err})
+		o(ctx, UnlockDone{Name: m.name, Token: h.token, Held: held, HandedOver: handedOver, Err: err})
 	}
 }
 
 // extended tells the observer, and the debug log, how an extend round of h
 // ended.
-func (m *NetMutex) extended(h *hold, took time.Duration, err error) {
-	if l := m.log(context.Background(), slog.LevelDebug); l != nil {
-		l.LogAttrs(context.Background(), slog.LevelDebug, "netlock: extend", slog.String("lock", m.name), slog.Uint64("token", h.token), slog.Duration("took", took), errAttr(err))
+func (m *NetMutex) extended(ctx context.Context, h *hold, took time.Duration, err error) {
+	if l := m.log(ctx, slog.LevelDebug); l != nil {
+		l.LogAttrs(ctx, slog.LevelDebug, "netlock: extend", slog.String("lock", m.name), slog.Uint64("token", h.token), slog.Duration("took", took), errAttr(err))
 	}
 	if o := m.cfg.observer.Extend; o != nil {
-		o(ExtendDone{Name: m.name, Token: h.token, Took: took, Err: err})
+		o(ctx, ExtendDone{Name: m.name, Token: h.token, Took: took, Err: err})
 	}
 }
 
 // lostHold tells the observer, and the log at Warn, that h was lost.
-func (m *NetMutex) lostHold(h *hold, reason string) {
+func (m *NetMutex) lostHold(h *hold, reason LostReason) {
 	if l := m.log(context.Background(), slog.LevelWarn); l != nil {
-		l.LogAttrs(context.Background(), slog.LevelWarn, "netlock: lock lost", slog.String("lock", m.name), slog.Uint64("token", h.token), slog.String("reason", reason))
+		l.LogAttrs(context.Background(), slog.LevelWarn, "netlock: lock lost", slog.String("lock", m.name), slog.Uint64("token", h.token), slog.String("reason", string(reason)))
 	}
 	if o := m.cfg.observer.Lost; o != nil {
 		o(LostHold{Name: m.name, Token: h.token, Reason: reason})

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -176,8 +177,8 @@ func TestDefaultLoggerWarnOnly(t *testing.T) {
 	if n := logs.count(slog.LevelDebug); n != 0 {
 		t.Errorf("Debug records through slog.Default without WithLogger: got %d, want 0", n)
 	}
-	if n := len(logs.find(slog.LevelWarn, "lock lost")); n != 2 {
-		t.Errorf("Warn records of the lost holds through slog.Default: got %d, want 2 (one per client)", n)
+	if n, want := len(logs.find(slog.LevelWarn, "lock lost")), len(testClients()); n != want {
+		t.Errorf("Warn records of the lost holds through slog.Default: got %d, want %d (one per client)", n, want)
 	}
 }
 
@@ -199,18 +200,18 @@ func TestObserver(t *testing.T) {
 		var extends []ExtendDone
 		var losts []LostHold
 		obs := Observer{
-			Acquire: func(_ context.Context, a AcquireStart) func(AcquireDone) {
+			Acquire: func(_ context.Context, a AcquireStart) (context.Context, func(AcquireDone)) {
 				mu.Lock()
 				starts = append(starts, a)
 				mu.Unlock()
-				return func(d AcquireDone) {
+				return nil, func(d AcquireDone) {
 					mu.Lock()
 					acquires = append(acquires, d)
 					mu.Unlock()
 				}
 			},
-			Unlock: func(u UnlockDone) { mu.Lock(); unlocks = append(unlocks, u); mu.Unlock() },
-			Extend: func(x ExtendDone) { mu.Lock(); extends = append(extends, x); mu.Unlock() },
+			Unlock: func(_ context.Context, u UnlockDone) { mu.Lock(); unlocks = append(unlocks, u); mu.Unlock() },
+			Extend: func(_ context.Context, x ExtendDone) { mu.Lock(); extends = append(extends, x); mu.Unlock() },
 			Lost:   func(l LostHold) { mu.Lock(); losts = append(losts, l); mu.Unlock() },
 		}
 		m := e.newMutex(t, "seen", WithObserver(obs), WithAutoExtend(false))
@@ -276,10 +277,10 @@ func TestObserverHandOffAndLost(t *testing.T) {
 		var unlocks []UnlockDone
 		var losts []LostHold
 		obs := Observer{
-			Acquire: func(context.Context, AcquireStart) func(AcquireDone) {
-				return func(d AcquireDone) { mu.Lock(); acquires = append(acquires, d); mu.Unlock() }
+			Acquire: func(ctx context.Context, _ AcquireStart) (context.Context, func(AcquireDone)) {
+				return ctx, func(d AcquireDone) { mu.Lock(); acquires = append(acquires, d); mu.Unlock() }
 			},
-			Unlock: func(u UnlockDone) { mu.Lock(); unlocks = append(unlocks, u); mu.Unlock() },
+			Unlock: func(_ context.Context, u UnlockDone) { mu.Lock(); unlocks = append(unlocks, u); mu.Unlock() },
 			Lost:   func(l LostHold) { mu.Lock(); losts = append(losts, l); mu.Unlock() },
 		}
 		m := e.newMutex(t, "handed", WithObserver(obs), WithExpiry(300*time.Millisecond), WithNodeTimeout(100*time.Millisecond), WithLogger(slog.New(slog.DiscardHandler)))
@@ -305,8 +306,8 @@ func TestObserverHandOffAndLost(t *testing.T) {
 		if len(unlocks) != 2 || !unlocks[0].HandedOver || !errors.Is(unlocks[1].Err, ErrLockLost) {
 			t.Errorf("unlocks: got %+v, want a hand-off, then ErrLockLost", unlocks)
 		}
-		if len(losts) != 1 || losts[0].Token != token || losts[0].Name != "handed" || losts[0].Reason == "" {
-			t.Errorf("lost holds: got %+v, want one of token %d with a reason", losts, token)
+		if len(losts) != 1 || losts[0].Token != token || losts[0].Name != "handed" || losts[0].Reason != LostExtend {
+			t.Errorf("lost holds: got %+v, want one of token %d, reason LostExtend", losts, token)
 		}
 	})
 }
@@ -321,4 +322,43 @@ func waitFor(t *testing.T, cond func() bool) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// ctxSeenBackend records whether its Eval calls carried a context value.
+type ctxSeenBackend struct {
+	Backend
+	seen, unseen atomic.Int64
+}
+
+type observerKey struct{}
+
+func (b *ctxSeenBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
+	if ctx.Value(observerKey{}) != nil {
+		b.seen.Add(1)
+	} else {
+		b.unseen.Add(1)
+	}
+	return b.Backend.Eval(ctx, s, keys, args)
+}
+
+// The context Observer.Acquire returns is the one the acquire's calls to
+// the Backends carry, so a client library's spans nest under the acquire's.
+func TestObserverContextReachesBackend(t *testing.T) {
+	forEachEnv(t, miniOnly, func(t *testing.T, e *env) {
+		b := &ctxSeenBackend{Backend: e.backend(t)}
+		obs := Observer{Acquire: func(ctx context.Context, _ AcquireStart) (context.Context, func(AcquireDone)) {
+			return context.WithValue(ctx, observerKey{}, true), nil
+		}}
+		m, err := New("ctx", []Backend{b}, WithObserver(obs))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !m.TryLock() {
+			t.Fatal("TryLock: got false")
+		}
+		if got := b.seen.Load(); got != 1 {
+			t.Errorf("acquire calls carrying the observer's context: got %d, want 1 (without: %d)", got, b.unseen.Load())
+		}
+		mustUnlock(t, m)
+	})
 }
