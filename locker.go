@@ -82,6 +82,8 @@ type NetMutex struct {
 	yieldUntil atomic.Int64
 
 	reaper reaper // releases still to deliver
+
+	checked atomic.Bool // checkServers has run
 }
 
 var _ sync.Locker = (*NetMutex)(nil)

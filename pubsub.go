@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -53,6 +54,11 @@ type Hub struct {
 
 	wmu    sync.Mutex
 	topics map[string]*topic
+
+	// checked: a NetMutex of this Backend looked at its server's settings
+	// (see NetMutex.checkServers). The Hub is the one per-Backend place
+	// netlock has.
+	checked atomic.Bool
 }
 
 // A topic is one subscribed channel and its waiters.

@@ -78,6 +78,7 @@ const maxWatchFailures = 2
 // wait is false and the lock is held elsewhere; and whether an attempt found
 // the lock held. The caller owns m.
 func (m *NetMutex) acquire(ctx context.Context, wait bool) (ok, busy bool, err error) {
+	m.checkServers(ctx)
 	w := waiter{m: m, wait: wait, delay: backoff{min: m.cfg.minRetryDelay, max: m.cfg.maxRetryDelay}}
 	ok, err = w.run(ctx)
 	w.done(ctx, ok)
