@@ -36,13 +36,13 @@ func BenchmarkLockUnlock(b *testing.B) {
 			}
 		}
 	}
-	for _, client := range []string{"redigo", "rueidis"} {
+	for _, client := range testClients() {
 		b.Run("miniredis/"+client, func(b *testing.B) {
 			run(b, []Backend{newBackend(b, client, miniredis.RunT(b).Addr())})
 		})
 	}
 	for _, n := range []int{1, 3, 5} {
-		for _, client := range []string{"redigo", "rueidis"} {
+		for _, client := range testClients() {
 			b.Run(fmt.Sprintf("redis-%d/%s", n, client), func(b *testing.B) {
 				backends := make([]Backend, n)
 				for i := range backends {
@@ -141,7 +141,7 @@ func floorSet(b *testing.B, backend Backend) func(ctx context.Context, key, valu
 //
 //	go test -run '^$' -bench HandoverDeadWaiters .
 func BenchmarkHandoverDeadWaiters(b *testing.B) {
-	for _, client := range []string{"redigo", "rueidis"} {
+	for _, client := range testClients() {
 		for _, dead := range []int{0, 1, 3} {
 			b.Run(fmt.Sprintf("%s/dead=%d", client, dead), func(b *testing.B) {
 				s := redistest.Start(b)

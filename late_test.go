@@ -81,8 +81,8 @@ func lateNeverHeld(t *testing.T, servers []*redistest.Server, name string, d tim
 //
 // The proxy delays only the acquire: the delay is lifted a few milliseconds
 // after LockCtx starts, when the acquire has been read by the proxy and well
-// before the node timeout, so the release is not delayed. Both clients then
-// send the release on a connection other than the acquire's, and it reaches
+// before the node timeout, so the release is not delayed. Each client then
+// sends the release on a connection other than the acquire's, and it reaches
 // the server first (the test checks that it did):
 //
 //   - redigo: the read times out, the pool closes the broken connection, and
@@ -94,12 +94,16 @@ func lateNeverHeld(t *testing.T, servers []*redistest.Server, name string, d tim
 //     (Had the release been queued behind the acquire on the same
 //     connection, the server would run them in the benign order: the acquire
 //     takes the key and the release deletes it.)
+//   - go-redis (netlock/goredis, registered by goredis_client_test.go, with
+//     ContextTimeoutEnabled): the node timeout is the read's deadline; the
+//     timeout marks the connection bad, the pool closes it, and the release
+//     goes on another.
 //
 // The proxy still delivers the acquire when due, after the client closed its
 // connection, as a network would.
 func TestLateAcquireAfterRelease(t *testing.T) {
 	const delay = 600 * time.Millisecond
-	for _, client := range []string{"redigo", "rueidis"} {
+	for _, client := range testClients() {
 		t.Run(client, func(t *testing.T) {
 			server := redistest.Start(t)
 			proxy := redistest.StartProxy(t, server.Addr())

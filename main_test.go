@@ -14,21 +14,15 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	// toxiproxy (the chaos test's network) leaks goroutines of its own when
-	// a server dies under it; see redistest.ToxiproxyLeaks.
-	var opts []goleak.Option
-	for _, fn := range redistest.ToxiproxyLeaks {
-		opts = append(opts, goleak.IgnoreAnyFunction(fn))
-	}
-	goleak.VerifyTestMain(m, opts...)
+	goleak.VerifyTestMain(m)
 }
 
 // env is one place tests run: a server (miniredis or a real redis-server)
-// and a client library (redigo or rueidis).
+// and a client library (one of testClients).
 type env struct {
 	mini   *miniredis.Miniredis // nil on a real server
 	server *redistest.Server    // nil on miniredis
-	client string               // "redigo" or "rueidis"
+	client string               // one of testClients: "redigo", "rueidis", or a registered one
 	addr   string
 }
 
@@ -42,12 +36,12 @@ const (
 )
 
 // forEachEnv runs fn as a subtest on miniredis and, unless kinds is
-// miniOnly, on a real redis-server (realOnly: only there), each with both client libraries. The real
-// server subtests are skipped when redis-server is missing, and fail instead
-// when NETLOCK_REQUIRE_REDIS=1.
+// miniOnly, on a real redis-server (realOnly: only there), each with every
+// client library of testClients. The real server subtests are skipped when
+// redis-server is missing, and fail instead when NETLOCK_REQUIRE_REDIS=1.
 func forEachEnv(t *testing.T, kinds envKinds, fn func(t *testing.T, e *env)) {
 	t.Helper()
-	for _, client := range []string{"redigo", "rueidis"} {
+	for _, client := range testClients() {
 		if kinds == realOnly {
 			break
 		}
@@ -59,7 +53,7 @@ func forEachEnv(t *testing.T, kinds envKinds, fn func(t *testing.T, e *env)) {
 	if kinds == miniOnly {
 		return
 	}
-	for _, client := range []string{"redigo", "rueidis"} {
+	for _, client := range testClients() {
 		t.Run("redis/"+client, func(t *testing.T) {
 			s := redistest.Start(t)
 			fn(t, &env{server: s, client: client, addr: s.Addr()})
@@ -97,8 +91,23 @@ func newBackend(t testing.TB, client, addr string) Backend {
 		t.Cleanup(c.Close)
 		return NewRueidis(c)
 	}
-	t.Fatalf("unknown client %q", client)
-	return nil
+	return openRegistered(t, client, TestClientConfig{Addr: addr})
+}
+
+// openRegistered returns a Backend of the registered client library client
+// for c, closed when the test ends.
+func openRegistered(t testing.TB, client string, c TestClientConfig) Backend {
+	t.Helper()
+	open := registeredClient(client)
+	if open == nil {
+		t.Fatalf("unknown client %q", client)
+	}
+	b, closeClient, err := open(c)
+	if err != nil {
+		t.Fatalf("%s client on %s: %v", client, c.Addr, err)
+	}
+	t.Cleanup(closeClient)
+	return b
 }
 
 // newMutex returns a NetMutex on a backend of its own.

@@ -333,6 +333,9 @@ type ctxSeenBackend struct {
 type observerKey struct{}
 
 func (b *ctxSeenBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
+	if s != acquireScript {
+		return b.Backend.Eval(ctx, s, keys, args)
+	}
 	if ctx.Value(observerKey{}) != nil {
 		b.seen.Add(1)
 	} else {

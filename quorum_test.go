@@ -73,7 +73,7 @@ func settlesFree(t *testing.T, servers []*redistest.Server, name string) {
 
 func TestQuorumExcludes(t *testing.T) {
 	for _, n := range []int{3, 5} {
-		for _, client := range []string{"redigo", "rueidis"} {
+		for _, client := range testClients() {
 			t.Run(fmt.Sprintf("%d/%s", n, client), func(t *testing.T) {
 				servers := startServers(t, n)
 				const clients, rounds = 8, 15
@@ -169,7 +169,7 @@ func TestQuorumMajorityDown(t *testing.T) {
 // cancelled mid-acquire. After return, and after the stalled node resumes and
 // runs our delayed request, no node holds our value.
 func TestQuorumCancelledWithStalledNode(t *testing.T) {
-	for _, client := range []string{"redigo", "rueidis"} {
+	for _, client := range testClients() {
 		t.Run(client, func(t *testing.T) {
 			servers := startServers(t, 3)
 			m := quorumMutex(t, client, servers, "stall", WithNodeTimeout(2*time.Second))
@@ -237,7 +237,7 @@ func TestQuorumDeadlineBeforeQuorum(t *testing.T) {
 // Regression: a slow node that applies our SET after our deadline never
 // strands the key.
 func TestSlowNodeAppliesLate(t *testing.T) {
-	for _, client := range []string{"redigo", "rueidis"} {
+	for _, client := range testClients() {
 		t.Run(client, func(t *testing.T) {
 			servers := startServers(t, 1)
 			m := quorumMutex(t, client, servers, "slow", WithNodeTimeout(100*time.Millisecond))
@@ -294,8 +294,9 @@ func TestQuorumFencingUnderFaults(t *testing.T) {
 	servers := startServers(t, 5, "--appendonly", "yes", "--appendfsync", "always")
 	const clients, cycles = 4, 20
 	ms := make([]*NetMutex, clients)
+	libs := testClients()
 	for i := range ms {
-		client := []string{"redigo", "rueidis"}[i%2]
+		client := libs[i%len(libs)]
 		ms[i] = quorumMutex(t, client, servers, "fenced", WithNodeTimeout(100*time.Millisecond), WithExpiry(2*time.Second))
 	}
 	var mu sync.Mutex

@@ -64,9 +64,10 @@ const (
 // must hold whatever the interleaving.
 //
 // Each check runs a few processes on one lock name: each a NetMutex on a
-// client of its own (redigo and rueidis alternately) whose every connection
-// goes through a proxy of its own, so that killing the process is closing
-// its proxy: all its connections die at once, as for a SIGKILLed process.
+// client of its own (the client libraries of testClients in turn) whose
+// every connection goes through a proxy of its own, so that killing the
+// process is closing its proxy: all its connections die at once, as for a
+// SIGKILLed process.
 // A killed process's LockCtx goes on failing and riding out the outage, and
 // its hold (if it had one) is lost when its local deadline passes; it never
 // counts as a holder again.
@@ -144,8 +145,8 @@ func TestPropertyWaiting(t *testing.T) {
 	reportFigures(t, "%d steps in %d checks in %v; %v", stats.steps, stats.checks, time.Since(start).Round(time.Millisecond), stats)
 }
 
-// waitClients are the client libraries the processes use, alternately.
-var waitClients = []string{"redigo", "rueidis"}
+// waitClients returns the client libraries the processes use, in turn.
+func waitClients() []string { return testClients() }
 
 // procState is what the model knows of a process of TestPropertyWaiting.
 type procState int
@@ -288,7 +289,7 @@ type waitMachine struct {
 	admin    redis.Conn
 	name     string
 	stats    *waitStats
-	offset   int // the first process's client: waitClients[offset]
+	offset   int // the first process's client: waitClients()[offset]
 	lockKey  string
 	queueKey string
 
@@ -311,7 +312,7 @@ type waitMachine struct {
 
 func newWaitMachine(t *testing.T, rt *rapid.T, addr string, admin redis.Conn, name string, stats *waitStats) *waitMachine {
 	mc := &waitMachine{t: t, rt: rt, addr: addr, admin: admin, name: name, stats: stats}
-	mc.offset = rapid.IntRange(0, len(waitClients)-1).Draw(rt, "first client")
+	mc.offset = rapid.IntRange(0, len(waitClients())-1).Draw(rt, "first client")
 	rt.Cleanup(mc.close)
 	for range waitProcs {
 		mc.spawn()
@@ -323,7 +324,8 @@ func newWaitMachine(t *testing.T, rt *rapid.T, addr string, admin redis.Conn, na
 // spawn starts a new process.
 func (mc *waitMachine) spawn() *waitProc {
 	n := len(mc.procs)
-	p := &waitProc{n: n, client: waitClients[(n+mc.offset)%len(waitClients)]}
+	clients := waitClients()
+	p := &waitProc{n: n, client: clients[(n+mc.offset)%len(clients)]}
 	p.proxy = redistest.StartProxy(mc.t, mc.addr)
 	var b Backend
 	switch p.client {
@@ -342,6 +344,17 @@ func (mc *waitMachine) spawn() *waitProc {
 			mc.rt.Fatalf("rueidis.NewClient(%s): %v", p.proxy.Addr(), err)
 		}
 		b, p.close = NewRueidis(c), c.Close
+	default:
+		open := registeredClient(p.client)
+		if open == nil {
+			p.proxy.Close()
+			mc.rt.Fatalf("unknown client %q", p.client)
+		}
+		var err error
+		if b, p.close, err = open(TestClientConfig{Addr: p.proxy.Addr()}); err != nil {
+			p.proxy.Close()
+			mc.rt.Fatalf("%s client on %s: %v", p.client, p.proxy.Addr(), err)
+		}
 	}
 	p.probe = newProbe(b)
 	m, err := New(mc.name, []Backend{p.probe}, WithExpiry(waitExpiry), WithNodeTimeout(waitNodeTimeout))

@@ -68,17 +68,18 @@ func TestWaitingCost(t *testing.T) {
 		waiters = 40
 		window  = DefaultExpiry + 2*time.Second
 	)
-	for _, c := range []struct {
+	type row struct {
 		name    string
 		servers func(t *testing.T) []*redistest.Server
 		backend func(t *testing.T, servers []*redistest.Server) []Backend
-	}{
-		{"redigo", startOne, func(t *testing.T, s []*redistest.Server) []Backend {
-			return []Backend{newBackend(t, "redigo", s[0].Addr())}
-		}},
-		{"rueidis", startOne, func(t *testing.T, s []*redistest.Server) []Backend {
-			return []Backend{newBackend(t, "rueidis", s[0].Addr())}
-		}},
+	}
+	var rows []row
+	for _, client := range testClients() {
+		rows = append(rows, row{client, startOne, func(t *testing.T, s []*redistest.Server) []Backend {
+			return []Backend{newBackend(t, client, s[0].Addr())}
+		}})
+	}
+	for _, c := range append(rows, []row{
 		{"redigo/quorum3", func(t *testing.T) []*redistest.Server { return startServers(t, 3) }, func(t *testing.T, s []*redistest.Server) []Backend {
 			return []Backend{newBackend(t, "redigo", s[0].Addr()), newBackend(t, "redigo", s[1].Addr()), newBackend(t, "redigo", s[2].Addr())}
 		}},
@@ -98,7 +99,7 @@ func TestWaitingCost(t *testing.T) {
 			t.Cleanup(c.Close)
 			return []Backend{NewRueidis(c)}
 		}},
-	} {
+	}...) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			servers := c.servers(t)
@@ -344,8 +345,8 @@ func TestWaitersRideOutRestart(t *testing.T) {
 // its own error joined with the node's.
 func TestRedisDownForGood(t *testing.T) {
 	forEachEnv(t, realOnly, func(t *testing.T, e *env) {
-		const window = 500 * time.Millisecond
-		m := e.newMutex(t, "gone", WithNodeTimeout(100*time.Millisecond), WithOutageWindow(window))
+		const window, nodeTimeout = 500 * time.Millisecond, 100 * time.Millisecond
+		m := e.newMutex(t, "gone", WithNodeTimeout(nodeTimeout), WithOutageWindow(window))
 		mustLock(t, m)
 		mustUnlock(t, m)
 		e.server.Kill()
@@ -364,7 +365,11 @@ func TestRedisDownForGood(t *testing.T) {
 				t.Errorf("TryLockCtx with the server down: got %v, %v; want false and ErrQuorum", ok, err)
 			}
 		})
-		ctx, cancel := context.WithTimeout(context.Background(), window/5)
+		// Longer than a node timeout, so that the node has answered with an
+		// error before ctx ends: a client may learn of the outage only when
+		// a call times out (go-redis retries a refused dial until then),
+		// where another learns of it at once (connection refused).
+		ctx, cancel := context.WithTimeout(context.Background(), 3*nodeTimeout)
 		defer cancel()
 		err = m.LockCtx(ctx)
 		if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, ErrNotObtained) || !errors.Is(err, ErrQuorum) {

@@ -1,0 +1,137 @@
+package goredis
+
+import (
+	"context"
+	"errors"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/netlock-go/netlock"
+)
+
+// errRing is what every Eval of a Backend made from a *redis.Ring returns.
+var errRing = errors.New("netlock/goredis: a *redis.Ring is not one Redis deployment: it shards keys over independent servers " +
+	"and moves a key to another when its server stops answering, so a lock on it would not exclude; " +
+	"give netlock.New one Backend per server instead (a quorum)")
+
+// New returns a netlock Backend that runs netlock's scripts on c: a
+// *redis.Client (one server, or the primary that Sentinel names, from
+// redis.NewFailoverClient) or a *redis.ClusterClient (a Redis Cluster). The
+// client is the caller's to configure and to close; it should have
+// Options.ContextTimeoutEnabled set (see the package documentation). New
+// returns nil for a nil c, so that netlock.New names the nil backend.
+//
+// The Backend is safe for concurrent use. Besides netlock.Backend it
+// implements netlock.Subscriber, whose Hub opens its pub/sub connection with
+// c.Subscribe, and netlock.ErrorClassifier, for which an error reply of the
+// server (a redis.Error) and a closed client (redis.ErrClosed) are final.
+//
+// For a *redis.Ring, New returns a Backend whose every Eval fails at once,
+// with an error that says why (a Ring is not one deployment: see the
+// package documentation), and that netlock reports at once rather than
+// riding it out. Any other implementation of redis.UniversalClient is taken
+// for one server: its Subscribe must open a pub/sub connection to the
+// server its scripts run on.
+func New(c redis.UniversalClient) netlock.Backend {
+	b := &backend{client: c}
+	cluster := false
+	switch c := c.(type) {
+	case nil:
+		return nil // netlock.New names the nil backend
+	case *redis.Client:
+		if c == nil {
+			return nil
+		}
+		b.bounded = c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		if c == nil {
+			return nil
+		}
+		b.bounded = c.Options().ContextTimeoutEnabled
+		cluster = true
+	case *redis.Ring:
+		if c == nil {
+			return nil
+		}
+		b.refused = errRing
+		return b // no Hub: nothing is ever run on it
+	}
+	b.hub = netlock.NewHub(netlock.HubConfig{Listen: b.listen, Cluster: cluster})
+	return b
+}
+
+type backend struct {
+	client redis.UniversalClient
+	// bounded: the client applies a context's deadline to the socket
+	// (Options.ContextTimeoutEnabled), so a command returns by ctx's
+	// deadline by itself.
+	bounded bool
+	hub     *netlock.Hub // nil if refused
+	refused error        // returned by every Eval; nil if the client is usable
+}
+
+// Eval runs s with EVALSHA, falling back to EVAL when the server answers
+// NOSCRIPT, and returns its reply. It returns ctx's error if ctx ends first.
+//
+// A client without Options.ContextTimeoutEnabled ignores ctx's deadline
+// while it waits for a reply; then the command runs on a goroutine of its
+// own and Eval returns when ctx ends, leaving the command to end when the
+// reply comes or the client's ReadTimeout passes. With it, the command runs
+// on the caller's goroutine: a cancellation of ctx without a deadline is
+// then noticed when the reply comes (netlock's calls all have a deadline,
+// the node timeout).
+func (b *backend) Eval(ctx context.Context, s *netlock.Script, keys, args []string) ([]int64, error) {
+	if b.refused != nil {
+		return nil, b.refused
+	}
+	if ctx.Err() != nil {
+		return nil, context.Cause(ctx)
+	}
+	argv := make([]any, len(args))
+	for i, a := range args {
+		argv[i] = a
+	}
+	if b.bounded {
+		return b.eval(ctx, s, keys, argv)
+	}
+	type result struct {
+		reply []int64
+		err   error
+	}
+	// Buffered: the goroutine never blocks on a caller that has left.
+	done := make(chan result, 1)
+	go func() {
+		reply, err := b.eval(ctx, s, keys, argv)
+		done <- result{reply, err}
+	}()
+	select {
+	case r := <-done:
+		return r.reply, r.err
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
+	}
+}
+
+func (b *backend) eval(ctx context.Context, s *netlock.Script, keys []string, argv []any) ([]int64, error) {
+	reply, err := b.client.EvalSha(ctx, s.SHA1(), keys, argv...).Int64Slice()
+	if redis.HasErrorPrefix(err, "NOSCRIPT") {
+		reply, err = b.client.Eval(ctx, s.Source(), keys, argv...).Int64Slice()
+	}
+	if err != nil && ctx.Err() != nil {
+		// A read cut short by ctx's deadline fails with an i/o timeout:
+		// the caller's question is whether ctx ended.
+		err = context.Cause(ctx)
+	}
+	return reply, err
+}
+
+// Final reports whether err, returned by Eval, is final: an error reply of
+// the server, a closed client, or the refusal of a *redis.Ring.
+func (b *backend) Final(err error) bool {
+	var reply redis.Error
+	return errors.As(err, &reply) || errors.Is(err, redis.ErrClosed) || errors.Is(err, errRing)
+}
+
+// Hub returns the Backend's Hub, whose pub/sub connection is opened with the
+// client's Subscribe. It returns nil for a *redis.Ring.
+func (b *backend) Hub() *netlock.Hub { return b.hub }
