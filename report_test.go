@@ -7,9 +7,11 @@ import (
 	"testing"
 )
 
-// reportEnv names a file to which the property, chaos and pause tests append
-// their figures (steps explored, acquisitions, faults, violations), one line
-// each, so that CI can print them without running every test verbosely.
+// reportEnv names a file to which the property and waiting tests append
+// their figures (steps explored, acquisitions, violations, commands per
+// waiter-second), one line each, so that CI can print them without running
+// every test verbosely. The chaos module's tests (chaos/) append theirs to
+// the same file.
 const reportEnv = "NETLOCK_REPORT"
 
 var reportMu sync.Mutex

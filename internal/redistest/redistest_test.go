@@ -15,11 +15,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	var opts []goleak.Option
-	for _, fn := range ToxiproxyLeaks { // toxiproxy's own goroutines, see there
-		opts = append(opts, goleak.IgnoreAnyFunction(fn))
-	}
-	goleak.VerifyTestMain(m, opts...)
+	goleak.VerifyTestMain(m)
 }
 
 func mustDo(t *testing.T, s *Server, want string, args ...string) {

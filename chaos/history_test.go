@@ -1,4 +1,4 @@
-package netlock
+package chaos
 
 import (
 	"errors"
@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/netlock-go/netlock"
 )
 
 // fencedResource is the resource a lock protects, fenced as DESIGN §4 asks
@@ -49,11 +51,13 @@ type holdRecord struct {
 	// whether Lost() was still open just after start and just after end.
 	start, end               time.Time
 	validAtStart, validAtEnd bool
-	until                    time.Time // the hold's local deadline, read just before UnlockCtx
-	lostAt                   time.Time // when Lost() was seen closed (at the latest, by UnlockCtx)
-	unlockStart              time.Time
-	unlockErr                error
-	paused                   bool // the client stalled in its critical section past the expiry
+	// until is the hold's local deadline as a recorder computed it from
+	// the client's calls, after UnlockCtx.
+	until       time.Time
+	lostAt      time.Time // when Lost() was seen closed (at the latest, by UnlockCtx)
+	unlockStart time.Time
+	unlockErr   error
+	paused      bool // the client stalled in its critical section past the expiry
 }
 
 // signalled reports whether Lost() closed before UnlockCtx was called.
@@ -97,7 +101,7 @@ func checkHistory(holds []holdRecord, writes []writeRecord, slack func(from, to 
 	// Exclusion.
 	var valid []int
 	for i := range holds {
-		if holds[i].validAtEnd && !errors.Is(holds[i].unlockErr, ErrLockLost) {
+		if holds[i].validAtEnd && !errors.Is(holds[i].unlockErr, netlock.ErrLockLost) {
 			valid = append(valid, i)
 		}
 	}
@@ -147,7 +151,7 @@ func checkHistory(holds []holdRecord, writes []writeRecord, slack func(from, to 
 		if w.accepted {
 			highest = w.token
 		}
-		if h := &holds[w.hold]; !w.accepted && h.validAtEnd && !errors.Is(h.unlockErr, ErrLockLost) {
+		if h := &holds[w.hold]; !w.accepted && h.validAtEnd && !errors.Is(h.unlockErr, netlock.ErrLockLost) {
 			bad("a write of %s, never reported lost, was rejected: token %d had been written", desc(w.hold), highest)
 		}
 	}
@@ -167,7 +171,7 @@ func checkHistory(holds []holdRecord, writes []writeRecord, slack func(from, to 
 		if late := h.unlockStart.Sub(h.until); late > slack(h.until, h.unlockStart) {
 			bad("%s: Lost() still open %v after its local deadline", desc(i), late)
 		}
-		if errors.Is(h.unlockErr, ErrLockLost) {
+		if errors.Is(h.unlockErr, netlock.ErrLockLost) {
 			fig.lost++
 			if h.unlockStart.Before(h.until) {
 				bad("%s: UnlockCtx reported the hold lost %v before its local deadline, and Lost() never closed", desc(i), h.until.Sub(h.unlockStart))
@@ -194,7 +198,7 @@ func TestCheckHistory(t *testing.T) {
 	// it ended at end.
 	lostHold := func(client int, token uint64, start, lost, end int) holdRecord {
 		h := hold(client, token, start, end)
-		h.validAtEnd, h.until, h.lostAt, h.unlockErr = false, at(lost), at(lost), ErrLockLost
+		h.validAtEnd, h.until, h.lostAt, h.unlockErr = false, at(lost), at(lost), netlock.ErrLockLost
 		return h
 	}
 	good := []holdRecord{hold(0, 1, 0, 10), hold(1, 2, 20, 30), lostHold(2, 3, 40, 100, 300), hold(0, 4, 150, 160)}
@@ -220,7 +224,7 @@ func TestCheckHistory(t *testing.T) {
 			nil, "Lost() closed 100ms after"},
 		{"Lost() never closed", []holdRecord{func() holdRecord { h := hold(0, 1, 0, 300); h.until = at(100); return h }()},
 			nil, "Lost() still open 200ms after"},
-		{"lost while valid", []holdRecord{func() holdRecord { h := hold(0, 1, 0, 10); h.unlockErr = ErrLockLost; return h }()},
+		{"lost while valid", []holdRecord{func() holdRecord { h := hold(0, 1, 0, 10); h.unlockErr = netlock.ErrLockLost; return h }()},
 			nil, "before its local deadline, and Lost() never closed"},
 	}
 	for _, tt := range tests {

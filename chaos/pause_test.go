@@ -1,13 +1,17 @@
-package netlock
+package chaos
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/netlock-go/netlock"
+	"github.com/netlock-go/netlock/chaos/internal/toxi"
 	"github.com/netlock-go/netlock/internal/redistest"
 )
 
@@ -22,40 +26,59 @@ const pauseSlack = 100 * time.Millisecond
 // and writes to the resource; the first wakes and writes with its old token.
 // The fenced resource must reject that write, and the first client must
 // learn that its hold is gone: Lost() closed (at its local deadline, not
-// when it wakes), ExtendCtx and UnlockCtx reporting ErrLockLost.
+// when it wakes), ExtendCtx and UnlockCtx reporting ErrLockLost, and the
+// other client's key untouched.
 //
 // The pause comes in two forms, on one node and on a quorum of three, with
-// both clients:
+// every client library:
 //   - frozen: auto-extend on, and the holder's network stops delivering
 //     (toxiproxy holds every byte back): the watchdog cannot extend, as
 //     when the whole process is stopped. It is the realistic case, where
 //     the holder never chose to stop extending;
 //   - asleep: auto-extend off and the holder sleeps past the expiry.
+//
+// The holder's local deadline is computed by a recorder from its calls
+// (DESIGN §4's start + validity), not read from the library.
 func TestClientPause(t *testing.T) {
-	const expiry = time.Second
+	const (
+		expiry = time.Second
+		drift  = 0.01
+	)
 	for _, n := range []int{1, 3} {
-		for _, client := range []string{"redigo", "rueidis"} {
+		for _, client := range clients {
 			for _, mode := range []string{"frozen", "asleep"} {
 				t.Run(fmt.Sprintf("%d/%s/%s", n, client, mode), func(t *testing.T) {
 					servers := startServers(t, n)
-					x := redistest.NewToxiproxy(t)
-					var links []*redistest.ToxiProxy
-					backends := make([]Backend, n)
+					x := toxi.New(t)
+					var links []*toxi.Proxy
+					rec := newRecorder(n, expiry, drift)
+					backends := make([]netlock.Backend, n)
 					for k, s := range servers {
 						p := x.Proxy(s.Addr())
 						links = append(links, p)
-						backends[k] = newBackend(t, client, p.Addr())
+						backends[k] = rec.wrap(newBackend(t, client, p.Addr()))
 					}
-					holder, err := New("kleppmann", backends, WithExpiry(expiry), WithNodeTimeout(200*time.Millisecond),
-						WithAutoExtend(mode == "frozen"))
+					opts := []netlock.Option{netlock.WithExpiry(expiry), netlock.WithDriftFactor(drift), netlock.WithNodeTimeout(200 * time.Millisecond),
+						netlock.WithLogger(slog.New(slog.DiscardHandler))} // the loss is the point
+					holder, err := netlock.New("kleppmann", backends, append(opts, netlock.WithAutoExtend(mode == "frozen"), netlock.WithObserver(rec.observer()))...)
 					if err != nil {
 						t.Fatal(err)
 					}
-					other := quorumMutex(t, client, servers, "kleppmann", WithExpiry(expiry), WithNodeTimeout(200*time.Millisecond))
+					others := make([]netlock.Backend, n)
+					for k, s := range servers {
+						others[k] = newBackend(t, client, s.Addr())
+					}
+					other, err := netlock.New("kleppmann", others, opts...)
+					if err != nil {
+						t.Fatal(err)
+					}
 					var storage fencedResource
 
 					mustLock(t, holder)
 					old := holder.Token()
+					if _, ok := rec.acquired(old); !ok {
+						t.Fatalf("the holder's hold with token %d: no acquire reply the recorder saw granted it", old)
+					}
 					if !storage.write(0, old) {
 						t.Fatalf("first write with token %d rejected", old)
 					}
@@ -69,7 +92,7 @@ func TestClientPause(t *testing.T) {
 					// The holder stops, in the middle of its critical section.
 					if mode == "frozen" {
 						for _, p := range links {
-							if err := p.Add("gc", redistest.Latency("upstream", 60000, 0)); err != nil {
+							if err := p.Add("gc", toxi.Latency("upstream", 60000, 0)); err != nil {
 								t.Fatal(err)
 							}
 						}
@@ -81,7 +104,6 @@ func TestClientPause(t *testing.T) {
 					if err := other.LockCtx(ctx); err != nil {
 						t.Fatalf("other.LockCtx while the holder is paused: %v", err)
 					}
-					until := holdUntil(holder) // no extend moved it since it stopped
 					if tok := other.Token(); tok <= old {
 						t.Errorf("other's token %d, want above the paused holder's %d", tok, old)
 					}
@@ -98,17 +120,27 @@ func TestClientPause(t *testing.T) {
 					}
 					select {
 					case at := <-lostAt:
+						// No extend moved the deadline since the holder
+						// stopped (none is due before it, nor could one
+						// pass the frozen network).
+						// Nor could anything else show the hold lost
+						// before its deadline passed.
+						until := rec.until(old)
+						t.Logf("Lost() closed %v after the hold's local deadline", at.Sub(until))
 						if late := at.Sub(until); late > pauseSlack {
 							t.Errorf("Lost() closed %v after the hold's local deadline", late)
+						}
+						if early := until.Sub(at); early > pauseSlack {
+							t.Errorf("Lost() closed %v before the hold's local deadline", early)
 						}
 					case <-time.After(5 * time.Second):
 						t.Fatal("Lost() not closed 5s after another client took the lock")
 					}
-					if err := holder.ExtendCtx(context.Background()); !errors.Is(err, ErrLockLost) {
+					if err := holder.ExtendCtx(context.Background()); !errors.Is(err, netlock.ErrLockLost) {
 						t.Errorf("holder.ExtendCtx after the pause: got %v, want ErrLockLost", err)
 					}
 					before := keysOf(t, servers, other)
-					if err := holder.UnlockCtx(context.Background()); !errors.Is(err, ErrLockLost) {
+					if err := holder.UnlockCtx(context.Background()); !errors.Is(err, netlock.ErrLockLost) {
 						t.Errorf("holder.UnlockCtx after the pause: got %v, want ErrLockLost", err)
 					}
 					if h := keysOf(t, servers, other); h != before || h < n/2+1 {
@@ -121,15 +153,16 @@ func TestClientPause(t *testing.T) {
 	}
 }
 
-// keysOf counts the servers whose lock key holds m's current value.
-func keysOf(t *testing.T, servers []*redistest.Server, m *NetMutex) (n int) {
+// keysOf counts the servers whose lock key holds m's current hold: the key
+// holds "<value>:<token>" (lua/acquire.lua), and tokens are unique.
+func keysOf(t *testing.T, servers []*redistest.Server, m *netlock.NetMutex) (n int) {
 	t.Helper()
-	h := m.current()
-	if h == nil {
+	tok := m.Token()
+	if tok == 0 {
 		return 0
 	}
 	for _, s := range servers {
-		if v, err := s.Do("GET", m.keys.lock); err == nil && strings.HasPrefix(v, h.value+":") {
+		if v, err := s.Do("GET", lockKey(m.Name())); err == nil && strings.HasSuffix(v, ":"+strconv.FormatUint(tok, 10)) {
 			n++
 		}
 	}

@@ -1,13 +1,14 @@
-package netlock
+package chaos
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"math/rand/v2"
 	"os"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/netlock-go/netlock"
+	"github.com/netlock-go/netlock/chaos/internal/toxi"
 	"github.com/netlock-go/netlock/internal/redistest"
 )
 
@@ -28,6 +31,11 @@ const (
 	chaosNodes   = 5
 	chaosClients = 8
 	chaosExpiry  = time.Second
+	// chaosDrift is the clients' drift factor: a tenth of the expiry. On
+	// this machine, under the race detector, a goroutine may be scheduled
+	// tens of milliseconds late, and the drift allowance is the margin
+	// between a hold's local deadline and its keys' expiry.
+	chaosDrift = 0.1
 	// chaosSlack is how late after a hold's local deadline Lost() may be seen
 	// closed: two goroutines (the watchdog, the test's watcher) must be
 	// scheduled on a loaded machine, under the race detector. The longest
@@ -37,7 +45,16 @@ const (
 	// server, which every fault stops: long enough for the clients to
 	// reconnect after a restart and to pass the lock round many times.
 	chaosQuiet = time.Second
+	// strandedGrace is how long after every client stopped a lock key may
+	// still be on a server, all faults over: a release that a fault kept
+	// back is delivered by its reaper, whose passes are at most 250ms apart
+	// (netlock's reapMaxPause), each bounded by the node timeout.
+	strandedGrace = 750 * time.Millisecond
 )
+
+// chaosClient returns the client library of the chaos tests' client i:
+// three redigo, three rueidis and two go-redis.
+func chaosClient(i int) string { return clients[i%len(clients)] }
 
 // chaosDuration returns how long a chaos test runs.
 func chaosDuration(t *testing.T) time.Duration {
@@ -62,12 +79,13 @@ type chaosSetup struct {
 	quiet func(rng *rand.Rand) time.Duration
 }
 
-// TestChaos runs eight clients, each with its own connections (four redigo,
-// four rueidis), against one quorum lock on five real redis-servers (AOF,
-// fsync always, so fence counters survive a crash), each client reaching
-// each server through a toxiproxy of its own. While they lock, write to a
-// fenced resource and unlock, faults hit a random minority of the servers
-// (one or two), one kind at a time in shuffled rounds:
+// TestChaos runs eight clients, each with its own connections (three
+// redigo, three rueidis, two go-redis), against one quorum lock on five
+// real redis-servers (AOF, fsync always, so fence counters survive a
+// crash), each client reaching each server through a toxiproxy of its own.
+// While they lock, write to a fenced resource and unlock, faults hit a
+// random minority of the servers (one or two), one kind at a time in
+// shuffled rounds:
 //
 //   - pause: SIGSTOP, then SIGCONT after up to 1.5 expiries;
 //   - kill: SIGKILL, and a restart (from the AOF) only after the expiry;
@@ -82,12 +100,15 @@ type chaosSetup struct {
 // pause): its hold is lost meanwhile, and it writes with its old token when
 // it wakes.
 //
-// The history (client, token, start, end, Lost) is checked by checkHistory:
-// no overlap between holds never reported lost, tokens strictly increasing,
-// every stale write rejected, every loss signalled by Lost() in time. Errors
-// must be the documented sentinels, and no release may grant the lock (a
-// quorum's waiters are only told to attempt). The figures are logged and
-// reported.
+// The history (client, token, start, end, Lost, and the hold's local
+// deadline as a recorder computes it from the client's calls) is checked by
+// checkHistory: no overlap between holds never reported lost, tokens
+// strictly increasing, every stale write rejected, every loss signalled by
+// Lost() in time. Errors must be the documented sentinels, and no release
+// may grant the lock (a quorum's waiters are only told to attempt). Once
+// the clients stop, no lock key may stay on a server (checkStranded), and
+// once they are closed, no goroutine of netlock may run. The figures are
+// logged and reported.
 //
 // It runs chaosCI by default; NETLOCK_SOAK=10m runs it for ten minutes (add
 // -timeout 30m).
@@ -118,7 +139,7 @@ func TestChaos(t *testing.T) {
 // paused server's clock runs on: keys whose TTL ran out meanwhile expire as
 // it resumes, after the local deadlines of the holds on them, which count
 // from before the TTL was set (for a grant, from the start of the waiter's
-// last round that found the lock held, before the release ran).
+// first round that joined the queue, before the release ran).
 //
 // It runs chaosCI by default, or for NETLOCK_SOAK.
 func TestChaosSingle(t *testing.T) {
@@ -133,45 +154,46 @@ func TestChaosSingle(t *testing.T) {
 // victims and quiet times.
 func runChaos(t *testing.T, s chaosSetup) {
 	duration := chaosDuration(t)
+	// Registered first, so it runs last: after the clients are closed and
+	// the servers and proxies stopped.
+	t.Cleanup(func() { waitNetlockDone(t, 5*time.Second) })
 	servers := startServers(t, s.nodes, "--appendonly", "yes", "--appendfsync", "always")
-	x := redistest.NewToxiproxy(t)
-	links := make([][]*redistest.ToxiProxy, chaosClients) // [client][node]
-	spies := make([][]*spyBackend, chaosClients)          // [client][node]
-	ms := make([]*NetMutex, chaosClients)
-	// Registered before the clients, so it runs after they are closed.
-	t.Cleanup(func() { waitReapersDone(t, ms) })
-	for i := range ms {
-		client := []string{"redigo", "rueidis"}[i%2]
-		backends := make([]Backend, s.nodes)
-		for k, srv := range servers {
-			p := x.Proxy(srv.Addr())
-			links[i] = append(links[i], p)
-			spies[i] = append(spies[i], &spyBackend{Backend: newBackend(t, client, p.Addr())})
-			backends[k] = spies[i][k]
+	x := toxi.New(t)
+	links := make([][]*toxi.Proxy, chaosClients) // [client][node]
+	for i := range links {
+		for _, srv := range servers {
+			links[i] = append(links[i], x.Proxy(srv.Addr()))
 		}
-		m, err := New("chaos", backends, WithExpiry(chaosExpiry), WithNodeTimeout(100*time.Millisecond),
-			// A tenth of the expiry: on this machine, under the race
-			// detector, a goroutine may be scheduled tens of milliseconds
-			// late, and the drift allowance is the margin between a
-			// hold's local deadline and its keys' expiry.
-			WithDriftFactor(0.1), WithRetryDelay(time.Millisecond, 20*time.Millisecond))
+	}
+	recs := make([]*recorder, chaosClients)
+	ms := make([]*netlock.NetMutex, chaosClients)
+	for i := range ms {
+		recs[i] = newRecorder(s.nodes, chaosExpiry, chaosDrift)
+		backends := make([]netlock.Backend, s.nodes)
+		for k := range servers {
+			backends[k] = recs[i].wrap(newBackend(t, chaosClient(i), links[i][k].Addr()))
+		}
+		m, err := netlock.New("chaos", backends, netlock.WithExpiry(chaosExpiry), netlock.WithNodeTimeout(100*time.Millisecond),
+			netlock.WithDriftFactor(chaosDrift), netlock.WithRetryDelay(time.Millisecond, 20*time.Millisecond),
+			netlock.WithObserver(recs[i].observer()),
+			// Losses and undelivered releases are this test's daily
+			// bread: it counts them, and they would drown its output.
+			netlock.WithLogger(slog.New(slog.DiscardHandler)))
 		if err != nil {
 			t.Fatal(err)
-		}
-		if m.grants != (s.nodes == 1) {
-			t.Fatalf("client %d (%s) on %d servers: grants %v, want %v", i, client, s.nodes, m.grants, s.nodes == 1)
 		}
 		ms[i] = m
 	}
 
 	var (
-		resource fencedResource
-		mu       sync.Mutex // guards holds, paths and errs
-		holds    []holdRecord
-		paths    []holdPath // how each hold came
-		errs     = map[string]int{}
-		stalls   atomic.Int64
-		messages atomic.Int64 // holds that came by a release's message
+		resource    fencedResource
+		mu          sync.Mutex // guards holds, paths, errs and unexplained
+		holds       []holdRecord
+		paths       []holdPath // how each hold came
+		errs        = map[string]int{}
+		unexplained []string // holds that no call of their client explains
+		stalls      atomic.Int64
+		messages    atomic.Int64 // holds that came by a release's message
 	)
 	stall := make([]atomic.Bool, chaosClients) // set by the fault loop, taken by the client
 	ctx, stop := context.WithCancel(context.Background())
@@ -194,10 +216,7 @@ func runChaos(t *testing.T, s chaosSetup) {
 				h := holdRecord{client: i, token: m.Token(), start: time.Now()}
 				lost := m.Lost()
 				h.validAtStart = isOpen(lost)
-				path := byRound // over a quorum, releases grant nothing
-				if s.nodes == 1 {
-					path = spies[i][0].path(h.token)
-				}
+				path, explained := recs[i].acquired(h.token)
 				if path == byMessage {
 					messages.Add(1)
 				}
@@ -211,6 +230,9 @@ func runChaos(t *testing.T, s chaosSetup) {
 				id := len(holds)
 				holds = append(holds, holdRecord{}) // filled in below
 				paths = append(paths, path)
+				if !explained {
+					unexplained = append(unexplained, fmt.Sprintf("hold %d (client %d, token %d): no acquire reply of the client granted its token, and no join explains a grant", id, i, h.token))
+				}
 				mu.Unlock()
 
 				resource.write(id, h.token)
@@ -223,9 +245,10 @@ func runChaos(t *testing.T, s chaosSetup) {
 				resource.write(id, h.token)
 				h.end = time.Now()
 				h.validAtEnd = isOpen(lost)
-				h.until = holdUntil(m)
 				h.unlockStart = time.Now()
 				h.unlockErr = m.UnlockCtx(context.Background())
+				// Every extend of the hold has ended with UnlockCtx.
+				h.until = recs[i].until(h.token)
 				<-watched
 				mu.Lock()
 				holds[id] = h
@@ -252,7 +275,7 @@ func runChaos(t *testing.T, s chaosSetup) {
 		}
 		kind := kinds[episode%len(kinds)]
 		victims := s.victims(rng)
-		clients := rng.Perm(chaosClients)[:1+rng.IntN(chaosClients)]
+		hit := rng.Perm(chaosClients)[:1+rng.IntN(chaosClients)] // the clients whose links a network fault hits
 		hold := time.Duration(50+rng.IntN(1500)) * time.Millisecond
 		faults[kind] += len(victims)
 		from := time.Since(start)
@@ -274,16 +297,16 @@ func runChaos(t *testing.T, s chaosSetup) {
 				servers[v].Restart()
 			}
 		case "latency", "blackhole", "reset":
-			var toxic redistest.Toxic
+			var toxic toxi.Toxic
 			switch kind {
 			case "latency":
-				toxic = redistest.Latency("upstream", 20+rng.IntN(280), rng.IntN(50))
+				toxic = toxi.Latency("upstream", 20+rng.IntN(280), rng.IntN(50))
 			case "blackhole":
-				toxic = redistest.Blackhole("upstream")
+				toxic = toxi.Blackhole("upstream")
 			case "reset":
-				toxic = redistest.ResetPeer("upstream", rng.IntN(20))
+				toxic = toxi.ResetPeer("upstream", rng.IntN(20))
 			}
-			for _, c := range clients {
+			for _, c := range hit {
 				for _, v := range victims {
 					if err := links[c][v].Add(kind, toxic); err != nil {
 						t.Fatal(err)
@@ -291,7 +314,7 @@ func runChaos(t *testing.T, s chaosSetup) {
 				}
 			}
 			time.Sleep(hold)
-			for _, c := range clients {
+			for _, c := range hit {
 				for _, v := range victims {
 					if kind == "blackhole" {
 						if err := links[c][v].Cut(kind); err != nil {
@@ -304,7 +327,7 @@ func runChaos(t *testing.T, s chaosSetup) {
 			}
 		}
 		if kind == "latency" || kind == "blackhole" || kind == "reset" {
-			timeline = append(timeline, fmt.Sprintf("%v-%v %s: servers %v, clients %v", from.Round(time.Millisecond), time.Since(start).Round(time.Millisecond), kind, victims, clients))
+			timeline = append(timeline, fmt.Sprintf("%v-%v %s: servers %v, clients %v", from.Round(time.Millisecond), time.Since(start).Round(time.Millisecond), kind, victims, hit))
 		} else {
 			timeline = append(timeline, fmt.Sprintf("%v-%v %s: servers %v", from.Round(time.Millisecond), time.Since(start).Round(time.Millisecond), kind, victims))
 		}
@@ -320,10 +343,13 @@ func runChaos(t *testing.T, s chaosSetup) {
 	stop()
 	wg.Wait()
 	elapsed := time.Since(start)
+	stranded := checkStranded(t, servers, lockKey("chaos"))
 
 	violations, fig := checkHistory(holds, resource.writes, func(from, to time.Time) time.Duration {
 		return chaosSlack + probe.longest(from, to)
 	})
+	violations = append(violations, unexplained...)
+	violations = append(violations, stranded...)
 	for _, e := range slices.Sorted(maps.Keys(errs)) {
 		if strings.Contains(e, "UNDOCUMENTED") {
 			violations = append(violations, fmt.Sprintf("%d times %s", errs[e], e))
@@ -334,17 +360,21 @@ func runChaos(t *testing.T, s chaosSetup) {
 			violations = append(violations, fmt.Sprintf("client %d held with token 0", h.client))
 		}
 	}
-	var spied spyFigures
-	for _, c := range spies {
-		for _, b := range c {
-			spied.add(b)
-		}
+	var granted, skipped int
+	for _, r := range recs {
+		g, s := r.figures()
+		granted += g
+		skipped += s
 	}
-	if s.nodes > 1 && spied.granted > 0 {
-		violations = append(violations, fmt.Sprintf("releases granted the lock %d times over a quorum", spied.granted))
+	if s.nodes > 1 && granted > 0 {
+		violations = append(violations, fmt.Sprintf("releases granted the lock %d times over a quorum", granted))
 	}
-	figures := fmt.Sprintf("%v, %d clients on %d servers: %d acquisitions, %d lost, %d stale writes rejected, latest Lost() %v after until (longest process stall %v); faults (servers hit, by kind) %v, client stalls %d; errors %v; violations %d",
-		elapsed.Round(time.Second), chaosClients, s.nodes, fig.holds, fig.lost, fig.staleRejected, fig.maxLate.Round(time.Millisecond), probe.longest(start, time.Now()).Round(time.Millisecond), faults, stalls.Load(), errs, len(violations))
+	mix := map[string]int{}
+	for i := range chaosClients {
+		mix[chaosClient(i)]++
+	}
+	figures := fmt.Sprintf("%v, %d clients %v on %d servers: %d acquisitions, %d lost, %d stale writes rejected, latest Lost() %v after until (longest process stall %v); faults (servers hit, by kind) %v, client stalls %d; errors %v; violations %d",
+		elapsed.Round(time.Second), chaosClients, mix, s.nodes, fig.holds, fig.lost, fig.staleRejected, fig.maxLate.Round(time.Millisecond), probe.longest(start, time.Now()).Round(time.Millisecond), faults, stalls.Load(), errs, len(violations))
 	if s.nodes == 1 {
 		slices.Sort(quietMessages)
 		adopted := 0
@@ -354,13 +384,13 @@ func runChaos(t *testing.T, s chaosSetup) {
 			}
 		}
 		figures += fmt.Sprintf("; by grant: %d holds by message (no round trip), %d adopted by a round, of %d grants that replies told of; %d queued waiters nobody listened for skipped; holds by message in a quiet time: fewest %d, median %d",
-			messages.Load(), adopted, spied.granted, spied.skipped, quietMessages[0], quietMessages[len(quietMessages)/2])
+			messages.Load(), adopted, granted, skipped, quietMessages[0], quietMessages[len(quietMessages)/2])
 	}
 	reportFigures(t, "%s", figures)
 	for i, h := range holds {
 		if late := h.lostAt.Sub(h.until); h.signalled() && late > chaosSlack/2 {
 			t.Logf("hold %d: client %d (%s), paused %v: held %v, Lost() %v after until, process stalled %v meanwhile, unlock %v",
-				i, h.client, []string{"redigo", "rueidis"}[h.client%2], h.paused, h.end.Sub(h.start), late,
+				i, h.client, chaosClient(h.client), h.paused, h.end.Sub(h.start), late,
 				probe.longest(h.until, h.lostAt), h.unlockErr)
 		}
 	}
@@ -382,87 +412,36 @@ func runChaos(t *testing.T, s chaosSetup) {
 	}
 }
 
-// A holdPath is how a hold came.
-type holdPath int
-
-const (
-	byRound    holdPath = iota // an acquire round took the free lock
-	byAdoption                 // an acquire round found a grant a release made us, and adopted it
-	byMessage                  // a release granted it, and its message said so: no round trip
-)
-
-func (p holdPath) String() string {
-	return [...]string{"round", "adoption", "message"}[p]
-}
-
-// spyBackend is one client's Backend on one server as the chaos test sees
-// it: it forwards everything, pub/sub and the telling of final errors
-// included, so that the client behaves as on the Backend itself, and notes
-// what the acquire, release and leave scripts answered.
-type spyBackend struct {
-	Backend
-
-	mu      sync.Mutex
-	taken   uint64 // the token of the latest acquire that took the lock or adopted a grant
-	adopted bool   // that acquire adopted a grant
-	// granted counts the releases and leaves that granted the lock to a
-	// waiter (see lua/handon.lua); not those whose reply a fault lost.
-	granted int
-	skipped int // queued waiters they skipped, nobody listening for them
-}
-
-func (b *spyBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
-	vals, err := b.Backend.Eval(ctx, s, keys, args)
-	if err != nil {
-		return vals, err
+// checkStranded looks at the lock key on every server, every client
+// stopped and every fault over, and returns a violation for each server on
+// which it outlives strandedGrace with TTL left: a key that nobody holds
+// and no release will delete, stranded until it expires. A key with less
+// TTL left than the grace cannot be told from one a release is about to
+// delete, and is let go.
+func checkStranded(t *testing.T, servers []*redistest.Server, key string) (violations []string) {
+	t.Helper()
+	stopped := time.Now()
+	for k, s := range servers {
+		for {
+			since := time.Since(stopped)
+			pttl, err := s.Do("PTTL", key)
+			if err != nil {
+				violations = append(violations, fmt.Sprintf("PTTL of the lock key on server %d, every client stopped: %v", k, err))
+				break
+			}
+			left, _ := strconv.Atoi(pttl)
+			if left == -2 { // gone
+				break
+			}
+			if since >= strandedGrace {
+				value, _ := s.Do("GET", key)
+				violations = append(violations, fmt.Sprintf("lock key on server %d still there %v after every client stopped, holding %q with %dms of TTL left: stranded", k, since.Round(time.Millisecond), value, left))
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	switch {
-	case s == acquireScript && len(vals) == 3 && vals[0] == statusOK:
-		b.taken, b.adopted = uint64(vals[1]), vals[2] > 0
-	case (s == releaseScript || s == leaveScript) && len(vals) == 4:
-		b.granted += int(vals[2])
-		b.skipped += int(vals[3])
-	}
-	return vals, err
-}
-
-func (b *spyBackend) Hub() *Hub {
-	if s, ok := b.Backend.(Subscriber); ok {
-		return s.Hub()
-	}
-	return nil
-}
-
-func (b *spyBackend) Final(err error) bool {
-	f, ok := b.Backend.(ErrorClassifier)
-	return ok && f.Final(err)
-}
-
-// path tells how the client's hold with token came, just after its LockCtx
-// returned: a hold no acquire reply gave us came by a release's message.
-// (Tokens are unique: a grant's token is not that of an earlier reply.)
-func (b *spyBackend) path(token uint64) holdPath {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	switch {
-	case b.taken != token:
-		return byMessage
-	case b.adopted:
-		return byAdoption
-	}
-	return byRound
-}
-
-// spyFigures sums what spyBackends saw.
-type spyFigures struct{ granted, skipped int }
-
-func (f *spyFigures) add(b *spyBackend) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	f.granted += b.granted
-	f.skipped += b.skipped
+	return violations
 }
 
 // logViolated logs, for the holds that violations name, what the client
@@ -485,7 +464,7 @@ func logViolated(t *testing.T, violations []string, holds []holdRecord, paths []
 			seen[i] = true
 			h := &holds[i]
 			t.Logf("hold %d: client %d (%s), token %d, by %v: start %s (valid %v), end %s (valid %v), until %s, Lost() %s, unlock %s: %v, paused %v",
-				i, h.client, []string{"redigo", "rueidis"}[h.client%2], h.token, paths[i], at(h.start), h.validAtStart,
+				i, h.client, chaosClient(h.client), h.token, paths[i], at(h.start), h.validAtStart,
 				at(h.end), h.validAtEnd, at(h.until), at(h.lostAt), at(h.unlockStart), h.unlockErr, h.paused)
 		}
 	}
@@ -535,9 +514,9 @@ func (p *stallProbe) longest(from, to time.Time) (d time.Duration) {
 // suspended VM) for the client whose links these are: nothing it sends is
 // delivered, so its watchdog cannot extend and its hold lapses, while the
 // calling goroutine, inside the critical section, sleeps.
-func pauseClient(t *testing.T, links []*redistest.ToxiProxy, d time.Duration) {
+func pauseClient(t *testing.T, links []*toxi.Proxy, d time.Duration) {
 	for _, p := range links {
-		if err := p.Add("stall", redistest.Latency("upstream", int(10*chaosExpiry/time.Millisecond), 0)); err != nil {
+		if err := p.Add("stall", toxi.Latency("upstream", int(10*chaosExpiry/time.Millisecond), 0)); err != nil {
 			t.Error(err)
 		}
 	}
@@ -547,63 +526,48 @@ func pauseClient(t *testing.T, links []*redistest.ToxiProxy, d time.Duration) {
 	}
 }
 
-// waitReapersDone waits until no reaper of ms runs: after their clients
-// are closed, each ends at its next pass (every call then fails for good).
-func waitReapersDone(t *testing.T, ms []*NetMutex) {
+// waitNetlockDone waits until no goroutine runs code of package netlock,
+// failing the test if one still does after d: once their clients are
+// closed and their servers stopped, every reaper ends at its next pass
+// (every call then fails for good) and every hub's reader with its
+// connection. It reads the goroutines' stacks, as goleak does, so that it
+// needs nothing of the library's internals.
+func waitNetlockDone(t *testing.T, d time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for _, m := range ms {
-		for m != nil {
-			m.reaper.mu.Lock()
-			running, pending := m.reaper.running, len(m.reaper.pending)
-			m.reaper.mu.Unlock()
-			if !running {
+	deadline := time.Now().Add(d)
+	for {
+		left := netlockGoroutines()
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("%d goroutines of package netlock still run %v after the clients were closed:\n\n%s", len(left), d, strings.Join(left, "\n\n"))
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// netlockGoroutines returns the stacks of the goroutines that have a frame
+// of package netlock (not of the packages under it, such as this one).
+func netlockGoroutines() []string {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	var found []string
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		for _, line := range strings.Split(g, "\n") {
+			if strings.HasPrefix(line, "github.com/netlock-go/netlock.") {
+				found = append(found, g)
 				break
 			}
-			if time.Now().After(deadline) {
-				t.Errorf("a reaper still runs 5s after its clients were closed, %d releases pending", pending)
-				return
-			}
-			time.Sleep(10 * time.Millisecond)
 		}
 	}
-}
-
-// holdUntil returns the local deadline of m's current hold (zero if none).
-func holdUntil(m *NetMutex) time.Time {
-	if h := m.current(); h != nil {
-		until, _ := h.deadline()
-		return until
-	}
-	return time.Time{}
-}
-
-// isOpen reports whether c is not closed.
-func isOpen(c <-chan struct{}) bool {
-	select {
-	case <-c:
-		return false
-	default:
-		return true
-	}
-}
-
-// errKind names an error by the sentinels it matches, for counting.
-func errKind(err error) string {
-	var kinds []string
-	for _, s := range []struct {
-		err  error
-		name string
-	}{
-		{ErrNotObtained, "ErrNotObtained"}, {ErrNotHeld, "ErrNotHeld"}, {ErrLockLost, "ErrLockLost"},
-		{ErrQuorum, "ErrQuorum"}, {context.Canceled, "Canceled"}, {context.DeadlineExceeded, "DeadlineExceeded"},
-	} {
-		if errors.Is(err, s.err) {
-			kinds = append(kinds, s.name)
-		}
-	}
-	if len(kinds) == 0 {
-		return "UNDOCUMENTED " + err.Error()
-	}
-	return strings.Join(kinds, "+")
+	return found
 }

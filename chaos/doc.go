@@ -1,0 +1,23 @@
+// Package chaos holds netlock's fault-injection tests; it has no API of its
+// own. Its tests run clients of every client library netlock supports
+// against real redis-server processes (started by internal/redistest), each
+// client reaching each server through a toxiproxy of its own (package
+// chaos/internal/toxi), and break things while the clients lock: servers
+// paused, killed and restarted, links slowed, blackholed, reset and cut
+// mid-reply, clients frozen in their critical sections.
+//
+// It is a module of its own, github.com/netlock-go/netlock/chaos, so that
+// toxiproxy and what it brings (prometheus, gorilla/mux, zerolog, protobuf)
+// stay out of the library's go.mod. It tests the library checked out next
+// to it (a replace directive) and only through its exported API: what it
+// must know of a hold (how it came, where its local deadline lies) it learns
+// from a Backend wrapper and an Observer, as a user could.
+//
+// Run it as CI does, from this directory:
+//
+//	NETLOCK_REQUIRE_REDIS=1 go test -race ./...
+//
+// NETLOCK_SOAK=10m runs each chaos test for ten minutes instead of 20s (add
+// -timeout 30m); NETLOCK_REPORT names a file to which the tests append their
+// figures.
+package chaos
