@@ -1,0 +1,29 @@
+module github.com/netlock-go/netlock/otelnetlock
+
+go 1.25.0
+
+// Build against the library checked out next to otelnetlock/.
+replace github.com/netlock-go/netlock => ../
+
+require (
+	github.com/alicebob/miniredis/v2 v2.40.0
+	github.com/gomodule/redigo v1.9.3
+	github.com/netlock-go/netlock v0.0.0-00010101000000-000000000000
+	go.opentelemetry.io/otel v1.46.0
+	go.opentelemetry.io/otel/metric v1.46.0
+	go.opentelemetry.io/otel/sdk v1.46.0
+	go.opentelemetry.io/otel/sdk/metric v1.46.0
+	go.opentelemetry.io/otel/trace v1.46.0
+	go.uber.org/goleak v1.3.0
+)
+
+require (
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/go-logr/logr v1.4.4 // indirect
+	github.com/go-logr/stdr v1.2.2 // indirect
+	github.com/google/uuid v1.6.0 // indirect
+	github.com/redis/rueidis v1.0.79 // indirect
+	github.com/yuin/gopher-lua v1.1.1 // indirect
+	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
+	golang.org/x/sys v0.47.0 // indirect
+)
