@@ -22,6 +22,7 @@ import (
 	"github.com/redis/rueidis/rueidislock"
 
 	"github.com/netlock-go/netlock"
+	netlockgoredis "github.com/netlock-go/netlock/goredis"
 )
 
 // A contender is one library with one client adapter and one set of options.
@@ -109,6 +110,14 @@ func contenders() []contender {
 			},
 		},
 		{
+			name: "hand-written/goredis", role: roleReference, module: "github.com/redis/go-redis/v9",
+			config:   "SET NX with an 8 s TTL (SetArgs), then EVALSHA compare-and-delete (redis.Script.Run)",
+			noQuorum: "a floor for one server only",
+			connect: func(addrs []string) (client, error) {
+				return &handGoredis{c: newGoredis(addrs[0])}, nil
+			},
+		},
+		{
 			name: "hand-written/rueidis", role: roleReference, module: "github.com/redis/rueidis",
 			config:   "SET NX PX, then EVALSHA compare-and-delete (rueidis.Lua)",
 			noQuorum: "a floor for one server only",
@@ -131,6 +140,21 @@ func contenders() []contender {
 					p := newRedigoPool(a)
 					c.backends = append(c.backends, netlock.NewRedigo(p))
 					c.closers = append(c.closers, func() { p.Close() })
+				}
+				return c, nil
+			},
+		},
+		{
+			name: "netlock/goredis", role: roleNetlock, module: "github.com/netlock-go/netlock",
+			config:  "netlock.New(name, goredis.New(client)...), default options; the client as the others' but with ContextTimeoutEnabled, as netlock/goredis advises",
+			sharing: "one *NetMutex shared by all goroutines",
+			waits:   netlockWaits,
+			connect: func(addrs []string) (client, error) {
+				c := &netlockClient{}
+				for _, a := range addrs {
+					r := newGoredisBounded(a)
+					c.backends = append(c.backends, netlockgoredis.New(r))
+					c.closers = append(c.closers, func() { r.Close() })
 				}
 				return c, nil
 			},
@@ -184,6 +208,14 @@ func newRedigoPool(addr string) *redis.Pool {
 
 func newGoredis(addr string) *goredis.Client {
 	return goredis.NewClient(&goredis.Options{Addr: addr, PoolSize: poolSize})
+}
+
+// newGoredisBounded is newGoredis with ContextTimeoutEnabled, which
+// netlock/goredis asks for: a context's deadline bounds the socket I/O of
+// each command (without it, each netlock call would run on a goroutine of
+// its own to return by its deadline).
+func newGoredisBounded(addr string) *goredis.Client {
+	return goredis.NewClient(&goredis.Options{Addr: addr, PoolSize: poolSize, ContextTimeoutEnabled: true})
 }
 
 func newRueidis(addr string) (rueidis.Client, error) {
@@ -559,6 +591,38 @@ func (l handRueidisLocker) lock(ctx context.Context) (func(context.Context) erro
 	}, nil
 }
 
+type handGoredis struct{ c *goredis.Client }
+
+func (c *handGoredis) locker(name string) (locker, error) { return handGoredisLocker{c.c, name}, nil }
+func (c *handGoredis) shared() bool                       { return true }
+func (c *handGoredis) close()                             { c.c.Close() }
+
+type handGoredisLocker struct {
+	c   *goredis.Client
+	key string
+}
+
+var compareAndDeleteGoredis = goredis.NewScript(compareAndDelete)
+
+func (l handGoredisLocker) lock(ctx context.Context) (func(context.Context) error, error) {
+	value := randomValue()
+	err := l.c.SetArgs(ctx, l.key, value, goredis.SetArgs{Mode: "NX", TTL: lockExpiry}).Err()
+	if errors.Is(err, goredis.Nil) {
+		return nil, errBusy
+	}
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context) error {
+		// Script.Run sends EVALSHA and falls back to EVAL on NOSCRIPT.
+		n, err := compareAndDeleteGoredis.Run(ctx, l.c, []string{l.key}, value).Int64()
+		if err == nil && n != 1 {
+			err = errNotReleased
+		}
+		return err
+	}, nil
+}
+
 // pingers: the round-trip floor of each client library.
 
 type pinger func(ctx context.Context) error
@@ -573,6 +637,10 @@ func redigoPinger(pool *redis.Pool) pinger {
 		_, err = conn.Do("PING") // as the hand-written cycle: see handRedigoLocker.do
 		return err
 	}
+}
+
+func goredisPinger(c *goredis.Client) pinger {
+	return func(ctx context.Context) error { return c.Ping(ctx).Err() }
 }
 
 func rueidisPinger(c rueidis.Client) pinger {

@@ -66,6 +66,13 @@ func buildScenarios(cs []contender, addrs []string) []*scenario {
 				return runOps(ctx, dur, []func(context.Context) error{ping})
 			}, func() { p.Close() }, nil
 		}},
+		&row{name: "PING/goredis", setup: func() (func(context.Context, time.Duration, int) result, func(), error) {
+			c := newGoredis(one[0])
+			ping := goredisPinger(c)
+			return func(ctx context.Context, dur time.Duration, _ int) result {
+				return runOps(ctx, dur, []func(context.Context) error{ping})
+			}, func() { c.Close() }, nil
+		}},
 		&row{name: "PING/rueidis", setup: func() (func(context.Context, time.Duration, int) result, func(), error) {
 			c, err := newRueidis(one[0])
 			if err != nil {

@@ -7,7 +7,7 @@ import (
 
 // The targets netlock holds itself to, each computed from this run's rows.
 
-var netlockRows = []string{"netlock/redigo", "netlock/rueidis"}
+var netlockRows = []string{"netlock/redigo", "netlock/goredis", "netlock/rueidis"}
 
 // client is the client library a netlock row uses: its floor rows carry the
 // same suffix.
