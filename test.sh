@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The tests of every module of the repository: the library (with the CLI and
+# netlock/goredis), the chaos harness (chaos/, a module of its own so that
+# toxiproxy stays out of the library's go.mod), the OpenTelemetry adapter
+# (otelnetlock/) and the benchmark harness (bench/). Flags go to go test:
+# ./test.sh -race, ./test.sh -run TestChaos.
+set -euo pipefail
+cd "$(dirname "$0")"
+for m in . chaos otelnetlock bench; do
+	echo "== go test $* ./... in $m"
+	(cd "$m" && go test "$@" ./...)
+done
