@@ -84,7 +84,7 @@ var hostileRows = []hostileRow{
 		if perr := recoverErr(m.Lock); !errors.Is(perr, ErrQuorum) {
 			t.Errorf("Lock on a refused server: got panic %v, want one matching ErrQuorum", perr)
 		}
-		within(t, 5*time.Second, "TryLockCtx", func() {
+		redistest.Within(t, 5*time.Second, "TryLockCtx", func() {
 			if ok, err := m.TryLockCtx(context.Background()); ok || !errors.Is(err, ErrQuorum) {
 				t.Errorf("TryLockCtx on a refused server: got %v, %v; want false and ErrQuorum", ok, err)
 			}
@@ -412,7 +412,7 @@ const hostileOutage = 300 * time.Millisecond
 
 func lockWithin(t *testing.T, m *NetMutex) (err error) {
 	t.Helper()
-	within(t, 5*time.Second, "LockCtx", func() { err = m.LockCtx(context.Background()) })
+	redistest.Within(t, 5*time.Second, "LockCtx", func() { err = m.LockCtx(context.Background()) })
 	return err
 }
 

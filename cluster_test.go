@@ -256,7 +256,7 @@ func testClusterMutualExclusion(t *testing.T, cluster *redistest.Cluster) {
 			}
 		})
 	}
-	within(t, 60*time.Second, "4 clients x 20 rounds", wg.Wait)
+	redistest.Within(t, 60*time.Second, "4 clients x 20 rounds", wg.Wait)
 	s.check(t, clients*rounds)
 	for j := 1; j < len(order); j++ {
 		if order[j] <= order[j-1] {

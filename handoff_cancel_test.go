@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/netlock-go/netlock/internal/redistest"
 )
 
 // rueidislock's "missing peers" scenario (TestLocker_WithContext_MissingPeers)
@@ -122,7 +124,7 @@ wait:
 	cancel()
 	mustUnlock(t, m)
 	close(goOn)
-	within(t, 10*time.Second, "the round's waiters", wg.Wait)
+	redistest.Within(t, 10*time.Second, "the round's waiters", wg.Wait)
 
 	// Whatever reached a cancelled waiter was passed on: the last of them
 	// released the lock (and the next round's Lock finds m not owned here).

@@ -128,7 +128,7 @@ func TestLateAcquireAfterRelease(t *testing.T) {
 				proxy.SetDelay(0)
 			}()
 			start := time.Now()
-			within(t, 5*time.Second, "LockCtx", func() { err = m.LockCtx(context.Background()) })
+			redistest.Within(t, 5*time.Second, "LockCtx", func() { err = m.LockCtx(context.Background()) })
 			<-lifted
 			if !errors.Is(err, ErrQuorum) {
 				t.Fatalf("LockCtx with the acquire delayed past the node timeout: got %v, want ErrQuorum", err)

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/netlock-go/netlock/internal/redistest"
 )
 
 func TestExpiryFreesTheLock(t *testing.T) {
@@ -44,7 +46,7 @@ func TestLostByLocalClock(t *testing.T) {
 		m := e.newMutex(t, "clock", WithExpiry(100*time.Millisecond), WithAutoExtend(false), WithNodeTimeout(50*time.Millisecond))
 		mustLock(t, m)
 		lost := m.Lost()
-		within(t, 10*time.Second, "Lost()", func() { <-lost })
+		redistest.Within(t, 10*time.Second, "Lost()", func() { <-lost })
 		if err := m.ExtendCtx(context.Background()); !errors.Is(err, ErrLockLost) {
 			t.Errorf("ExtendCtx after loss: got %v, want ErrLockLost", err)
 		}
@@ -68,7 +70,7 @@ func TestLostWhenKeyDeleted(t *testing.T) {
 		// The watchdog's next extend (a third of the expiry on) finds the key
 		// gone and declares the hold lost at once.
 		lost := m.Lost()
-		within(t, 10*time.Second, "Lost()", func() { <-lost })
+		redistest.Within(t, 10*time.Second, "Lost()", func() { <-lost })
 		if err := m.ExtendCtx(context.Background()); !errors.Is(err, ErrLockLost) {
 			t.Errorf("ExtendCtx: got %v, want ErrLockLost", err)
 		}
@@ -138,7 +140,7 @@ func TestCancelWhileWaiting(t *testing.T) {
 		time.Sleep(20 * time.Millisecond) // let it try and start waiting
 		cancel()
 		var err error
-		within(t, 5*time.Second, "LockCtx after cancel", func() { err = <-errc })
+		redistest.Within(t, 5*time.Second, "LockCtx after cancel", func() { err = <-errc })
 		if !errors.Is(err, ErrNotObtained) || !errors.Is(err, context.Canceled) {
 			t.Errorf("LockCtx: got %v, want an error matching ErrNotObtained and context.Canceled", err)
 		}
@@ -209,7 +211,7 @@ func TestDoCancelsOnLoss(t *testing.T) {
 		_, err := Do(context.Background(), m, func(ctx context.Context) (int, error) {
 			e.do(t, "DEL", "netlock:{doloss}")
 			var cause error
-			within(t, 10*time.Second, "fn's context", func() { <-ctx.Done(); cause = context.Cause(ctx) })
+			redistest.Within(t, 10*time.Second, "fn's context", func() { <-ctx.Done(); cause = context.Cause(ctx) })
 			if !errors.Is(cause, ErrLockLost) {
 				t.Errorf("cause of fn's context: got %v, want ErrLockLost", cause)
 			}

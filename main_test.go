@@ -161,21 +161,3 @@ func mustUnlock(t testing.TB, m *NetMutex) {
 		t.Fatalf("UnlockCtx: %v", err)
 	}
 }
-
-// within fails the test if fn does not return within d: a hang becomes a
-// failure instead of a test timeout.
-func within(t testing.TB, d time.Duration, what string, fn func()) {
-	t.Helper()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		fn()
-	}()
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-done:
-	case <-timer.C:
-		t.Fatalf("%s did not return within %v", what, d)
-	}
-}

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/netlock-go/netlock/internal/redistest"
 )
 
 // logRecords is a slog.Handler that keeps every record, with its
@@ -77,7 +79,7 @@ func TestUnlockNeverPanicsOnWhatRedisDoes(t *testing.T) {
 			token := m.Token()
 			e.server.Pause()
 			lost := m.Lost()
-			within(t, 5*time.Second, "Lost()", func() { <-lost })
+			redistest.Within(t, 5*time.Second, "Lost()", func() { <-lost })
 			time.Sleep(time.Second - 500*time.Millisecond)
 			e.server.Resume()
 			if err := recoverErr(m.Unlock); err != nil {
@@ -101,7 +103,7 @@ func TestUnlockNeverPanicsOnWhatRedisDoes(t *testing.T) {
 			mustLock(t, m)
 			e.do(t, "DEL", "netlock:{deleted}")
 			lost := m.Lost()
-			within(t, 10*time.Second, "Lost()", func() { <-lost })
+			redistest.Within(t, 10*time.Second, "Lost()", func() { <-lost })
 			if err := recoverErr(m.Unlock); err != nil {
 				t.Fatalf("Unlock of a hold whose key was deleted: got panic %v, want none", err)
 			}
@@ -171,7 +173,7 @@ func TestDefaultLoggerWarnOnly(t *testing.T) {
 		mustLock(t, m)
 		e.do(t, "DEL", "netlock:{quiet}")
 		lost := m.Lost()
-		within(t, 10*time.Second, "Lost()", func() { <-lost })
+		redistest.Within(t, 10*time.Second, "Lost()", func() { <-lost })
 		m.Unlock()
 	})
 	if n := logs.count(slog.LevelDebug); n != 0 {
@@ -295,7 +297,7 @@ func TestObserverHandOffAndLost(t *testing.T) {
 		}
 		e.do(t, "DEL", "netlock:{handed}")
 		lost := m.Lost()
-		within(t, 10*time.Second, "Lost()", func() { <-lost })
+		redistest.Within(t, 10*time.Second, "Lost()", func() { <-lost })
 		m.Unlock()
 
 		mu.Lock()

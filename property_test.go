@@ -19,6 +19,8 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/gomodule/redigo/redis"
 	"pgregory.net/rapid"
+
+	"github.com/netlock-go/netlock/internal/redistest"
 )
 
 // propMinSteps is how many actions TestProperty runs at least for each node
@@ -76,10 +78,10 @@ func TestProperty(t *testing.T) {
 				}
 			}
 			total += int(steps.Load())
-			reportFigures(t, "N=%d: %d steps explored in %v; outcomes %v", n, steps.Load(), time.Since(start).Round(time.Millisecond), stats)
+			redistest.Report(t, "N=%d: %d steps explored in %v; outcomes %v", n, steps.Load(), time.Since(start).Round(time.Millisecond), stats)
 		})
 	}
-	reportFigures(t, "%d steps explored in all", total)
+	redistest.Report(t, "%d steps explored in all", total)
 }
 
 // rapidReproducing reports whether rapid was given a seed or a fail file:

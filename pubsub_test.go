@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/gomodule/redigo/redis"
+
+	"github.com/netlock-go/netlock/internal/redistest"
 )
 
 // countingBackend counts the script calls made through it, by script name,
@@ -104,7 +106,7 @@ func TestWaiterWakesOnRelease(t *testing.T) {
 			t.Errorf("attempts while the lock was held: got %d, want 2", n)
 		}
 		mustUnlock(t, holder)
-		within(t, 5*time.Second, "LockCtx after the release", func() {
+		redistest.Within(t, 5*time.Second, "LockCtx after the release", func() {
 			if err := <-locked; err != nil {
 				t.Errorf("LockCtx: %v", err)
 			}
@@ -163,7 +165,7 @@ func TestWaiterWakesOnExpiry(t *testing.T) {
 			t.Fatal(err)
 		}
 		mustLock(t, holder) // and never unlocked: it expires
-		within(t, 5*time.Second, "LockCtx after the expiry", func() { mustLock(t, waiter) })
+		redistest.Within(t, 5*time.Second, "LockCtx after the expiry", func() { mustLock(t, waiter) })
 		// The failed first attempt, the one after subscribing, then one
 		// when the TTL ran out (two if Redis had not yet expired the key
 		// at the millisecond it reported).
@@ -273,7 +275,7 @@ func TestWaiterSurvivesPubSubConnectionLoss(t *testing.T) {
 			return numsub(t, e, waiter.waitChan) == 1 && cb.count("acquire") >= 3
 		})
 		mustUnlock(t, holder)
-		within(t, 5*time.Second, "LockCtx after the release", func() {
+		redistest.Within(t, 5*time.Second, "LockCtx after the release", func() {
 			if err := <-locked; err != nil {
 				t.Errorf("LockCtx: %v", err)
 			}
@@ -377,7 +379,7 @@ func TestReleaseWakesLongestWaiter(t *testing.T) {
 				before[j] = cbs[j].count("acquire")
 			}
 			mustUnlock(t, prev)
-			within(t, 5*time.Second, "the longest waiter's LockCtx", func() {
+			redistest.Within(t, 5*time.Second, "the longest waiter's LockCtx", func() {
 				if err := <-locked[i]; err != nil {
 					t.Fatalf("waiter %d: %v", i, err)
 				}

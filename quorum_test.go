@@ -145,7 +145,7 @@ func TestQuorumMajorityDown(t *testing.T) {
 	servers[2].Pause()
 	servers[4].Pause()
 	var err error
-	within(t, 5*time.Second, "LockCtx with a majority down", func() { err = m.LockCtx(context.Background()) })
+	redistest.Within(t, 5*time.Second, "LockCtx with a majority down", func() { err = m.LockCtx(context.Background()) })
 	if !errors.Is(err, ErrQuorum) {
 		t.Fatalf("LockCtx: got %v, want ErrQuorum", err)
 	}
@@ -184,7 +184,7 @@ func TestQuorumCancelledWithStalledNode(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			time.AfterFunc(100*time.Millisecond, cancel)
 			var err error
-			within(t, 10*time.Second, "LockCtx", func() { err = m.LockCtx(ctx) })
+			redistest.Within(t, 10*time.Second, "LockCtx", func() { err = m.LockCtx(ctx) })
 			if !errors.Is(err, ErrNotObtained) || !errors.Is(err, context.Canceled) {
 				t.Fatalf("LockCtx: got %v, want ErrNotObtained and context.Canceled", err)
 			}

@@ -142,7 +142,7 @@ func TestPropertyWaiting(t *testing.T) {
 			break
 		}
 	}
-	reportFigures(t, "%d steps in %d checks in %v; %v", stats.steps, stats.checks, time.Since(start).Round(time.Millisecond), stats)
+	redistest.Report(t, "%d steps in %d checks in %v; %v", stats.steps, stats.checks, time.Since(start).Round(time.Millisecond), stats)
 }
 
 // waitClients returns the client libraries the processes use, in turn.

@@ -147,7 +147,7 @@ func TestWaitingCost(t *testing.T) {
 				perServer = float64(ran) // a Cluster: one lock lives on one of its nodes
 			}
 			per := perServer / waiters / window.Seconds()
-			reportFigures(t, "%d waiters for %v on %d servers: %d commands of netlock's, %.2f per waiter-second and server (of the lock); the client library's own: %d, %.2f per waiter-second",
+			redistest.Report(t, "%d waiters for %v on %d servers: %d commands of netlock's, %.2f per waiter-second and server (of the lock); the client library's own: %d, %.2f per waiter-second",
 				waiters, window, len(servers), ran, per, lib, float64(lib)/waiters/window.Seconds())
 			if per > 1 {
 				t.Errorf("waiting cost: got %.2f commands per waiter-second, want at most 1", per)
@@ -211,7 +211,7 @@ func TestDeadWaiterSkipped(t *testing.T) {
 		})
 		start := time.Now()
 		mustUnlock(t, holder)
-		within(t, 5*time.Second, "LockCtx after the release", func() {
+		redistest.Within(t, 5*time.Second, "LockCtx after the release", func() {
 			if err := <-locked; err != nil {
 				t.Errorf("LockCtx: %v", err)
 			}
@@ -244,7 +244,7 @@ func TestWaiterRejoinsLostQueue(t *testing.T) {
 		})
 		n := cb.count("acquire")
 		mustUnlock(t, holder)
-		within(t, 5*time.Second, "LockCtx after the release", func() {
+		redistest.Within(t, 5*time.Second, "LockCtx after the release", func() {
 			if err := <-locked; err != nil {
 				t.Errorf("LockCtx: %v", err)
 			}
@@ -285,7 +285,7 @@ func TestCancelledWaiterPassesTurn(t *testing.T) {
 		if err := <-quit; err == nil {
 			quitter.UnlockCtx(context.Background())
 		}
-		within(t, 5*time.Second, "the next waiter's LockCtx", func() {
+		redistest.Within(t, 5*time.Second, "the next waiter's LockCtx", func() {
 			if err := <-locked; err != nil {
 				t.Errorf("LockCtx: %v", err)
 			}
@@ -328,7 +328,7 @@ func TestWaitersRideOutRestart(t *testing.T) {
 		e.server.Restart()
 		// The holder's key is gone with the restart (no persistence): its
 		// hold is lost, and the waiters take turns.
-		within(t, 20*time.Second, "every waiter locking", wg.Wait)
+		redistest.Within(t, 20*time.Second, "every waiter locking", wg.Wait)
 		close(results)
 		for err := range results {
 			if err != nil {
@@ -360,7 +360,7 @@ func TestRedisDownForGood(t *testing.T) {
 		if perr := recoverErr(m.Lock); !errors.Is(perr, ErrQuorum) {
 			t.Errorf("Lock with the server down: got panic %v, want one matching ErrQuorum", perr)
 		}
-		within(t, time.Second, "TryLockCtx", func() {
+		redistest.Within(t, time.Second, "TryLockCtx", func() {
 			if ok, err := m.TryLockCtx(context.Background()); ok || !errors.Is(err, ErrQuorum) {
 				t.Errorf("TryLockCtx with the server down: got %v, %v; want false and ErrQuorum", ok, err)
 			}
@@ -387,7 +387,7 @@ func TestQuorumDownForGood(t *testing.T) {
 	servers[0].Kill()
 	servers[2].Kill()
 	var err error
-	within(t, 5*time.Second, "LockCtx with a majority down", func() { err = m.LockCtx(context.Background()) })
+	redistest.Within(t, 5*time.Second, "LockCtx with a majority down", func() { err = m.LockCtx(context.Background()) })
 	if !errors.Is(err, ErrQuorum) || !strings.Contains(err.Error(), "node 0") || !strings.Contains(err.Error(), "node 2") {
 		t.Errorf("LockCtx with a majority down: got %v, want ErrQuorum naming nodes 0 and 2", err)
 	}
@@ -399,7 +399,7 @@ func TestPermanentErrorNotRiddenOut(t *testing.T) {
 	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
 		m := e.newMutex(t, "perm", WithOutageWindow(time.Hour))
 		e.do(t, "HSET", m.keys.lock, "f", "v")
-		within(t, 5*time.Second, "LockCtx on a hash", func() {
+		redistest.Within(t, 5*time.Second, "LockCtx on a hash", func() {
 			err := m.LockCtx(context.Background())
 			if !errors.Is(err, ErrQuorum) || !strings.Contains(err.Error(), "WRONGTYPE") {
 				t.Errorf("LockCtx on a hash: got %v, want ErrQuorum with WRONGTYPE", err)

@@ -69,7 +69,7 @@ var hostileRows = []hostileRow{
 		ctx, cancel := context.WithCancel(context.Background())
 		time.AfterFunc(50*time.Millisecond, cancel) // while the acquire is on its way
 		var err error
-		within(t, 5*time.Second, "LockCtx", func() { err = m.LockCtx(ctx) })
+		redistest.Within(t, 5*time.Second, "LockCtx", func() { err = m.LockCtx(ctx) })
 		if !errors.Is(err, netlock.ErrNotObtained) || !errors.Is(err, context.Canceled) {
 			t.Errorf("LockCtx cancelled midway: got %v, want ErrNotObtained and context.Canceled", err)
 		}
@@ -123,7 +123,7 @@ func hostileMutex(t *testing.T, client, addr, name string, opts ...netlock.Optio
 // lockWithin calls LockCtx, failing the test if it does not return within 5s.
 func lockWithin(t *testing.T, m *netlock.NetMutex) (err error) {
 	t.Helper()
-	within(t, 5*time.Second, "LockCtx", func() { err = m.LockCtx(context.Background()) })
+	redistest.Within(t, 5*time.Second, "LockCtx", func() { err = m.LockCtx(context.Background()) })
 	return err
 }
 

@@ -386,7 +386,7 @@ func runChaos(t *testing.T, s chaosSetup) {
 		figures += fmt.Sprintf("; by grant: %d holds by message (no round trip), %d adopted by a round, of %d grants that replies told of; %d queued waiters nobody listened for skipped; holds by message in a quiet time: fewest %d, median %d",
 			messages.Load(), adopted, granted, skipped, quietMessages[0], quietMessages[len(quietMessages)/2])
 	}
-	reportFigures(t, "%s", figures)
+	redistest.Report(t, "%s", figures)
 	for i, h := range holds {
 		if late := h.lostAt.Sub(h.until); h.signalled() && late > chaosSlack/2 {
 			t.Logf("hold %d: client %d (%s), paused %v: held %v, Lost() %v after until, process stalled %v meanwhile, unlock %v",

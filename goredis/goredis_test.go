@@ -121,24 +121,6 @@ func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 	}
 }
 
-// within fails the test if fn does not return within d: a hang becomes a
-// failure instead of a test timeout.
-func within(t testing.TB, d time.Duration, what string, fn func()) {
-	t.Helper()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		fn()
-	}()
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-done:
-	case <-timer.C:
-		t.Fatalf("%s did not return within %v", what, d)
-	}
-}
-
 // sdo runs a command on s and fails the test on error.
 func sdo(t testing.TB, s *redistest.Server, args ...string) string {
 	t.Helper()
@@ -168,26 +150,6 @@ func commandCalls(t testing.TB, s *redistest.Server) map[string]int64 {
 		calls[name] = v
 	}
 	return calls
-}
-
-// reportFigures logs a line of figures and appends it to the file named by
-// $NETLOCK_REPORT, if set, as netlock's own tests do (see report_test.go
-// there), so that CI prints it.
-func reportFigures(t testing.TB, format string, args ...any) {
-	t.Helper()
-	line := fmt.Sprintf(format, args...)
-	t.Log(line)
-	path := os.Getenv("NETLOCK_REPORT")
-	if path == "" {
-		return
-	}
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		t.Errorf("NETLOCK_REPORT: %v", err)
-		return
-	}
-	defer f.Close()
-	fmt.Fprintf(f, "goredis.%s: %s\n", t.Name(), line)
 }
 
 // waiters returns the length of the waiters' queue of lock name.
@@ -293,7 +255,7 @@ func TestEvalEndsWithContext(t *testing.T) {
 			ctx, cancel = context.WithTimeout(ctx, 100*time.Millisecond)
 			defer cancel()
 			var err error
-			within(t, 5*time.Second, "Eval on a stopped server", func() { _, err = b.Eval(ctx, acquire.script, acquire.keys, acquire.args) })
+			redistest.Within(t, 5*time.Second, "Eval on a stopped server", func() { _, err = b.Eval(ctx, acquire.script, acquire.keys, acquire.args) })
 			if !errors.Is(err, context.DeadlineExceeded) {
 				t.Errorf("Eval on a stopped server: got %v, want context.DeadlineExceeded", err)
 			}
@@ -365,7 +327,7 @@ func TestRingRefused(t *testing.T) {
 		t.Errorf("Eval on a Ring: got %v; want a final error naming *redis.Ring", err)
 	}
 	m := newMutex(t, "ring", []netlock.Backend{b}, netlock.WithOutageWindow(time.Hour))
-	within(t, 5*time.Second, "LockCtx on a Ring", func() { err = m.LockCtx(context.Background()) })
+	redistest.Within(t, 5*time.Second, "LockCtx on a Ring", func() { err = m.LockCtx(context.Background()) })
 	if !errors.Is(err, netlock.ErrQuorum) || !strings.Contains(err.Error(), "*redis.Ring") {
 		t.Errorf("LockCtx on a Ring: got %v, want ErrQuorum naming *redis.Ring", err)
 	}
@@ -563,12 +525,12 @@ func TestWaitingCost(t *testing.T) {
 		}
 	}
 	per := float64(ran) / n / window.Seconds()
-	reportFigures(t, "%d waiters for %v: %d commands of netlock's, %.2f per waiter-second; go-redis's own: %d", n, window, ran, per, own)
+	redistest.Report(t, "%d waiters for %v: %d commands of netlock's, %.2f per waiter-second; go-redis's own: %d", n, window, ran, per, own)
 	if per > 1 {
 		t.Errorf("waiting cost: got %.2f commands per waiter-second, want at most 1", per)
 	}
 	mustUnlock(t, holder)
-	within(t, 20*time.Second, "every waiter locking in turn", wg.Wait)
+	redistest.Within(t, 20*time.Second, "every waiter locking in turn", wg.Wait)
 	for i := range order {
 		if order[i] != i {
 			t.Errorf("turns: got %v, want the order of arrival", order)
@@ -600,7 +562,7 @@ func TestWaiterSurvivesPubSubKill(t *testing.T) {
 	eventually(t, 5*time.Second, "the waiter's attempt after the kill", func() bool { return c.count("acquire") > attempts })
 	eventually(t, 5*time.Second, "the waiter subscribed again", func() bool { return releaseChannels(t, s, name) != "" })
 	mustUnlock(t, holder)
-	within(t, 5*time.Second, "LockCtx after the release", func() {
+	redistest.Within(t, 5*time.Second, "LockCtx after the release", func() {
 		if err := <-locked; err != nil {
 			t.Errorf("LockCtx: %v", err)
 		}
@@ -679,7 +641,7 @@ func TestCluster(t *testing.T) {
 				}
 			})
 		}
-		within(t, 60*time.Second, "4 clients x 10 rounds", wg.Wait)
+		redistest.Within(t, 60*time.Second, "4 clients x 10 rounds", wg.Wait)
 		if len(tokens) != clients*rounds {
 			t.Fatalf("critical sections: got %d, want %d", len(tokens), clients*rounds)
 		}
@@ -708,7 +670,7 @@ func TestCluster(t *testing.T) {
 		})
 		attempts := c.count("acquire")
 		mustUnlock(t, holder)
-		within(t, 5*time.Second, "LockCtx after the release", func() {
+		redistest.Within(t, 5*time.Second, "LockCtx after the release", func() {
 			if err := <-locked; err != nil {
 				t.Errorf("LockCtx: %v", err)
 			}
@@ -746,7 +708,7 @@ func TestFailoverClient(t *testing.T) {
 		return waiters(t, primary, "failover") == 1 && releaseChannels(t, primary, "failover") != ""
 	})
 	mustUnlock(t, holder)
-	within(t, 5*time.Second, "LockCtx after the release", func() {
+	redistest.Within(t, 5*time.Second, "LockCtx after the release", func() {
 		if err := <-locked; err != nil {
 			t.Errorf("LockCtx: %v", err)
 		}
