@@ -16,7 +16,8 @@ import (
 // library needs only this one method to lock correctly; with it alone, its
 // waiters poll. Implementing the optional interfaces as well, Subscriber
 // (waiting by message, in a queue) and ErrorClassifier (telling final
-// errors), makes it wait and recover as the built-in Backends do.
+// errors), makes it wait and recover as the built-in Backends do;
+// ReplicaWaiter makes it usable with WithSyncReplicas.
 type Backend interface {
 	// Eval runs s with EVALSHA, falling back to EVAL when the server answers
 	// NOSCRIPT, and returns its reply: every netlock script returns an array

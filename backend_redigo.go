@@ -72,6 +72,74 @@ func (b *redigoBackend) Eval(ctx context.Context, s *Script, keys, args []string
 	return reply, err
 }
 
+// EvalWait runs s as Eval does, then WAIT replicas on the same connection,
+// sent together with the script (one round trip), and returns the script's
+// reply and WAIT's count. Both are bounded by ctx's deadline.
+func (b *redigoBackend) EvalWait(ctx context.Context, s *Script, keys, args []string, replicas int) ([]int64, int, error) {
+	conn, err := b.pool.GetContext(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer conn.Close()
+
+	argv := make([]any, 0, 2+len(keys)+len(args))
+	argv = append(argv, s.SHA1(), len(keys))
+	for _, k := range keys {
+		argv = append(argv, k)
+	}
+	for _, a := range args {
+		argv = append(argv, a)
+	}
+	reply, acked, err := redigoEvalWait(ctx, conn, "EVALSHA", argv, replicas)
+	if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+		argv[0] = s.Source()
+		reply, acked, err = redigoEvalWait(ctx, conn, "EVAL", argv, replicas)
+	}
+	if err != nil && ctx.Err() != nil {
+		err = context.Cause(ctx)
+	}
+	return reply, acked, err
+}
+
+// redigoEvalWait pipelines cmd argv and WAIT replicas on conn and reads
+// both replies, each read bounded by ctx's deadline (as in Eval, without
+// redis.DoContext's goroutine). A NOSCRIPT reply is returned as err; WAIT,
+// which then waited for no write of ours, is read and dropped.
+func redigoEvalWait(ctx context.Context, conn redis.Conn, cmd string, argv []any, replicas int) ([]int64, int, error) {
+	if err := conn.Send(cmd, argv...); err != nil {
+		return nil, 0, err
+	}
+	if err := conn.Send("WAIT", replicas, WaitTimeout(ctx).Milliseconds()); err != nil {
+		return nil, 0, err
+	}
+	if err := conn.Flush(); err != nil {
+		return nil, 0, err
+	}
+	timeout, err := remaining(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	reply, err := redis.Int64s(redis.ReceiveWithTimeout(conn, timeout))
+	var rerr redis.Error
+	if err != nil && !errors.As(err, &rerr) {
+		return nil, 0, err // the connection failed: WAIT's reply will not come
+	}
+	// After an error reply of the script, WAIT's reply still follows: it
+	// is read, so that the connection goes back to the pool in step.
+	timeout, werr := remaining(ctx)
+	acked := 0
+	if werr == nil {
+		acked, werr = redis.Int(redis.ReceiveWithTimeout(conn, timeout))
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	if werr != nil {
+		return nil, 0, werr
+	}
+	return reply, acked, nil
+}
+
 // remaining returns the time left before ctx's deadline (0, no bound, if it
 // has none), or ctx's error if it has ended.
 func remaining(ctx context.Context) (time.Duration, error) {

@@ -39,6 +39,56 @@ func (b *rueidisBackend) Eval(ctx context.Context, s *Script, keys, args []strin
 	return reply, err
 }
 
+// EvalWait runs s as Eval does, then WAIT replicas, sent together with the
+// script (one round trip), and returns the script's reply and WAIT's count.
+//
+// rueidis sends a batch that contains a blocking command such as WAIT on a
+// connection of its own, taken from its pool of dedicated connections, never
+// on the connection it pipelines other goroutines' commands on: the script
+// and WAIT share one connection, and WAIT waits for the script's writes.
+// On a cluster client the batch is sent through Client.Dedicated instead,
+// bound to the node of the lock's slot: the cluster client would follow a
+// MOVED or ASK reply by sending the script alone to another node, and
+// WAIT's count, from the first node, would then be about writes that are
+// not the script's.
+func (b *rueidisBackend) EvalWait(ctx context.Context, s *Script, keys, args []string, replicas int) (reply []int64, acked int, err error) {
+	if b.client.Mode() != rueidis.ClientModeCluster {
+		reply, acked, err = rueidisEvalWait(ctx, b.client, s, keys, args, replicas)
+		return reply, acked, err
+	}
+	err = b.client.Dedicated(func(dc rueidis.DedicatedClient) error {
+		reply, acked, err = rueidisEvalWait(ctx, dc, s, keys, args, replicas)
+		return err
+	})
+	return reply, acked, err
+}
+
+func rueidisEvalWait(ctx context.Context, c rueidis.CoreClient, s *Script, keys, args []string, replicas int) ([]int64, int, error) {
+	script := c.B().Evalsha().Sha1(s.SHA1()).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+	reply, acked, err := rueidisDoWait(ctx, c, script, replicas)
+	if rerr, ok := rueidis.IsRedisErr(err); ok && rerr.IsNoScript() {
+		script = c.B().Eval().Script(s.Source()).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+		reply, acked, err = rueidisDoWait(ctx, c, script, replicas)
+	}
+	return reply, acked, err
+}
+
+// rueidisDoWait sends script and WAIT replicas in one batch and returns
+// their replies; the script's error first.
+func rueidisDoWait(ctx context.Context, c rueidis.CoreClient, script rueidis.Completed, replicas int) ([]int64, int, error) {
+	wait := c.B().Wait().Numreplicas(int64(replicas)).Timeout(WaitTimeout(ctx).Milliseconds()).Build()
+	res := c.DoMulti(ctx, script, wait)
+	reply, err := res[0].AsIntSlice()
+	if err != nil {
+		return nil, 0, err
+	}
+	acked, err := res[1].AsInt64()
+	if err != nil {
+		return nil, 0, err
+	}
+	return reply, int(acked), nil
+}
+
 // Final reports whether err is an error reply of the server or means the
 // client was closed.
 func (b *rueidisBackend) Final(err error) bool {

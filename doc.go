@@ -133,7 +133,9 @@
 // appendonly yes and appendfsync always, or keep a restarted server out of
 // use for longer than the expiry. Replication is asynchronous: a replica
 // promoted after a failover may not have the lock; a quorum of independent
-// deployments does not depend on replication.
+// deployments does not depend on replication, and WithSyncReplicas makes
+// every acquire and extend wait until n replicas acknowledged it (Redis's
+// WAIT), so that a failover to one of those keeps the lock.
 //
 // Errors name the node they came from ("netlock: node 0: ..."). Failures to
 // reach Redis match ErrQuorum; contention matches ErrNotObtained, and so does

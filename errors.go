@@ -30,6 +30,13 @@ var (
 	// connections) for the operation to succeed. The error also carries each
 	// failed node's error, prefixed with the node's index.
 	ErrQuorum = errors.New("netlock: quorum not reached")
+
+	// ErrNotReplicated means a node took the lock, but fewer of its
+	// replicas than WithSyncReplicas asks for acknowledged it in time: a
+	// failover could have lost it. The acquire was undone on that node, and
+	// the error, naming the node and the count, is reported at once rather
+	// than ridden out. It also matches ErrQuorum.
+	ErrNotReplicated = errors.New("netlock: not replicated")
 )
 
 // errUnlockUnlocked is the panic value of Unlock on an unlocked NetMutex, in

@@ -56,8 +56,9 @@ type NetMutex struct {
 	// the scripts.
 	wakeTries string
 	// grants: a release may grant a waiter of m the lock in its own script
-	// (one node, whose hub lets PUBLISH count the listeners; see
-	// lua/handon.lua), sparing it the acquire round trip.
+	// (one node, whose hub lets PUBLISH count the listeners, and no
+	// WithSyncReplicas; see lua/handon.lua), sparing it the acquire round
+	// trip.
 	grants bool
 	epoch  time.Time
 
@@ -148,6 +149,9 @@ func New(name string, backends []Backend, opts ...Option) (*NetMutex, error) {
 	m.waitChan = m.keys.channel + ":" + m.waiterID
 	tries := releaseWakeTries
 	for i, b := range backends {
+		if _, ok := b.(ReplicaWaiter); !ok && cfg.replicas > 0 {
+			return nil, fmt.Errorf("netlock: WithSyncReplicas(%d): backend %d (%T) cannot wait for replicas: it does not implement netlock.ReplicaWaiter", cfg.replicas, i, b)
+		}
 		if s, ok := b.(Subscriber); ok {
 			if h := s.Hub(); h != nil {
 				if h.listen == nil {
@@ -161,7 +165,10 @@ func New(name string, backends []Backend, opts ...Option) (*NetMutex, error) {
 		}
 	}
 	m.wakeTries = strconv.Itoa(tries)
-	m.grants = len(backends) == 1 && m.hubs[0] != nil && m.hubs[0].counted
+	// With WithSyncReplicas, a waiter acquires for itself: a grant made by
+	// the releaser's script would be a hold no replica was asked to
+	// acknowledge.
+	m.grants = len(backends) == 1 && m.hubs[0] != nil && m.hubs[0].counted && cfg.replicas == 0
 	return m, nil
 }
 

@@ -68,6 +68,7 @@ type config struct {
 	logger        *slog.Logger // nil: slog.Default(), Warn and above
 	loggerSet     bool
 	observer      Observer
+	replicas      int // WithSyncReplicas; 0: off
 }
 
 func defaultConfig() config {
@@ -160,6 +161,56 @@ func WithLogger(l *slog.Logger) Option {
 // extends and lost holds (default none).
 func WithObserver(o Observer) Option { return func(c *config) { c.observer = o } }
 
+// WithSyncReplicas makes every acquire and extend wait, on each node, until
+// n replicas of the node's server have acknowledged the script's writes
+// (Redis's WAIT, on the connection that ran the script, bounded by the node
+// timeout). 0, the default, turns it off. Every Backend must then be a
+// ReplicaWaiter (NewRedigo, NewRueidis and netlock/goredis are), or New
+// returns an error naming the one that is not.
+//
+// Replication in Redis is asynchronous: a lock a primary acknowledged may
+// be missing from the replica a failover promotes, and another client can
+// then take it while you hold it. With n ≥ 1, a hold acknowledged to you is
+// on at least n replicas (on each node of a quorum that counted it), so a
+// failover that promotes one of them keeps it. An acquire that too few
+// replicas acknowledge in time is undone and fails at once with an error
+// matching ErrNotReplicated that names the node and the count; an extend
+// that too few acknowledge does not count (the hold is lost at its local
+// deadline unless a later extend succeeds).
+//
+// It does not make Redis strongly consistent. WAIT counts the replicas that
+// have the write; a failover may promote another. With more replicas than
+// n, one that had not acknowledged can be chosen: Redis Sentinel and
+// Cluster prefer the replica with the most data, which makes an
+// acknowledging one likely, not certain (a replica that acknowledged may be
+// the one that is cut off, and a failover forced while the old primary
+// still takes writes lets writes be acknowledged by a replica that is about
+// to follow the new primary and drop them). A primary that restarts without
+// persistence and resyncs its replicas from its empty data set loses the
+// hold too. Fencing tokens (Token) remain the way to make the protected
+// resource safe.
+//
+// WAIT is given the node timeout less a margin (see WaitTimeout), since
+// Redis applies WAIT's timeout only at its next cron tick, up to 100ms late
+// at the default hz. With the default node timeout of 500ms, replicas that
+// do not acknowledge in time are reported as ErrNotReplicated; with a node
+// timeout much below 400ms, WAIT's answer may come after the call's
+// deadline, and they are reported (and ridden out, by LockCtx) as a node
+// that did not answer in time. Either way nothing is held.
+//
+// The cost: one WAIT per acquire and extend, which returns as soon as n
+// replicas have acknowledged (a round trip to the replicas); with a replica
+// down or stalled, every acquire fails after about the node timeout, and so
+// it does while a replica that has just synced is not yet counted by its
+// primary (until the primary's next cron tick; with a diskless sync, until
+// the replica's first acknowledgement, up to a second). A
+// release no longer grants the lock to the next waiter in its own script
+// (that write would be acknowledged to nobody): the waiter is woken and
+// acquires itself, so a hand-over between processes takes one round trip
+// more. Release, and the hand-off between goroutines of one process, do not
+// wait.
+func WithSyncReplicas(n int) Option { return func(c *config) { c.replicas = n } }
+
 // newConfig applies opts over the defaults and validates the result.
 func newConfig(opts []Option) (config, error) {
 	c := defaultConfig()
@@ -201,6 +252,9 @@ func newConfig(opts []Option) (config, error) {
 	}
 	if c.loggerSet && c.logger == nil {
 		errs = append(errs, "logger is nil (to log nothing, pass slog.New(slog.DiscardHandler))")
+	}
+	if c.replicas < 0 {
+		errs = append(errs, fmt.Sprintf("sync replicas %d is negative", c.replicas))
 	}
 	if c.handoffs < 0 {
 		errs = append(errs, fmt.Sprintf("local hand-off bound %d is negative", c.handoffs))

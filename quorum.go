@@ -91,13 +91,37 @@ func (m *NetMutex) fanout(ctx context.Context, s *Script, keys, args []string, t
 
 // call runs s on node i and checks the shape of the reply: want integers.
 // ctx must be bounded by the node timeout.
+//
+// With WithSyncReplicas, an acquire or extend also waits for the node's
+// replicas (see ReplicaWaiter), and one that wrote a hold (statusOK) that
+// too few of them acknowledged is an error: ErrNotReplicated. For an
+// acquire it is permanent, so that the waiter reports it at once instead of
+// riding out what is most likely a replica down (the caller's cleanup
+// releases the key); for an extend it is not: the extend does not count,
+// the local deadline stays, and the watchdog tries again. A busy acquire
+// writes no hold (joining the queue does not need the replicas), and its
+// count is not looked at.
 func (m *NetMutex) call(ctx context.Context, i int, s *Script, keys, args []string) nodeReply {
-	vals, err := m.nodes[i].Eval(ctx, s, keys, args)
+	var vals []int64
+	var err error
+	var start time.Time
+	acked := 0
+	wait := m.cfg.replicas > 0 && (s == acquireScript || s == extendScript)
+	if wait {
+		start = time.Now()
+		vals, acked, err = m.nodes[i].(ReplicaWaiter).EvalWait(ctx, s, keys, args, m.cfg.replicas)
+	} else {
+		vals, err = m.nodes[i].Eval(ctx, s, keys, args)
+	}
 	if err == nil && (len(vals) == 0 || (s == acquireScript && len(vals) != 3 && len(vals) != 4)) {
 		return nodeReply{err: nodeError(i, fmt.Errorf("%s script: unexpected reply %v", s.Name(), vals)), permanent: true}
 	}
 	if err != nil {
 		return nodeReply{err: nodeError(i, err), permanent: permanentErr(m.nodes[i], err)}
+	}
+	if wait && vals[0] == statusOK && acked < m.cfg.replicas {
+		err := &replicaError{acked: acked, want: m.cfg.replicas, took: time.Since(start).Round(time.Millisecond)}
+		return nodeReply{err: nodeError(i, err), permanent: s == acquireScript}
 	}
 	return nodeReply{vals: vals}
 }

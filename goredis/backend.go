@@ -23,8 +23,9 @@ var errRing = errors.New("netlock/goredis: a *redis.Ring is not one Redis deploy
 //
 // The Backend is safe for concurrent use. Besides netlock.Backend it
 // implements netlock.Subscriber, whose Hub opens its pub/sub connection with
-// c.Subscribe, and netlock.ErrorClassifier, for which an error reply of the
-// server (a redis.Error) and a closed client (redis.ErrClosed) are final.
+// c.Subscribe; netlock.ErrorClassifier, for which an error reply of the
+// server (a redis.Error) and a closed client (redis.ErrClosed) are final;
+// and netlock.ReplicaWaiter, for netlock.WithSyncReplicas.
 //
 // For a *redis.Ring, New returns a Backend whose every Eval fails at once,
 // with an error that says why (a Ring is not one deployment: see the
@@ -112,6 +113,45 @@ func (b *backend) Eval(ctx context.Context, s *netlock.Script, keys, args []stri
 	}
 }
 
+// EvalWait runs s as Eval does, then WAIT replicas, in one pipeline (one
+// round trip, one connection, so that WAIT waits for the script's writes),
+// and returns the script's reply and WAIT's count. On a
+// *redis.ClusterClient the pipeline runs on the client of the node that
+// serves the lock's slot (ClusterClient.MasterForKey): a cluster pipeline
+// would send WAIT, which names no key, to any node. ctx bounds it as it
+// bounds Eval.
+func (b *backend) EvalWait(ctx context.Context, s *netlock.Script, keys, args []string, replicas int) ([]int64, int, error) {
+	if b.refused != nil {
+		return nil, 0, b.refused
+	}
+	if ctx.Err() != nil {
+		return nil, 0, context.Cause(ctx)
+	}
+	argv := make([]any, len(args))
+	for i, a := range args {
+		argv[i] = a
+	}
+	if b.bounded {
+		return b.evalWait(ctx, s, keys, argv, replicas)
+	}
+	type result struct {
+		reply []int64
+		acked int
+		err   error
+	}
+	done := make(chan result, 1) // as in Eval
+	go func() {
+		reply, acked, err := b.evalWait(ctx, s, keys, argv, replicas)
+		done <- result{reply, acked, err}
+	}()
+	select {
+	case r := <-done:
+		return r.reply, r.acked, r.err
+	case <-ctx.Done():
+		return nil, 0, context.Cause(ctx)
+	}
+}
+
 func (b *backend) eval(ctx context.Context, s *netlock.Script, keys []string, argv []any) ([]int64, error) {
 	reply, err := b.client.EvalSha(ctx, s.SHA1(), keys, argv...).Int64Slice()
 	if redis.HasErrorPrefix(err, "NOSCRIPT") {
@@ -123,6 +163,54 @@ func (b *backend) eval(ctx context.Context, s *netlock.Script, keys []string, ar
 		err = context.Cause(ctx)
 	}
 	return reply, err
+}
+
+func (b *backend) evalWait(ctx context.Context, s *netlock.Script, keys []string, argv []any, replicas int) ([]int64, int, error) {
+	var c redis.Cmdable = b.client
+	if cc, ok := b.client.(*redis.ClusterClient); ok {
+		node, err := cc.MasterForKey(ctx, keys[0])
+		if err != nil {
+			return nil, 0, err
+		}
+		c = node
+	}
+	reply, acked, err := pipeWait(ctx, c, s, false, keys, argv, replicas)
+	if redis.HasErrorPrefix(err, "NOSCRIPT") {
+		reply, acked, err = pipeWait(ctx, c, s, true, keys, argv, replicas)
+	}
+	if err != nil && ctx.Err() != nil {
+		err = context.Cause(ctx) // as in eval
+	}
+	return reply, acked, err
+}
+
+// pipeWait runs s (EVALSHA, or EVAL with source) and WAIT replicas in one
+// pipeline of c and returns their replies; the script's error first.
+func pipeWait(ctx context.Context, c redis.Cmdable, s *netlock.Script, source bool, keys []string, argv []any, replicas int) ([]int64, int, error) {
+	var run, wait *redis.Cmd
+	// The pipeline's own error is its first failed command's: each
+	// command's is read below instead.
+	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		if source {
+			run = p.Eval(ctx, s.Source(), keys, argv...)
+		} else {
+			run = p.EvalSha(ctx, s.SHA1(), keys, argv...)
+		}
+		// Pipeliner has no Wait method; Wait's own read timeout would not
+		// apply in a pipeline anyway, whose reads are bounded by ctx's
+		// deadline and the client's ReadTimeout.
+		wait = p.Do(ctx, "WAIT", replicas, netlock.WaitTimeout(ctx).Milliseconds())
+		return nil
+	})
+	reply, err := run.Int64Slice()
+	if err != nil {
+		return nil, 0, err
+	}
+	acked, err := wait.Int64()
+	if err != nil {
+		return nil, 0, err
+	}
+	return reply, int(acked), nil
 }
 
 // Final reports whether err, returned by Eval, is final: an error reply of

@@ -770,3 +770,31 @@ func startSentinel(t *testing.T, master string, primary *redistest.Server) strin
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// WithSyncReplicas on a *redis.ClusterClient: the script and WAIT run on
+// the node of the lock's slot. With masters that have no replica, an
+// acquire of names in every node's slots fails as not replicated (a script
+// sent to another node would fail with MOVED instead), and nothing is left
+// held.
+func TestClusterSyncReplicas(t *testing.T) {
+	t.Parallel()
+	cluster := redistest.StartCluster(t, 3)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { c.Close() })
+	b := New(c)
+	ctx := context.Background()
+	for i := range 6 {
+		name := fmt.Sprintf("sync-%d", i)
+		m, err := netlock.New(name, []netlock.Backend{b}, netlock.WithSyncReplicas(1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ok, err := m.TryLockCtx(ctx)
+		if ok || !errors.Is(err, netlock.ErrNotReplicated) || !strings.Contains(err.Error(), "0 of 1 replicas") {
+			t.Fatalf("TryLockCtx(%s) on masters without replicas: got %v, %v; want ErrNotReplicated, 0 of 1", name, ok, err)
+		}
+		if n, err := c.Exists(ctx, netlock.DefaultPrefix+"{"+name+"}").Result(); n != 0 || err != nil {
+			t.Errorf("%s: EXISTS of the lock key after the failed acquire: %d, %v; want 0", name, n, err)
+		}
+	}
+}

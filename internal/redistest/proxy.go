@@ -13,16 +13,19 @@ import (
 const proxyDialTimeout = 5 * time.Second
 
 // Proxy is a TCP proxy between clients and one upstream address, for tests
-// that need a network that delays requests. Each accepted connection gets a
-// connection of its own to the upstream. Client→server bytes can be held back
-// with SetDelay; server→client bytes are always forwarded at once.
+// that need a network that delays requests or replies. Each accepted
+// connection gets a connection of its own to the upstream. Client→server
+// bytes can be held back with SetDelay, server→client bytes with
+// SetReplyDelay.
 //
 // A delayed connection behaves like a slow network, not like a slow server:
-// each connection has its own queue, so a connection opened later is not held
-// up by an older connection's delayed bytes, and its requests can reach the
-// server first. Bytes a client sent before closing its connection are still
-// delivered when they are due (packets in flight), and only then is the
-// upstream connection closed.
+// each connection has its own queues, so a connection opened later is not
+// held up by an older connection's delayed bytes, and its requests can reach
+// the server first. Bytes a client sent before closing its connection are
+// still delivered when they are due (packets in flight), and only then is
+// the upstream connection closed; the server's bytes still due to a client
+// that went away are dropped. Close drops every byte not yet due, in both
+// directions: what a crash of either end, or a cut cable, loses.
 type Proxy struct {
 	t        testing.TB
 	ln       net.Listener
@@ -31,10 +34,11 @@ type Proxy struct {
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup // every proxy goroutine
 
-	mu     sync.Mutex
-	delay  time.Duration
-	conns  map[net.Conn]struct{} // client and upstream connections, for Close
-	closed bool
+	mu         sync.Mutex
+	delay      time.Duration         // client→server
+	replyDelay time.Duration         // server→client
+	conns      map[net.Conn]struct{} // client and upstream connections, for Close
+	closed     bool
 }
 
 // StartProxy listens on a free 127.0.0.1 port and forwards each accepted
@@ -69,13 +73,22 @@ func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 // connection is preserved (a later chunk never overtakes an earlier one on the
 // same connection), but a new connection opened later is not held up by an
 // older connection's delayed bytes. Bytes already read keep the delay they
-// were read with. Server→client bytes are never delayed.
+// were read with. Server→client bytes are not affected (see SetReplyDelay).
 func (p *Proxy) SetDelay(d time.Duration) {
-	if d < 0 {
-		d = 0
-	}
 	p.mu.Lock()
-	p.delay = d
+	p.delay = max(d, 0)
+	p.mu.Unlock()
+}
+
+// SetReplyDelay is SetDelay for the other direction: every chunk of
+// server→client bytes read from now on is delivered to the client d after
+// it was read, in order within its connection. For a replica connected
+// through the proxy to its primary, these are the primary's replication
+// stream: the delay is a replication lag that a Close (a primary killed,
+// a link cut) turns into writes lost.
+func (p *Proxy) SetReplyDelay(d time.Duration) {
+	p.mu.Lock()
+	p.replyDelay = max(d, 0)
 	p.mu.Unlock()
 }
 
@@ -83,6 +96,12 @@ func (p *Proxy) currentDelay() time.Duration {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.delay
+}
+
+func (p *Proxy) currentReplyDelay() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.replyDelay
 }
 
 // Close stops listening, closes all connections, and waits for every proxy
@@ -144,17 +163,17 @@ func (p *Proxy) accept() {
 	}
 }
 
-// chunk is a piece of client→server data and the time it is due upstream.
+// chunk is a piece of data and the time it is due at the other end.
 type chunk struct {
 	data []byte
 	due  time.Time
 }
 
-// queue holds one connection's client→server chunks in order.
+// queue holds one direction of one connection's chunks in order.
 type queue struct {
 	mu     sync.Mutex
 	chunks []chunk
-	eof    bool          // the client side ended: nothing more will be queued
+	eof    bool          // the sending side ended: nothing more will be queued
 	ready  chan struct{} // signalled (capacity 1) when a chunk or eof is added
 }
 
@@ -179,8 +198,8 @@ func (q *queue) signal() {
 	}
 }
 
-// pop returns the oldest chunk, waiting for one. ok is false when the client
-// side ended and the queue is empty, or done is closed.
+// pop returns the oldest chunk, waiting for one. ok is false when the
+// sending side ended and the queue is empty, or done is closed.
 func (q *queue) pop(done <-chan struct{}) (c chunk, ok bool) {
 	for {
 		q.mu.Lock()
@@ -204,15 +223,18 @@ func (q *queue) pop(done <-chan struct{}) (c chunk, ok bool) {
 	}
 }
 
-// serve proxies one client connection. Three goroutines share it:
-//   - read: client → queue, stamping each chunk with its due time;
-//   - deliver (this goroutine): queue → upstream, each chunk at its due time;
-//     when the client side has ended and everything is delivered, it
+// serve proxies one client connection. Four goroutines share it:
+//   - read: client → requests, stamping each chunk with its due time;
+//   - deliver (this goroutine): requests → upstream, each chunk at its due
+//     time; when the client side has ended and everything is delivered, it
 //     half-closes the upstream connection, so the server still reads it all;
-//   - reply: upstream → client; once the client is gone it drains and discards
-//     the server's replies until the server closes, then closes the client.
+//   - replies read: upstream → replies, stamped likewise, until the server
+//     closes;
+//   - replies delivered: replies → client, each chunk at its due time; once
+//     the client is gone it discards the rest, so the server is not blocked,
+//     and when the server has closed it closes the client.
 //
-// When all three have ended, both connections are closed.
+// When all have ended, both connections are closed.
 func (p *Proxy) serve(client net.Conn) {
 	defer p.wg.Done()
 	defer p.untrack(client)
@@ -227,51 +249,69 @@ func (p *Proxy) serve(client net.Conn) {
 	}
 	defer p.untrack(up)
 
-	q := &queue{ready: make(chan struct{}, 1)}
+	requests := &queue{ready: make(chan struct{}, 1)}
+	replies := &queue{ready: make(chan struct{}, 1)}
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(3)
 	go func() { // read
 		defer wg.Done()
-		defer q.end()
-		for {
-			buf := make([]byte, 32<<10)
-			n, err := client.Read(buf)
-			if n > 0 {
-				q.push(chunk{data: buf[:n], due: time.Now().Add(p.currentDelay())})
-			}
-			if err != nil {
-				return
-			}
-		}
+		stamp(client, requests, p.currentDelay)
 	}()
-	go func() { // reply
+	go func() { // replies read
 		defer wg.Done()
-		// Closing the client ends read; the queue may still hold bytes,
-		// which deliver writes to the upstream connection (or fails to).
+		stamp(up, replies, p.currentReplyDelay)
+	}()
+	go func() { // replies delivered
+		defer wg.Done()
+		// Closing the client ends read; the requests queue may still hold
+		// bytes, which deliver writes to the upstream connection (or fails
+		// to).
 		defer client.Close()
-		buf := make([]byte, 32<<10)
-		clientGone := false
+		if p.forward(replies, client) {
+			return
+		}
+		// The client is gone (or the proxy closed): drop the server's
+		// bytes until it closes.
 		for {
-			n, err := up.Read(buf)
-			if n > 0 && !clientGone {
-				if _, werr := client.Write(buf[:n]); werr != nil {
-					clientGone = true // keep draining, so the server is not blocked
-				}
-			}
-			if err != nil {
+			if _, ok := replies.pop(p.ctx.Done()); !ok {
 				return
 			}
 		}
 	}()
 
-	p.deliver(q, up)
+	if p.forward(requests, up) && p.ctx.Err() == nil {
+		// The client side has ended and all its bytes are written.
+		if cw, ok := up.(interface{ CloseWrite() error }); ok {
+			cw.CloseWrite()
+		} else {
+			up.Close()
+		}
+	} else if p.ctx.Err() == nil {
+		up.Close() // the server is gone: replies read ends, and with it the client
+	}
 	wg.Wait()
 }
 
-// deliver writes q's chunks to up, each at its due time, and half-closes up
-// when the client side has ended and all its bytes are written. It returns
-// early, dropping what is left, when the proxy is closed or up fails.
-func (p *Proxy) deliver(q *queue, up net.Conn) {
+// stamp reads src into q, each chunk due delay() after it was read, until
+// src fails or ends; then it ends q.
+func stamp(src net.Conn, q *queue, delay func() time.Duration) {
+	defer q.end()
+	for {
+		buf := make([]byte, 32<<10)
+		n, err := src.Read(buf)
+		if n > 0 {
+			q.push(chunk{data: buf[:n], due: time.Now().Add(delay())})
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// forward writes q's chunks to dst, each at its due time, until q ends
+// (then it reports true), a write fails, or the proxy is closed (false:
+// what is left is dropped).
+func (p *Proxy) forward(q *queue, dst net.Conn) bool {
 	done := p.ctx.Done()
 	var timer *time.Timer
 	defer func() {
@@ -282,7 +322,7 @@ func (p *Proxy) deliver(q *queue, up net.Conn) {
 	for {
 		c, ok := q.pop(done)
 		if !ok {
-			break
+			return p.ctx.Err() == nil
 		}
 		if wait := time.Until(c.due); wait > 0 {
 			if timer == nil {
@@ -293,20 +333,11 @@ func (p *Proxy) deliver(q *queue, up net.Conn) {
 			select {
 			case <-timer.C:
 			case <-done:
-				return
+				return false
 			}
 		}
-		if _, err := up.Write(c.data); err != nil {
-			up.Close() // the server is gone: reply ends, and with it the client
-			return
+		if _, err := dst.Write(c.data); err != nil {
+			return false
 		}
-	}
-	if p.ctx.Err() != nil {
-		return
-	}
-	if cw, ok := up.(interface{ CloseWrite() error }); ok {
-		cw.CloseWrite()
-	} else {
-		up.Close()
 	}
 }

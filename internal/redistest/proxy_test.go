@@ -236,3 +236,51 @@ func TestProxyUpstreamGone(t *testing.T) {
 		t.Fatal("client connection open without an upstream")
 	}
 }
+
+// SetReplyDelay holds back the server's replies, not the commands: the
+// server has applied a command while its reply is still on its way, and
+// Close drops a reply that is not yet due.
+func TestProxyReplyDelay(t *testing.T) {
+	t.Parallel()
+	s := Start(t)
+	p := StartProxy(t, s.Addr())
+	c := dialRaw(t, p.Addr())
+	p.SetReplyDelay(proxyDelay)
+	start := time.Now()
+	c.send("SET", "k", "v")
+	eventually(t, s, "k", "v")
+	if got := c.reply(); got != "OK" {
+		t.Fatalf("SET: got %q, want OK", got)
+	}
+	if took := time.Since(start); took < proxyDelay {
+		t.Errorf("reply came after %v, want at least the reply delay %v", took, proxyDelay)
+	}
+
+	c.send("SET", "k", "w")
+	eventually(t, s, "k", "w")
+	p.Close()
+	c.conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if b, err := c.r.ReadByte(); err == nil {
+		t.Fatalf("read %q after Close, want the pending reply dropped and the connection closed", b)
+	}
+}
+
+// Replies keep their order within a connection, and SetReplyDelay(0) makes
+// later ones immediate again.
+func TestProxyReplyDelayKeepsOrder(t *testing.T) {
+	t.Parallel()
+	s := Start(t)
+	p := StartProxy(t, s.Addr())
+	c := dialRaw(t, p.Addr())
+	p.SetReplyDelay(proxyDelay / 5)
+	for i := range 5 {
+		c.send("ECHO", fmt.Sprint(i))
+	}
+	p.SetReplyDelay(0)
+	c.send("ECHO", "5")
+	for i := range 6 {
+		if got := c.reply(); got != fmt.Sprint(i) {
+			t.Fatalf("reply %d: got %q, want %q", i, got, fmt.Sprint(i))
+		}
+	}
+}

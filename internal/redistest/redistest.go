@@ -76,16 +76,20 @@ func Require(t testing.TB) {
 		requireEnv + "=1 to fail instead)")
 }
 
-// Server is a redis-server process started by Start. Its address, directory
-// and arguments stay the same across Restart.
+// Server is a redis-server process started by Start, or a redis-sentinel
+// started by StartSentinels. Its address, directory and arguments stay the
+// same across Restart.
 type Server struct {
 	t       testing.TB
 	dir     string
 	logPath string
 	port    int
 	busPort int // cluster bus port (--cluster-port), 0 when not a cluster node
-	addr    string
-	extra   []string
+	// sentinelConf names the configuration file, in dir, of a
+	// redis-sentinel; "" for a redis-server.
+	sentinelConf string
+	addr         string
+	extra        []string
 
 	mu     sync.Mutex
 	p      *proc // running process, nil when stopped
@@ -146,6 +150,14 @@ func Start(t testing.TB, args ...string) *Server {
 // above 65535.
 func start(t testing.TB, bus bool, args []string) *Server {
 	t.Helper()
+	return startProcess(t, bus, "", args)
+}
+
+// startProcess is start; with a non-empty sentinelConf it starts a
+// redis-sentinel instead, whose configuration file, written into its
+// directory, holds sentinelConf.
+func startProcess(t testing.TB, bus bool, sentinelConf string, args []string) *Server {
+	t.Helper()
 	Require(t)
 	dir := t.TempDir()
 	s := &Server{
@@ -153,6 +165,15 @@ func start(t testing.TB, bus bool, args []string) *Server {
 		dir:     dir,
 		logPath: filepath.Join(dir, logFileName),
 		extra:   append([]string(nil), args...),
+	}
+	if sentinelConf != "" {
+		// Sentinel rewrites its file as it learns (replicas, other
+		// sentinels, a new primary): a Restart keeps what it learned.
+		s.sentinelConf = sentinelConfName
+		if err := os.WriteFile(filepath.Join(dir, sentinelConfName), []byte(sentinelConf), 0o644); err != nil {
+			t.Fatalf("redistest: %v", err)
+			return s
+		}
 	}
 	// Registered after t.TempDir, so it runs before the directory is removed.
 	t.Cleanup(s.Stop)
@@ -363,6 +384,11 @@ func (s *Server) launchLocked() error {
 		argv = append(argv, "--cluster-port", strconv.Itoa(s.busPort))
 	}
 	argv = append(argv, s.extra...)
+	bin := serverBinary
+	if s.sentinelConf != "" {
+		bin = sentinelBinary
+		argv = append([]string{s.sentinelConf}, argv...) // the file comes first
+	}
 
 	f, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -373,15 +399,15 @@ func (s *Server) launchLocked() error {
 	if err != nil {
 		return fmt.Errorf("seek log file: %w", err)
 	}
-	fmt.Fprintf(f, "=== redistest: %s %s\n", serverBinary, strings.Join(quoteArgs(argv), " "))
+	fmt.Fprintf(f, "=== redistest: %s %s\n", bin, strings.Join(quoteArgs(argv), " "))
 
-	cmd := exec.Command(serverBinary, argv...)
+	cmd := exec.Command(bin, argv...)
 	cmd.Dir = s.dir
 	cmd.Stdout = f // an *os.File, so exec starts no copying goroutines
 	cmd.Stderr = f
 	cmd.SysProcAttr = sysProcAttr()
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("run %s: %w", serverBinary, err)
+		return fmt.Errorf("run %s: %w", bin, err)
 	}
 	p := &proc{cmd: cmd, done: make(chan struct{}), logOff: off}
 	go func() {

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 )
@@ -290,4 +291,35 @@ func processAlive(pid int) bool {
 		return false
 	}
 	return p.Signal(syscall.Signal(0)) == nil
+}
+
+// A replica started by StartReplica has synced: what the primary had
+// before is there, and a write to the primary reaches it.
+func TestStartReplica(t *testing.T) {
+	t.Parallel()
+	p := Start(t)
+	mustDo(t, p, "OK", "SET", "before", "1")
+	r := StartReplica(t, p.Addr())
+	mustDo(t, r, "1", "GET", "before")
+	mustDo(t, p, "OK", "SET", "after", "2")
+	mustDo(t, p, "1", "WAIT", "1", "5000")
+	mustDo(t, r, "2", "GET", "after")
+}
+
+// Sentinels started by StartSentinels name the primary, and fail it over
+// to its replica when told to.
+func TestStartSentinels(t *testing.T) {
+	t.Parallel()
+	p := Start(t)
+	r := StartReplica(t, p.Addr())
+	s := StartSentinels(t, 1, "netlock-test", p.Addr(), 1)
+	if got, err := s.Primary(); got != p.Addr() {
+		t.Fatalf("Primary: got %q (%v), want %s", got, err, p.Addr())
+	}
+	if err := s.Failover(); err != nil {
+		t.Fatalf("SENTINEL FAILOVER: %v", err)
+	}
+	if got, err := s.WaitPrimary(p.Addr(), 20*time.Second); got != r.Addr() {
+		t.Fatalf("primary after the failover: got %q (%v), want the replica %s", got, err, r.Addr())
+	}
 }
