@@ -92,6 +92,9 @@ func (m *NetMutex) fanout(ctx context.Context, s *Script, keys, args []string, t
 // call runs s on node i and checks the shape of the reply: want integers.
 // ctx must be bounded by the node timeout.
 func (m *NetMutex) call(ctx context.Context, i int, s *Script, keys, args []string) nodeReply {
+	if s.sharded != nil && m.hubs[i] != nil && m.hubs[i].sharded() {
+		s = s.sharded // its waiters listen with SSUBSCRIBE
+	}
 	vals, err := m.nodes[i].Eval(ctx, s, keys, args)
 	if err == nil && (len(vals) == 0 || (s == acquireScript && len(vals) != 3 && len(vals) != 4)) {
 		return nodeReply{err: nodeError(i, fmt.Errorf("%s script: unexpected reply %v", s.Name(), vals)), permanent: true}
