@@ -28,11 +28,25 @@ type Backend interface {
 // A Script is one of netlock's Lua scripts, with its SHA1 computed once.
 type Script struct {
 	name, src, sha string
+	// sharded is the variant of a script that tells waiters (see
+	// lua/handon.lua) that does so with SPUBLISH, run on a Backend whose
+	// Hub uses sharded pub/sub (see NetMutex.call); nil for the others.
+	sharded *Script
 }
 
 func newScript(name, src string) *Script {
 	sum := sha1.Sum([]byte(src))
 	return &Script{name: name, src: src, sha: hex.EncodeToString(sum[:])}
+}
+
+// newTelling returns the script name, whose source src tells waiters with
+// handOn: the variant that publishes with PUBLISH, whose sharded variant
+// publishes with SPUBLISH. One source, two SHA1s: the command is set by a
+// first line, not passed by the caller.
+func newTelling(name, src string) *Script {
+	s := newScript(name, "local publish = 'PUBLISH'\n"+src)
+	s.sharded = newScript(name, "local publish = 'SPUBLISH'\n"+src)
+	return s
 }
 
 // Name returns the script's name, such as "acquire".
@@ -61,8 +75,8 @@ var (
 	inspectLua string
 
 	acquireScript = newScript("acquire", acquireLua)
-	releaseScript = newScript("release", handOnLua+releaseLua)
+	releaseScript = newTelling("release", handOnLua+releaseLua)
 	extendScript  = newScript("extend", extendLua)
-	leaveScript   = newScript("leave", handOnLua+leaveLua)
+	leaveScript   = newTelling("leave", handOnLua+leaveLua)
 	inspectScript = newScript("inspect", inspectLua)
 )

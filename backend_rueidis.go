@@ -3,7 +3,11 @@ package netlock
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
+	"strconv"
 	"sync"
+	"sync/atomic"
 
 	"github.com/redis/rueidis"
 )
@@ -15,19 +19,43 @@ import (
 //
 // While waiters of the Backend are waiting for a lock, it keeps one
 // dedicated connection of client (Client.Dedicate) subscribed to the release
-// channels; it is closed shortly after the last wait ends.
+// channels; it is closed shortly after the last wait ends. For a cluster
+// client it keeps one per master instead (a dedicated connection of the
+// master's client in Client.Nodes), subscribed with SSUBSCRIBE to the
+// channels of that master's slots (sharded pub/sub, Redis 7), and finds
+// the masters with CLUSTER SLOTS: once when the first waiter waits, and
+// again after a connection to a master failed (see HubConfig.Shard). On a
+// cluster older than Redis 7.0, without sharded pub/sub, its waiters poll.
 func NewRueidis(client rueidis.Client) Backend {
 	if client == nil {
 		return nil // New names the nil backend
 	}
 	b := &rueidisBackend{client: client}
-	b.hub = NewHub(HubConfig{Listen: b.listen, Cluster: client.Mode() == rueidis.ClientModeCluster})
+	if client.Mode() == rueidis.ClientModeCluster {
+		b.hub = NewHub(HubConfig{Shard: b.shard, ListenShard: b.listenShard})
+	} else {
+		b.hub = NewHub(HubConfig{Listen: b.listen})
+	}
 	return b
 }
 
 type rueidisBackend struct {
 	client rueidis.Client
 	hub    *Hub
+
+	// slots maps a cluster's hash slots to their masters, from CLUSTER
+	// SLOTS; nil until a waiter needs it, and again once a master's
+	// connection failed. rueidis keeps a slot map of its own but does not
+	// export it.
+	slotsMu sync.Mutex
+	slots   []slotRange
+}
+
+// A slotRange is an entry of CLUSTER SLOTS: the slots first to last, and
+// the address of their master.
+type slotRange struct {
+	first, last int64
+	master      string
 }
 
 func (b *rueidisBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
@@ -96,42 +124,156 @@ func (b *rueidisBackend) Final(err error) bool {
 	return reply || errors.Is(err, rueidis.ErrClosing)
 }
 
-// Hub returns the backend's Hub, whose connection is a dedicated one of the
-// client.
+// Hub returns the backend's Hub, whose connections are dedicated ones of
+// the client.
 func (b *rueidisBackend) Hub() *Hub { return b.hub }
 
 func (b *rueidisBackend) listen(ctx context.Context, onMessage func(channel, payload string)) (Listener, error) {
 	dc, _ := b.client.Dedicate()
-	c := &rueidisPubSub{dc: dc, notify: make(chan struct{}, 1), closed: make(chan struct{})}
+	return newRueidisPubSub(dc, onMessage, nil), nil
+}
+
+// shard is the Hub's HubConfig.Shard: the master of channel's slot, from
+// the slot map, read with CLUSTER SLOTS (bounded by ctx) if it is not
+// known.
+func (b *rueidisBackend) shard(ctx context.Context, channel string) (string, error) {
+	slot := int64(keySlot(channel))
+	b.slotsMu.Lock()
+	defer b.slotsMu.Unlock()
+	if b.slots == nil {
+		slots, err := b.clusterSlots(ctx)
+		if err != nil {
+			return "", err
+		}
+		b.slots = slots
+	}
+	for _, r := range b.slots {
+		if r.first <= slot && slot <= r.last {
+			return r.master, nil
+		}
+	}
+	return "", fmt.Errorf("netlock: CLUSTER SLOTS names no master for hash slot %d", slot)
+}
+
+// clusterSlots reads the slot map with CLUSTER SLOTS, from any node.
+func (b *rueidisBackend) clusterSlots(ctx context.Context) ([]slotRange, error) {
+	c := b.client
+	entries, err := c.Do(ctx, c.B().ClusterSlots().Build()).ToArray()
+	if err != nil {
+		return nil, fmt.Errorf("netlock: CLUSTER SLOTS: %w", err)
+	}
+	slots := make([]slotRange, 0, len(entries))
+	for _, e := range entries {
+		// [first, last, [ip, port, id, ...], replicas...]
+		fields, err := e.ToArray()
+		if err != nil || len(fields) < 3 {
+			return nil, fmt.Errorf("netlock: CLUSTER SLOTS: unexpected entry %v", e)
+		}
+		master, err := fields[2].ToArray()
+		if err != nil || len(master) < 2 {
+			return nil, fmt.Errorf("netlock: CLUSTER SLOTS: unexpected master %v", fields[2])
+		}
+		first, err1 := fields[0].AsInt64()
+		last, err2 := fields[1].AsInt64()
+		ip, err3 := master[0].ToString()
+		port, err4 := master[1].AsInt64()
+		if err := errors.Join(err1, err2, err3, err4); err != nil {
+			return nil, fmt.Errorf("netlock: CLUSTER SLOTS: unexpected entry %v: %w", e, err)
+		}
+		slots = append(slots, slotRange{first: first, last: last, master: net.JoinHostPort(ip, strconv.FormatInt(port, 10))})
+	}
+	return slots, nil
+}
+
+// forgetSlots drops the slot map: the next shard reads it again.
+func (b *rueidisBackend) forgetSlots() {
+	b.slotsMu.Lock()
+	b.slots = nil
+	b.slotsMu.Unlock()
+}
+
+// listenShard is the Hub's HubConfig.ListenShard: a dedicated connection to
+// node, which must be one of the client's nodes (rueidis knows the masters).
+func (b *rueidisBackend) listenShard(ctx context.Context, node string, onMessage func(channel, payload string)) (Listener, error) {
+	n, ok := b.client.Nodes()[node]
+	if !ok {
+		b.forgetSlots()
+		return nil, fmt.Errorf("netlock: cluster master %s is not among the client's nodes", node)
+	}
+	dc, _ := n.Dedicate()
+	return newRueidisPubSub(dc, onMessage, b.forgetSlots), nil
+}
+
+// errUnsubscribed is Confirmed's error when a shard's server unsubscribed a
+// channel by itself: its slot left the node.
+var errUnsubscribed = errors.New("netlock: the server unsubscribed a channel (its hash slot moved)")
+
+// newRueidisPubSub returns a Listener on dc. With failed set it listens
+// with sharded pub/sub, and calls failed when the connection fails or the
+// server refuses or drops a subscription.
+func newRueidisPubSub(dc rueidis.DedicatedClient, onMessage func(channel, payload string), failed func()) *rueidisPubSub {
+	c := &rueidisPubSub{dc: dc, failed: failed, notify: make(chan struct{}, 1), closed: make(chan struct{}), unsubs: make(map[string]int)}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	kind := "subscribe"
+	if c.sharded() {
+		kind = "ssubscribe"
+	}
 	// The hooks run on rueidis's reading goroutine. Messages are dispatched
 	// from there (the hub's registry lock is never held across I/O);
 	// confirmations go to an unbounded queue read by the hub, which may be
 	// sending a SUBSCRIBE that waits for this very goroutine.
 	c.errs = dc.SetPubSubHooks(rueidis.PubSubHooks{
-		OnMessage: func(m rueidis.PubSubMessage) { onMessage(m.Channel, m.Message) },
+		OnMessage: func(m rueidis.PubSubMessage) {
+			if !c.broken.Load() {
+				onMessage(m.Channel, m.Message)
+			}
+		},
 		OnSubscription: func(s rueidis.PubSubSubscription) {
-			if s.Kind == "subscribe" {
-				c.push(s.Channel)
+			switch {
+			case s.Kind == kind:
+				c.push(s.Channel, nil)
+			case s.Kind == "sunsubscribe" && !c.asked(s.Channel):
+				// What this connection hears from now on may be a
+				// replica's: nothing is passed on.
+				c.broken.Store(true)
+				c.push("", fmt.Errorf("%w: %s", errUnsubscribed, s.Channel))
 			}
 		},
 	})
-	return c, nil
+	return c
 }
 
+// A rueidisPubSub is a Listener on a dedicated connection.
 type rueidisPubSub struct {
 	dc     rueidis.DedicatedClient
+	failed func()       // nil unless sharded
 	errs   <-chan error // closed when the hooks will not be called any more
 	notify chan struct{}
 	closed chan struct{}
+	// ctx ends with Close: it bounds the check that a shard's server is the
+	// master of a confirmed channel's slot.
+	ctx    context.Context
+	cancel context.CancelFunc
+	broken atomic.Bool // the server dropped a subscription by itself
 
 	mu     sync.Mutex
-	queue  []string // confirmed channels
+	queue  []confirmation
+	unsubs map[string]int // per channel, SUNSUBSCRIBEs sent and not yet confirmed
 	closer sync.Once
 }
 
-func (c *rueidisPubSub) push(channel string) {
+// A confirmation is a channel whose subscription the server confirmed, or
+// the error that ends the listener.
+type confirmation struct {
+	channel string
+	err     error
+}
+
+func (c *rueidisPubSub) sharded() bool { return c.failed != nil }
+
+func (c *rueidisPubSub) push(channel string, err error) {
 	c.mu.Lock()
-	c.queue = append(c.queue, channel)
+	c.queue = append(c.queue, confirmation{channel, err})
 	c.mu.Unlock()
 	select {
 	case c.notify <- struct{}{}:
@@ -139,22 +281,70 @@ func (c *rueidisPubSub) push(channel string) {
 	}
 }
 
+// asked reports whether an sunsubscribe of channel answers an SUNSUBSCRIBE
+// of ours, and counts it.
+func (c *rueidisPubSub) asked(channel string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch n := c.unsubs[channel]; n {
+	case 0:
+		return false
+	case 1:
+		delete(c.unsubs, channel)
+	default:
+		c.unsubs[channel] = n - 1
+	}
+	return true
+}
+
 func (c *rueidisPubSub) Subscribe(ctx context.Context, channel string) error {
-	return c.dc.Do(ctx, c.dc.B().Subscribe().Channel(channel).Build()).Error()
+	cmd := c.dc.B().Subscribe().Channel(channel).Build()
+	if c.sharded() {
+		cmd = c.dc.B().Ssubscribe().Channel(channel).Build()
+	}
+	err := c.dc.Do(ctx, cmd).Error()
+	if err != nil && c.sharded() {
+		c.failed() // a MOVED reply: the slot map is stale
+	}
+	return err
 }
 
 func (c *rueidisPubSub) Unsubscribe(ctx context.Context, channel string) error {
-	return c.dc.Do(ctx, c.dc.B().Unsubscribe().Channel(channel).Build()).Error()
+	if !c.sharded() {
+		return c.dc.Do(ctx, c.dc.B().Unsubscribe().Channel(channel).Build()).Error()
+	}
+	c.mu.Lock()
+	c.unsubs[channel]++ // before it is sent: the reply may be read at once
+	c.mu.Unlock()
+	return c.dc.Do(ctx, c.dc.B().Sunsubscribe().Channel(channel).Build()).Error()
 }
 
 func (c *rueidisPubSub) Confirmed() (string, error) {
+	ch, err := c.next()
+	if err == nil && c.sharded() {
+		// Sent after the confirmation, so run after the SSUBSCRIBE: a
+		// replica, which accepts SSUBSCRIBE, answers it with MOVED.
+		err = c.dc.Do(c.ctx, c.dc.B().Exists().Key(ch).Build()).Error()
+	}
+	if err != nil && c.sharded() {
+		select {
+		case <-c.closed:
+		default:
+			c.failed()
+		}
+	}
+	return ch, err
+}
+
+// next returns the next confirmation.
+func (c *rueidisPubSub) next() (string, error) {
 	for {
 		c.mu.Lock()
 		if len(c.queue) > 0 {
-			ch := c.queue[0]
+			q := c.queue[0]
 			c.queue = c.queue[1:]
 			c.mu.Unlock()
-			return ch, nil
+			return q.channel, q.err
 		}
 		c.mu.Unlock()
 		select {
@@ -175,6 +365,7 @@ func (c *rueidisPubSub) Confirmed() (string, error) {
 func (c *rueidisPubSub) Close() {
 	c.closer.Do(func() {
 		close(c.closed)
+		c.cancel()
 		c.dc.Close()
 	})
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -23,6 +25,7 @@ func TestCluster(t *testing.T) {
 	t.Run("ManyNames", func(t *testing.T) { testClusterManyNames(t, cluster) })
 	t.Run("Fencing", func(t *testing.T) { testClusterFencing(t, cluster) })
 	t.Run("MutualExclusion", func(t *testing.T) { testClusterMutualExclusion(t, cluster) })
+	t.Run("ShardedWakeups", func(t *testing.T) { testClusterShardedWakeups(t, cluster) })
 }
 
 // waitRueidisDelayedCloses waits (at most 10s) until goroutines that a
@@ -66,8 +69,11 @@ func newClusterClient(t testing.TB, cluster *redistest.Cluster) rueidis.Client {
 		t.Fatalf("rueidis.NewClient(%q): %v", cluster.Addrs(), err)
 	}
 	t.Cleanup(c.Close)
-	if _, ok := c.Nodes()[cluster.Addrs()[0]]; !ok || len(c.Nodes()) != len(cluster.Addrs()) {
-		t.Fatalf("rueidis client nodes %v, want the cluster's %q", nodeAddrs(c), cluster.Addrs())
+	// Replicas too, once rueidis has refreshed its view (CLUSTER SHARDS).
+	for _, m := range masters(t, cluster) {
+		if _, ok := c.Nodes()[m.Addr()]; !ok {
+			t.Fatalf("rueidis client nodes %v, want every master's, %s among them", nodeAddrs(c), m.Addr())
+		}
 	}
 	return c
 }
@@ -267,4 +273,197 @@ func testClusterMutualExclusion(t *testing.T, cluster *redistest.Cluster) {
 	if n := clusterInt(t, client, client.B().Exists().Key("netlock:{"+name+"}").Build()); n != 0 {
 		t.Errorf("lock key left behind after the last unlock")
 	}
+}
+
+// namesOnEveryMaster returns lock names, prefix-0, prefix-1..., until one
+// lives on each master of cluster; the result holds one name per master.
+func namesOnEveryMaster(t testing.TB, cluster *redistest.Cluster, prefix string) []string {
+	t.Helper()
+	seen := map[string]bool{}
+	var names []string
+	for i := 0; len(names) < len(masters(t, cluster)); i++ {
+		if i == 1000 {
+			t.Fatalf("names %s-0..%d: owners %v, want every master", prefix, i, seen)
+		}
+		name := fmt.Sprintf("%s-%d", prefix, i)
+		if owner := ownerOf(t, cluster, "netlock:{"+name+"}"); !seen[owner] {
+			seen[owner] = true
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
+// masters returns the nodes of cluster that ROLE says are masters.
+func masters(t testing.TB, cluster *redistest.Cluster) []*redistest.Server {
+	t.Helper()
+	var ms []*redistest.Server
+	for _, s := range cluster.Servers() {
+		if role, err := s.Do("ROLE"); err == nil && strings.HasPrefix(role, "master\n") {
+			ms = append(ms, s)
+		}
+	}
+	return ms
+}
+
+// publishCalls returns the PUBLISH and SPUBLISH calls (INFO commandstats,
+// scripts' included) summed over the running nodes of cluster.
+func publishCalls(t testing.TB, cluster *redistest.Cluster) (publish, spublish int64) {
+	t.Helper()
+	for _, s := range cluster.Servers() {
+		info, err := s.Do("INFO", "commandstats")
+		if err != nil {
+			continue // a node killed by the test
+		}
+		for line := range strings.SplitSeq(info, "\n") {
+			rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_")
+			if !ok {
+				continue
+			}
+			name, rest, _ := strings.Cut(rest, ":calls=")
+			n, _, _ := strings.Cut(rest, ",")
+			v, err := strconv.ParseInt(n, 10, 64)
+			if err != nil {
+				t.Fatalf("commandstats line %q on %s: %v", line, s.Addr(), err)
+			}
+			switch name {
+			case "publish":
+				publish += v
+			case "spublish":
+				spublish += v
+			}
+		}
+	}
+	return publish, spublish
+}
+
+// clusterBackend returns a Backend of client library kind ("rueidis" or a
+// registered one) on a cluster client of its own, as another process would
+// have; it is closed when the test ends.
+func clusterBackend(t testing.TB, kind string, cluster *redistest.Cluster) Backend {
+	t.Helper()
+	if kind == "rueidis" {
+		return NewRueidis(newClusterClient(t, cluster))
+	}
+	return openRegistered(t, kind, TestClientConfig{Cluster: cluster.Addrs()})
+}
+
+// clusterKinds are the client libraries with a cluster client: redigo has
+// none.
+func clusterKinds() []string {
+	return slices.DeleteFunc(testClients(), func(c string) bool { return c == "redigo" })
+}
+
+// Waiters of locks on every shard, on cluster clients of their own of each
+// library, are woken by sharded messages: each Backend's Hub keeps one
+// connection per master, subscribed (SSUBSCRIBE) to the channels of that
+// master's slots; a release SPUBLISHes on the master it runs on, and no
+// node runs PUBLISH. SPUBLISH counts the waiter's subscription there, so the
+// release grants the head waiter the lock in its own script: no waiter
+// attempts after its release.
+func testClusterShardedWakeups(t *testing.T, cluster *redistest.Cluster) {
+	names := namesOnEveryMaster(t, cluster, "sharded")
+	opts := []Option{WithExpiry(30 * time.Second), WithRetryDelay(10*time.Second, 10*time.Second)}
+	holder := clusterBackend(t, "rueidis", cluster)
+	held := make([]*NetMutex, len(names))
+	for i, name := range names {
+		held[i] = newTestMutex(t, name, holder, opts...)
+		mustLock(t, held[i])
+	}
+	type waiter struct {
+		kind   string
+		b      *countingBackend
+		locked chan error
+		m      *NetMutex
+	}
+	var ws []*waiter
+	for _, kind := range clusterKinds() {
+		b := counting(clusterBackend(t, kind, cluster))
+		for _, name := range names {
+			w := &waiter{kind: kind, b: b, locked: make(chan error, 1), m: newTestMutex(t, name, b, opts...)}
+			go func() {
+				err := w.m.LockCtx(context.Background())
+				if err == nil {
+					// Its release grants the lock to the next of the name's
+					// waiters, whichever queued first.
+					err = w.m.UnlockCtx(context.Background())
+				}
+				w.locked <- err
+			}()
+			ws = append(ws, w)
+		}
+	}
+	eventually(t, 10*time.Second, "every waiter queued", func() bool {
+		queued := 0
+		for _, name := range names {
+			for _, s := range cluster.Servers() {
+				if v, err := s.Do("ZCARD", "netlock:{"+name+"}:waiters"); err == nil {
+					n, _ := strconv.Atoi(v)
+					queued += n
+				}
+			}
+		}
+		return queued == len(ws)
+	})
+	// One link per master on each waiting Backend, each subscribed to the
+	// channels of its own master's slots.
+	for i := 0; i < len(ws); i += len(names) { // one waiter of each Backend
+		w := ws[i]
+		h := w.b.Hub()
+		h.mu.Lock()
+		links := len(h.links)
+		h.mu.Unlock()
+		if links != len(names) {
+			t.Errorf("%s: pub/sub links: got %d, want one per master, %d", w.kind, links, len(names))
+		}
+	}
+	for _, w := range ws {
+		owner := ownerOf(t, cluster, w.m.keys.lock)
+		for _, s := range cluster.Servers() {
+			want := "0"
+			if s.Addr() == owner {
+				want = "1"
+			}
+			if got, err := s.Do("PUBSUB", "SHARDNUMSUB", w.m.waitChan); err != nil || !strings.HasSuffix(got, "\n"+want) {
+				t.Errorf("%s, %s: PUBSUB SHARDNUMSUB on %s: got %q, %v; want %s", w.kind, w.m.name, s.Addr(), got, err, want)
+			}
+		}
+	}
+	publish0, spublish0 := publishCalls(t, cluster)
+	attempts := make([]int, len(ws))
+	for i, w := range ws {
+		attempts[i] = w.b.count("acquire")
+	}
+	for _, m := range held {
+		mustUnlock(t, m)
+	}
+	// Each name's waiters lock in turn, each granted the lock by the
+	// release of the one before.
+	for i, w := range ws {
+		redistest.Within(t, 10*time.Second, w.kind+" waiter of "+w.m.name, func() {
+			if err := <-w.locked; err != nil {
+				t.Errorf("%s, %s: LockCtx or UnlockCtx: %v", w.kind, w.m.name, err)
+			}
+		})
+		if got := w.b.count("acquire") - attempts[i]; got != 0 {
+			t.Errorf("%s, %s: attempts after the release: got %d, want 0 (a grant)", w.kind, w.m.name, got)
+		}
+	}
+	publish, spublish := publishCalls(t, cluster)
+	redistest.Report(t, "%d waiters on %d masters (%s): PUBLISH %d, SPUBLISH %d on the cluster's nodes while they were woken",
+		len(ws), len(names), strings.Join(clusterKinds(), ", "), publish-publish0, spublish-spublish0)
+	if publish != 0 || spublish-spublish0 < int64(len(ws)) {
+		t.Errorf("PUBLISH %d since the cluster started, SPUBLISH %d while %d waiters were woken; want none, at least one each", publish, spublish-spublish0, len(ws))
+	}
+}
+
+// newTestMutex returns New(name, []Backend{b}, opts...), failing the test
+// on error.
+func newTestMutex(t testing.TB, name string, b Backend, opts ...Option) *NetMutex {
+	t.Helper()
+	m, err := New(name, []Backend{b}, opts...)
+	if err != nil {
+		t.Fatalf("New(%q): %v", name, err)
+	}
+	return m
 }

@@ -43,7 +43,8 @@
 //
 // An uncontended Lock and Unlock are one round trip each. A LockCtx that
 // finds the lock held subscribes to its own release channel (one pub/sub
-// connection per Backend, shared by all its waiters), attempts once more,
+// connection per Backend, shared by all its waiters; on a Redis Cluster, one
+// per master, with sharded pub/sub: see HubConfig), attempts once more,
 // which puts it in the lock's queue of waiters in Redis, and sleeps. Its turn
 // comes by message, never by polling: the release takes the longest waiter
 // off the queue and, over one node, sets the lock key for it in the same

@@ -17,6 +17,9 @@ import (
 type TestClientConfig struct {
 	Addr               string // "host:port" of one server
 	Username, Password string // empty: no AUTH
+	// Cluster, if set, lists nodes of a Redis Cluster: the client is a
+	// cluster client of it, and Addr is unused.
+	Cluster []string
 }
 
 // RegisterTestClient adds the client library name to the ones that the

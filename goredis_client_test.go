@@ -12,6 +12,10 @@ import (
 // RegisterTestClient in export_test.go.
 func init() {
 	netlock.RegisterTestClient("goredis", func(c netlock.TestClientConfig) (netlock.Backend, func(), error) {
+		if len(c.Cluster) > 0 {
+			rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Cluster, ContextTimeoutEnabled: true})
+			return goredis.New(rdb), func() { rdb.Close() }, nil
+		}
 		rdb := redis.NewClient(&redis.Options{
 			Addr:     c.Addr,
 			Username: c.Username,

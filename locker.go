@@ -52,13 +52,13 @@ type NetMutex struct {
 	waitChan string // its own release channel, p{name}:released:<waiterID>
 	// wakeTries is how many queued waiters a release tries in a row,
 	// skipping those nobody listens for (releaseWakeTries); 1 where a
-	// node's hub cannot tell (PUBLISH does not count them), as a string for
-	// the scripts.
+	// node's hub cannot tell (PUBLISH does not count them: a Redis Cluster
+	// without sharded pub/sub), as a string for the scripts.
 	wakeTries string
 	// grants: a release may grant a waiter of m the lock in its own script
-	// (one node, whose hub lets PUBLISH count the listeners, and no
-	// WithSyncReplicas; see lua/handon.lua), sparing it the acquire round
-	// trip.
+	// (one node, whose hub lets PUBLISH or SPUBLISH count the listeners,
+	// and no WithSyncReplicas; see lua/handon.lua), sparing it the acquire
+	// round trip.
 	grants bool
 	epoch  time.Time
 
@@ -154,8 +154,8 @@ func New(name string, backends []Backend, opts ...Option) (*NetMutex, error) {
 		}
 		if s, ok := b.(Subscriber); ok {
 			if h := s.Hub(); h != nil {
-				if h.listen == nil {
-					return nil, fmt.Errorf("netlock: backend %d: its Hub has no Listen function (HubConfig.Listen)", i)
+				if err := h.usable(); err != nil {
+					return nil, fmt.Errorf("netlock: backend %d: %w", i, err)
 				}
 				m.hubs[i] = h
 			}

@@ -84,6 +84,10 @@ func newBackend(t testing.TB, client, addr string) Backend {
 		c, err := rueidis.NewClient(rueidis.ClientOption{
 			InitAddress:  []string{addr},
 			DisableCache: true, // netlock never reads through the cache; miniredis has no CLIENT TRACKING
+			// miniredis answers CLUSTER SLOTS, so rueidis would take it for
+			// a Redis Cluster, whose Backend waits by sharded pub/sub,
+			// which miniredis lacks. Every server here is a single one.
+			ForceSingleClient: true,
 		})
 		if err != nil {
 			t.Fatalf("rueidis.NewClient(%s): %v", addr, err)

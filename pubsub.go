@@ -16,6 +16,17 @@ import (
 // on that Backend. A channel is unsubscribed about hubLinger after its last
 // watch stopped (a waiter that comes back meanwhile joins it without a round
 // trip), and the connection is closed when no channel is subscribed.
+//
+// On a Redis Cluster whose Backend gives a shard map (HubConfig.Shard), the
+// Hub uses sharded pub/sub instead: the scripts publish with SPUBLISH, which
+// reaches only the nodes of the channel's shard (a channel shares the lock
+// key's hash tag, so its slot), where PUBLISH would be relayed to every node
+// of the cluster; and the Hub keeps one connection per master, each
+// subscribed (SSUBSCRIBE) to the channels of that master's slots. Such a
+// connection is a link of its own: its failure, a MOVED reply, or the server
+// unsubscribing its channels (a slot that moved, as in a failover) wakes the
+// waiters of that link only, and each watches again on the master that now
+// serves its slot.
 
 // hubLinger is how long a subscription stays after its last waiter left:
 // long enough that a lock contended again and again is not subscribed anew
@@ -27,30 +38,35 @@ const hubLinger = 100 * time.Millisecond
 // connection before the server confirmed it.
 var errHubDown = errors.New("netlock: pub/sub connection lost")
 
-// A Hub shares one pub/sub connection among the waiters of one Backend: it
-// is what a Subscriber gives netlock. Make it with NewHub, once per Backend.
+// A Hub shares pub/sub connections among the waiters of one Backend: it is
+// what a Subscriber gives netlock. Make it with NewHub, once per Backend.
 // Its methods are netlock's own; a Backend only hands it out.
 //
-// Two locks: mu orders the connection's life and its sends (a SUBSCRIBE is
+// Two locks: mu orders the links' lives and their sends (a SUBSCRIBE is
 // sent and its confirmation queued under mu); wmu guards the registry of
 // topics and watches and is never held across I/O, so that a message can be
-// dispatched from the connection's reading goroutine while a send waits.
+// dispatched from a connection's reading goroutine while a send waits.
 // Lock order: mu, then wmu.
 type Hub struct {
 	listen func(ctx context.Context, onMessage func(channel, payload string)) (Listener, error)
-	// counted: the count PUBLISH returns includes this hub's subscriptions,
-	// so a release can tell a waiter nobody listens for. Not on a Redis
-	// Cluster (HubConfig.Cluster), where PUBLISH counts only the subscribers
-	// of the node it runs on, and ours may be connected to another.
+	// shard, when set (HubConfig.Shard), makes the Hub sharded: one link
+	// per master, which shard names and listenShard opens.
+	shard       func(ctx context.Context, channel string) (node string, err error)
+	listenShard func(ctx context.Context, node string, onMessage func(channel, payload string)) (Listener, error)
+	// counted: the count the release's PUBLISH (SPUBLISH) returns includes
+	// this hub's subscriptions, so a release can tell a waiter nobody
+	// listens for. Not on a Redis Cluster without sharded pub/sub
+	// (HubConfig.Cluster), where PUBLISH counts only the subscribers of the
+	// node it runs on, and ours may be connected to another. With it,
+	// SPUBLISH counts the subscribers of the master the script runs on,
+	// where the link of its slot is (see HubConfig.ListenShard).
 	counted bool
 
-	mu   sync.Mutex
-	conn Listener      // nil when closed
-	down chan struct{} // closed when conn fails or is closed
-	// pending lists, per channel, the topics whose SUBSCRIBE the server has
-	// not confirmed yet, in the order sent: the server confirms in order.
-	pending map[string][]*topic
-	sweep   *time.Timer // set while a topic has no watches: unsubscribes it
+	mu sync.Mutex
+	// links holds the open links, by node ("" for the one link of a Hub
+	// that is not sharded).
+	links map[string]*link
+	sweep *time.Timer // set while a topic has no watches: unsubscribes it
 
 	wmu    sync.Mutex
 	topics map[string]*topic
@@ -61,11 +77,23 @@ type Hub struct {
 	checked atomic.Bool
 }
 
+// A link is one pub/sub connection of a Hub, and its subscriptions under
+// way. Its fields are guarded by the Hub's mu.
+type link struct {
+	node string
+	conn Listener
+	down chan struct{} // closed when conn fails or is closed
+	// pending lists, per channel, the topics whose SUBSCRIBE the server has
+	// not confirmed yet, in the order sent: the server confirms in order.
+	pending map[string][]*topic
+}
+
 // A topic is one subscribed channel and its waiters.
 type topic struct {
 	channel string
+	link    *link
 	ready   chan struct{} // closed when the server confirmed the subscription
-	down    chan struct{} // its connection's down channel
+	down    chan struct{} // its link's down channel
 	watches map[*watch]struct{}
 	idle    time.Time // when its last watch stopped, if it has none
 }
@@ -79,41 +107,70 @@ type watch struct {
 	wake  chan<- string // capacity 1; shared by all watches of one waiter
 }
 
-// NewHub returns a Hub whose connections are opened by c.Listen. A Backend
-// makes one, when it is made, and returns it from every call of its Hub
-// method.
+// NewHub returns a Hub whose connections are opened by c.Listen, or, when
+// c.Shard is set, by c.ListenShard, one per master. A Backend makes one,
+// when it is made, and returns it from every call of its Hub method.
 func NewHub(c HubConfig) *Hub {
-	return &Hub{listen: c.Listen, counted: !c.Cluster, topics: make(map[string]*topic), pending: make(map[string][]*topic)}
+	h := &Hub{listen: c.Listen, counted: !c.Cluster, links: make(map[string]*link), topics: make(map[string]*topic)}
+	if c.Shard != nil {
+		h.shard, h.listenShard, h.counted = c.Shard, c.ListenShard, true
+	}
+	return h
+}
+
+// sharded reports whether h uses sharded pub/sub: then the release scripts
+// publish with SPUBLISH.
+func (h *Hub) sharded() bool { return h.shard != nil }
+
+// usable returns an error naming what h lacks to open a connection.
+func (h *Hub) usable() error {
+	switch {
+	case h.sharded() && h.listenShard == nil:
+		return errors.New("its Hub has a Shard function but no ListenShard (HubConfig.ListenShard)")
+	case !h.sharded() && h.listen == nil:
+		return errors.New("its Hub has no Listen function (HubConfig.Listen)")
+	}
+	return nil
 }
 
 // watch subscribes to channel, if no other waiter already has, and returns
 // once the server has confirmed the subscription: every release published
-// afterwards is signalled on wake. ctx bounds the dial and the wait for the
-// confirmation. On error nothing is left subscribed for this waiter.
+// afterwards is signalled on wake. ctx bounds finding the channel's shard,
+// the dial and the wait for the confirmation. On error nothing is left
+// subscribed for this waiter.
 func (h *Hub) watch(ctx context.Context, channel string, wake chan<- string) (*watch, error) {
-	h.mu.Lock()
-	if h.conn == nil {
-		// Dialing under h.mu: the waiters of this hub that arrive meanwhile
-		// need this same connection.
-		conn, err := h.listen(ctx, h.dispatch)
-		if err != nil {
-			h.mu.Unlock()
+	node := ""
+	if h.sharded() {
+		// Before mu: a Backend may refresh its slot map here, and the
+		// waiters of other shards need not wait for it.
+		var err error
+		if node, err = h.shard(ctx, channel); err != nil {
 			return nil, err
 		}
-		h.conn, h.down = conn, make(chan struct{})
-		go h.read(conn)
 	}
+	h.mu.Lock()
 	h.wmu.Lock()
 	t := h.topics[channel]
 	h.wmu.Unlock()
 	if t == nil {
-		t = &topic{channel: channel, ready: make(chan struct{}), down: h.down, watches: make(map[*watch]struct{})}
-		if err := h.conn.Subscribe(ctx, channel); err != nil {
-			h.failLocked(h.conn)
+		l := h.links[node]
+		if l == nil {
+			// Dialing under h.mu: the waiters of this hub that arrive
+			// meanwhile need this same connection (or, sharded, may need
+			// it).
+			var err error
+			if l, err = h.dial(ctx, node); err != nil {
+				h.mu.Unlock()
+				return nil, err
+			}
+		}
+		t = &topic{channel: channel, link: l, ready: make(chan struct{}), down: l.down, watches: make(map[*watch]struct{})}
+		if err := l.conn.Subscribe(ctx, channel); err != nil {
+			h.failLocked(l)
 			h.mu.Unlock()
 			return nil, err
 		}
-		h.pending[channel] = append(h.pending[channel], t)
+		l.pending[channel] = append(l.pending[channel], t)
 		h.wmu.Lock()
 		h.topics[channel] = t
 		h.wmu.Unlock()
@@ -134,6 +191,25 @@ func (h *Hub) watch(ctx context.Context, channel string, wake chan<- string) (*w
 		w.stop()
 		return nil, context.Cause(ctx)
 	}
+}
+
+// dial opens the link to node ("" when h is not sharded) and starts reading
+// it. The caller holds h.mu.
+func (h *Hub) dial(ctx context.Context, node string) (*link, error) {
+	l := &link{node: node, down: make(chan struct{}), pending: make(map[string][]*topic)}
+	onMessage := func(channel, payload string) { h.dispatch(l, channel, payload) }
+	var err error
+	if h.sharded() {
+		l.conn, err = h.listenShard(ctx, node, onMessage)
+	} else {
+		l.conn, err = h.listen(ctx, onMessage)
+	}
+	if err != nil {
+		return nil, err
+	}
+	h.links[node] = l
+	go h.read(l)
+	return l, nil
 }
 
 // join watches channel if it is subscribed and confirmed already, without
@@ -175,8 +251,8 @@ func (w *watch) dead() bool {
 }
 
 // stop ends the watch. A channel left without watches stays subscribed
-// for about hubLinger, then is unsubscribed; the connection is closed with
-// the last channel.
+// for about hubLinger, then is unsubscribed; a link is closed with its last
+// channel.
 func (w *watch) stop() {
 	h := w.hub
 	h.mu.Lock()
@@ -195,113 +271,123 @@ func (w *watch) stop() {
 }
 
 // sweepIdle unsubscribes the channels that have had no watch for hubLinger,
-// and closes the connection when none is left.
+// and closes the links left without a channel.
 func (h *Hub) sweepIdle() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.sweep = nil
-	if h.conn == nil {
+	if len(h.links) == 0 {
 		return
 	}
-	var idle []string
-	var next time.Duration // until the next topic is due, if any
+	idle := map[*link][]string{}
+	used := map[*link]bool{} // links left with a channel
+	var next time.Duration   // until the next topic is due, if any
 	h.wmu.Lock()
 	for ch, t := range h.topics {
 		if len(t.watches) > 0 {
+			used[t.link] = true
 			continue
 		}
 		if left := hubLinger - time.Since(t.idle); left > 0 {
+			used[t.link] = true
 			if next == 0 || left < next {
 				next = left
 			}
 			continue
 		}
 		delete(h.topics, ch)
-		idle = append(idle, ch)
+		idle[t.link] = append(idle[t.link], ch)
 	}
-	empty := len(h.topics) == 0
 	h.wmu.Unlock()
-	if empty {
-		h.failLocked(h.conn) // closing the connection drops the subscriptions
-		return
-	}
-	for _, ch := range idle {
-		// The send is a write to a local socket buffer; a caller's context
-		// has nothing to do with it.
-		ctx, cancel := context.WithTimeout(context.Background(), hubLinger)
-		err := h.conn.Unsubscribe(ctx, ch)
-		cancel()
-		if err != nil {
-			h.failLocked(h.conn)
-			return
+	for _, l := range h.links {
+		if !used[l] {
+			h.failLocked(l) // closing the connection drops the subscriptions
+			continue
+		}
+		for _, ch := range idle[l] {
+			// The send is a write to a local socket buffer; a caller's
+			// context has nothing to do with it.
+			ctx, cancel := context.WithTimeout(context.Background(), hubLinger)
+			err := l.conn.Unsubscribe(ctx, ch)
+			cancel()
+			if err != nil {
+				h.failLocked(l)
+				break
+			}
 		}
 	}
-	if next > 0 {
+	if next > 0 && len(h.links) > 0 {
 		h.sweep = time.AfterFunc(next, h.sweepIdle)
 	}
 }
 
 // dispatch signals the watches of channel that a message was published on
 // it: a release naming the channel's waiter (a NetMutex's own channel, see
-// NetMutex.waitChan), or granting it the lock. It is called by the
-// connection's reading goroutine; a message from a connection that has just
-// failed is harmless, a wake-up being only a reason to look.
-func (h *Hub) dispatch(channel, payload string) {
+// NetMutex.waitChan), or granting it the lock. It is called by the reading
+// goroutine of l's connection, and ignores a channel subscribed through
+// another link (a message of a connection that has just failed, whose
+// channel is now subscribed again elsewhere).
+func (h *Hub) dispatch(l *link, channel, payload string) {
 	h.wmu.Lock()
 	defer h.wmu.Unlock()
-	if t := h.topics[channel]; t != nil {
+	if t := h.topics[channel]; t != nil && t.link == l {
 		for w := range t.watches {
 			w.signal(payload)
 		}
 	}
 }
 
-// read handles the confirmations of conn until it fails or is closed.
-func (h *Hub) read(conn Listener) {
+// read handles the confirmations of l's connection until it fails or is
+// closed.
+func (h *Hub) read(l *link) {
 	for {
-		channel, err := conn.Confirmed()
+		channel, err := l.conn.Confirmed()
 		h.mu.Lock()
-		if h.conn != conn {
+		if h.links[l.node] != l {
 			h.mu.Unlock()
 			return
 		}
 		if err != nil {
-			h.failLocked(conn)
+			h.failLocked(l)
 			h.mu.Unlock()
 			return
 		}
-		if q := h.pending[channel]; len(q) > 0 {
+		if q := l.pending[channel]; len(q) > 0 {
 			close(q[0].ready)
 			if len(q) == 1 {
-				delete(h.pending, channel)
+				delete(l.pending, channel)
 			} else {
-				h.pending[channel] = q[1:]
+				l.pending[channel] = q[1:]
 			}
 		}
 		h.mu.Unlock()
 	}
 }
 
-// failLocked closes conn and forgets every subscription, waking every
-// waiter: each watches again and makes an attempt, so a release that was
-// published while the connection was failing is not missed.
-func (h *Hub) failLocked(conn Listener) {
-	if h.conn != conn {
+// failLocked closes l's connection and forgets its subscriptions, waking
+// their waiters: each watches again and makes an attempt, so a release
+// that was published while the connection was failing is not missed. The
+// other links of a sharded Hub are left as they are. The caller holds h.mu.
+func (h *Hub) failLocked(l *link) {
+	if h.links[l.node] != l {
 		return
 	}
-	conn.Close()
-	close(h.down)
-	h.conn, h.down = nil, nil
+	l.conn.Close()
+	close(l.down)
+	delete(h.links, l.node)
 	h.wmu.Lock()
-	for _, t := range h.topics {
+	for ch, t := range h.topics {
+		if t.link != l {
+			continue
+		}
 		for w := range t.watches {
 			w.signal("")
 		}
+		delete(h.topics, ch)
 	}
-	clear(h.topics)
 	h.wmu.Unlock()
-	clear(h.pending)
-	if h.sweep != nil {
+	clear(l.pending)
+	if len(h.links) == 0 && h.sweep != nil {
 		h.sweep.Stop()
 		h.sweep = nil
 	}

@@ -102,6 +102,9 @@ func (m *NetMutex) fanout(ctx context.Context, s *Script, keys, args []string, t
 // writes no hold (joining the queue does not need the replicas), and its
 // count is not looked at.
 func (m *NetMutex) call(ctx context.Context, i int, s *Script, keys, args []string) nodeReply {
+	if s.sharded != nil && m.hubs[i] != nil && m.hubs[i].sharded() {
+		s = s.sharded // its waiters listen with SSUBSCRIBE
+	}
 	var vals []int64
 	var err error
 	var start time.Time

@@ -70,7 +70,13 @@ const maxBallots = 3
 // maxWatchFailures bounds the attempts in a row to watch one node's
 // channel while the node answers scripts: a node whose pub/sub cannot be set
 // up (a proxy that refuses it, a stalled dial) is tried again only after an
-// outage, and its waiter polls meanwhile.
+// outage, and its waiter polls meanwhile. Not for a Hub with sharded pub/sub
+// (a Redis Cluster): there a watch fails for a while after a failover,
+// until the client's slot map names the new master, while the scripts,
+// redirected by MOVED, are answered all along; it is tried again with every
+// attempt, or the waiter would poll, and a waiter that polls takes no place
+// in the queue, so the waiters granted the lock in turn would pass it over
+// for as long as they keep coming.
 const maxWatchFailures = 2
 
 // acquire runs acquire rounds until one succeeds; with wait false (TryLock)
@@ -406,7 +412,8 @@ func (w *waiter) listen(ctx context.Context) bool {
 	w.init()
 	need := make([]bool, len(m.nodes)) // decided once: a watch may die meanwhile
 	for i := range m.nodes {
-		need[i] = m.hubs[i] != nil && w.failed[i] < maxWatchFailures && (w.watches[i] == nil || w.watches[i].dead())
+		h := m.hubs[i]
+		need[i] = h != nil && (w.failed[i] < maxWatchFailures || h.sharded()) && (w.watches[i] == nil || w.watches[i].dead())
 	}
 	got := make([]*watch, len(m.nodes))
 	wake := w.wake

@@ -338,7 +338,7 @@ func (mc *waitMachine) spawn() *waitProc {
 		}
 		b, p.close = NewRedigo(pool), func() { pool.Close() }
 	case "rueidis":
-		c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{p.proxy.Addr()}, DisableCache: true})
+		c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{p.proxy.Addr()}, DisableCache: true, ForceSingleClient: true})
 		if err != nil {
 			p.proxy.Close()
 			mc.rt.Fatalf("rueidis.NewClient(%s): %v", p.proxy.Addr(), err)

@@ -60,7 +60,8 @@ func commandCounts(t testing.TB, servers []*redistest.Server) (total, library in
 // waiter-second, counting the holder's extends and the commands inside
 // scripts; the client library's own commands (keepalive PINGs, topology)
 // are reported apart. On one server with each client library, a quorum of
-// three and a three-master Redis Cluster. The window is longer than the
+// three, and a three-master Redis Cluster with each cluster client (whose
+// waiters are woken by sharded messages). The window is longer than the
 // expiry, so that every waiter's look at the holder's TTL (the only thing a
 // waiter does while it waits) falls inside it.
 func TestWaitingCost(t *testing.T) {
@@ -79,11 +80,11 @@ func TestWaitingCost(t *testing.T) {
 			return []Backend{newBackend(t, client, s[0].Addr())}
 		}})
 	}
-	for _, c := range append(rows, []row{
-		{"redigo/quorum3", func(t *testing.T) []*redistest.Server { return startServers(t, 3) }, func(t *testing.T, s []*redistest.Server) []Backend {
-			return []Backend{newBackend(t, "redigo", s[0].Addr()), newBackend(t, "redigo", s[1].Addr()), newBackend(t, "redigo", s[2].Addr())}
-		}},
-		{"rueidis/cluster3", func(t *testing.T) []*redistest.Server {
+	rows = append(rows, row{"redigo/quorum3", func(t *testing.T) []*redistest.Server { return startServers(t, 3) }, func(t *testing.T, s []*redistest.Server) []Backend {
+		return []Backend{newBackend(t, "redigo", s[0].Addr()), newBackend(t, "redigo", s[1].Addr()), newBackend(t, "redigo", s[2].Addr())}
+	}})
+	for _, client := range clusterKinds() {
+		rows = append(rows, row{client + "/cluster3", func(t *testing.T) []*redistest.Server {
 			c := redistest.StartCluster(t, 3)
 			t.Cleanup(func() { waitRueidisDelayedCloses(t) })
 			return c.Servers()
@@ -92,14 +93,18 @@ func TestWaitingCost(t *testing.T) {
 			for i := range s {
 				addrs[i] = s[i].Addr()
 			}
-			c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: addrs, DisableCache: true})
-			if err != nil {
-				t.Fatal(err)
+			if client == "rueidis" {
+				c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: addrs, DisableCache: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(c.Close)
+				return []Backend{NewRueidis(c)}
 			}
-			t.Cleanup(c.Close)
-			return []Backend{NewRueidis(c)}
-		}},
-	}...) {
+			return []Backend{openRegistered(t, client, TestClientConfig{Cluster: addrs})}
+		}})
+	}
+	for _, c := range rows {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			servers := c.servers(t)

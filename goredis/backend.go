@@ -3,6 +3,7 @@ package goredis
 import (
 	"context"
 	"errors"
+	"sync"
 
 	"github.com/redis/go-redis/v9"
 
@@ -23,9 +24,11 @@ var errRing = errors.New("netlock/goredis: a *redis.Ring is not one Redis deploy
 //
 // The Backend is safe for concurrent use. Besides netlock.Backend it
 // implements netlock.Subscriber, whose Hub opens its pub/sub connection with
-// c.Subscribe; netlock.ErrorClassifier, for which an error reply of the
-// server (a redis.Error) and a closed client (redis.ErrClosed) are final;
-// and netlock.ReplicaWaiter, for netlock.WithSyncReplicas.
+// c.Subscribe (for a *redis.ClusterClient, one per master, with the
+// master's SSubscribe: see the package documentation);
+// netlock.ErrorClassifier, for which an error reply of the server (a
+// redis.Error) and a closed client (redis.ErrClosed) are final; and
+// netlock.ReplicaWaiter, for netlock.WithSyncReplicas.
 //
 // For a *redis.Ring, New returns a Backend whose every Eval fails at once,
 // with an error that says why (a Ring is not one deployment: see the
@@ -35,7 +38,6 @@ var errRing = errors.New("netlock/goredis: a *redis.Ring is not one Redis deploy
 // server its scripts run on.
 func New(c redis.UniversalClient) netlock.Backend {
 	b := &backend{client: c}
-	cluster := false
 	switch c := c.(type) {
 	case nil:
 		return nil // netlock.New names the nil backend
@@ -49,7 +51,10 @@ func New(c redis.UniversalClient) netlock.Backend {
 			return nil
 		}
 		b.bounded = c.Options().ContextTimeoutEnabled
-		cluster = true
+		b.cluster = c
+		b.masters = make(map[string]*redis.Client)
+		b.hub = netlock.NewHub(netlock.HubConfig{Shard: b.shard, ListenShard: b.listenShard})
+		return b
 	case *redis.Ring:
 		if c == nil {
 			return nil
@@ -57,7 +62,7 @@ func New(c redis.UniversalClient) netlock.Backend {
 		b.refused = errRing
 		return b // no Hub: nothing is ever run on it
 	}
-	b.hub = netlock.NewHub(netlock.HubConfig{Listen: b.listen, Cluster: cluster})
+	b.hub = netlock.NewHub(netlock.HubConfig{Listen: b.listen})
 	return b
 }
 
@@ -69,6 +74,13 @@ type backend struct {
 	bounded bool
 	hub     *netlock.Hub // nil if refused
 	refused error        // returned by every Eval; nil if the client is usable
+
+	// cluster is the client if it is a *redis.ClusterClient; masters holds
+	// its masters' clients that shard has named, by address, for
+	// listenShard.
+	cluster   *redis.ClusterClient
+	mastersMu sync.Mutex
+	masters   map[string]*redis.Client
 }
 
 // Eval runs s with EVALSHA, falling back to EVAL when the server answers
@@ -220,6 +232,7 @@ func (b *backend) Final(err error) bool {
 	return errors.As(err, &reply) || errors.Is(err, redis.ErrClosed) || errors.Is(err, errRing)
 }
 
-// Hub returns the Backend's Hub, whose pub/sub connection is opened with the
-// client's Subscribe. It returns nil for a *redis.Ring.
+// Hub returns the Backend's Hub, whose pub/sub connections are opened with
+// the client's Subscribe, or, for a *redis.ClusterClient, its masters'
+// SSubscribe. It returns nil for a *redis.Ring.
 func (b *backend) Hub() *netlock.Hub { return b.hub }

@@ -52,10 +52,25 @@
 //
 // While waiters of a Backend wait for a lock, it keeps one pub/sub
 // connection of the client (redis.UniversalClient.Subscribe) subscribed to
-// their release channels, and closes it shortly after the last wait ends. On
-// a Redis Cluster the connection is to one node, and hears every node's
-// releases. go-redis reconnects a pub/sub connection by itself when it
-// fails; a release published meanwhile would be lost, so the Backend tells
-// netlock of every failure instead of letting go-redis hide it: netlock then
-// opens a new connection and every waiter looks at the lock again.
+// their release channels, and closes it shortly after the last wait ends.
+// go-redis reconnects a pub/sub connection by itself when it fails; a
+// release published meanwhile would be lost, so the Backend tells netlock
+// of every failure instead of letting go-redis hide it: netlock then opens
+// a new connection and every waiter looks at the lock again.
+//
+// On a Redis Cluster (7.0 or later) the waiters use sharded pub/sub: a
+// release publishes with SPUBLISH, which only the nodes of the lock's shard
+// hear (PUBLISH would be relayed to every node of the cluster), and the
+// Backend keeps one connection per master whose slots have waiters, opened
+// with that master's SSubscribe (the master being the client's
+// MasterForKey of the channel, which shares the lock key's hash tag). Each
+// channel it confirms is checked to be served by that node as master (an
+// EXISTS, which a replica answers with MOVED), so that SPUBLISH counts its
+// waiters, and a release can grant the head waiter the lock in its script
+// and skip a waiter that died. A connection that fails, is refused
+// (MOVED), or loses its subscriptions because their slot moved (Redis
+// unsubscribes them, as in a failover) wakes its waiters, which watch
+// again on the master the client names then (the client is asked to
+// reload its slot map) and look at the lock. On an older cluster, without
+// sharded pub/sub, the waiters poll.
 package goredis

@@ -1,5 +1,10 @@
 -- handon: not a script of its own. Its function is prepended to
 -- release.lua and leave.lua (see backend.go), which both give a turn on.
+-- Before it, backend.go puts the line that sets publish, the command that
+-- tells a waiter: 'PUBLISH', or 'SPUBLISH' where the Backend's waiters
+-- listen with sharded pub/sub (a Redis Cluster: the channel is in the lock
+-- key's slot, and SPUBLISH reaches only that slot's shard, and counts the
+-- subscribers of the master it runs on, where those waiters listen).
 --
 -- handOn gives the turn to the longest-waiting waiter: a member
 -- "<id>+<expiry ms>+<nonce>" is granted the lock here, in the key it
@@ -7,7 +12,7 @@
 -- microseconds without fencing), and told so on its channel with
 -- "g:<nonce>:<n>:<token>": it holds without a round trip. A member "<id>"
 -- (a quorum's waiter, or where PUBLISH cannot count the listeners) is told
--- with the message "<id>" and attempts. A member nobody listens for (PUBLISH
+-- with the message "<id>" and attempts. A member nobody listens for (publish
 -- returns 0) is a waiter whose process died, or whose connection dropped
 -- (which wakes it to attempt and queue again): its grant is undone and the
 -- next is tried, up to tries members. held says the lock key holds a
@@ -35,12 +40,12 @@ local function handOn(lock, queue, fence, channel, tries, held)
       local value = nonce .. '.' .. string.format('%d', n)
       redis.call('SET', lock, value .. ':' .. string.format('%d', token), 'PX', exp)
       held = true
-      local heard = redis.call('PUBLISH', channel .. ':' .. id, 'g:' .. nonce .. ':' .. string.format('%d', n) .. ':' .. string.format('%d', token))
+      local heard = redis.call(publish, channel .. ':' .. id, 'g:' .. nonce .. ':' .. string.format('%d', n) .. ':' .. string.format('%d', token))
       if heard > 0 then
         return heard, 1, skipped
       end
     else
-      local heard = redis.call('PUBLISH', channel .. ':' .. id, id)
+      local heard = redis.call(publish, channel .. ':' .. id, id)
       if heard > 0 then
         if held then
           redis.call('DEL', lock)

@@ -11,8 +11,9 @@
 -- ARGV[1]  our lock value; the key holds "<value>:<token>" (see acquire.lua)
 -- ARGV[2]  tombstone TTL in milliseconds (relative: PX)
 -- ARGV[3]  how many queued waiters to try at most (see handOn); 1 where
---          PUBLISH cannot count the listeners (a Redis Cluster, whose
---          subscribers may be connected to another node)
+--          PUBLISH cannot count the listeners (a Redis Cluster without
+--          sharded pub/sub, whose subscribers may be connected to another
+--          node)
 --
 -- Each waiter listens on its own release channel, p{name}:released:<waiter
 -- id>, the lock key followed by ":released:" and the id (package keyspace).

@@ -28,14 +28,16 @@ const (
 	clusterReadyTimeout = 30 * time.Second
 )
 
-// Cluster is a Redis Cluster of masters without replicas, started by
-// StartCluster. Each node is a Server, so it can be paused, killed or
+// Cluster is a Redis Cluster started by StartCluster (masters only) or
+// StartClusterReplicas. Each node is a Server, so it can be paused, killed or
 // restarted like one; a restarted node keeps its node id and slots, which
 // are in the cluster config file in its directory, but not its data.
 type Cluster struct {
-	t       testing.TB
-	servers []*Server
-	addrs   []string
+	t        testing.TB
+	servers  []*Server
+	addrs    []string
+	masters  int
+	replicas int // per master
 }
 
 // StartCluster starts n (at least 3) cluster-enabled redis-server masters,
@@ -56,18 +58,36 @@ type Cluster struct {
 // or fails when NETLOCK_REQUIRE_REDIS=1.
 func StartCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
-	if n < 3 {
-		t.Fatalf("redistest: StartCluster(%d): a Redis Cluster needs at least 3 masters", n)
+	return StartClusterReplicas(t, n, 0)
+}
+
+// StartClusterReplicas is StartCluster with replicas: it starts masters (at
+// least 3) plus replicas nodes per master, passing args to every
+// redis-server (for example "--cluster-node-timeout", "1000": how long a
+// master may be unreachable before a replica takes over), and creates the
+// cluster with --cluster-replicas replicas, redis-cli choosing which node
+// replicates which master. Besides what StartCluster waits for, it waits
+// until every replica's link to its master is up (INFO replication
+// master_link_status:up). Which nodes are masters is what ROLE on each
+// says; a failover changes it.
+func StartClusterReplicas(t testing.TB, masters, replicas int, args ...string) *Cluster {
+	t.Helper()
+	if masters < 3 {
+		t.Fatalf("redistest: StartCluster(%d): a Redis Cluster needs at least 3 masters", masters)
+		return nil
+	}
+	if replicas < 0 {
+		t.Fatalf("redistest: StartClusterReplicas(%d, %d): negative replicas", masters, replicas)
 		return nil
 	}
 	Require(t)
 	requireCLI(t)
-	c := &Cluster{t: t}
-	for range n {
-		s := start(t, true, []string{
+	c := &Cluster{t: t, masters: masters, replicas: replicas}
+	for range masters * (1 + replicas) {
+		s := start(t, true, append([]string{
 			"--cluster-enabled", "yes",
 			"--cluster-config-file", clusterConfigFile,
-		})
+		}, args...))
 		c.servers = append(c.servers, s)
 		c.addrs = append(c.addrs, s.Addr())
 	}
@@ -76,8 +96,8 @@ func StartCluster(t testing.TB, n int) *Cluster {
 		err = c.waitOK()
 	}
 	if err != nil {
-		t.Fatalf("redistest: start a %d-node cluster: %v\n--- redis-cli --cluster create ---\n%s%s",
-			n, err, strings.TrimRight(out, "\n"), c.report())
+		t.Fatalf("redistest: start a cluster of %d masters with %d replicas each: %v\n--- redis-cli --cluster create ---\n%s%s",
+			masters, replicas, err, strings.TrimRight(out, "\n"), c.report())
 		return c
 	}
 	return c
@@ -110,7 +130,7 @@ func (c *Cluster) create() (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), createTimeout)
 	defer cancel()
 	args := append([]string{"--cluster", "create"}, c.addrs...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	args = append(args, "--cluster-replicas", strconv.Itoa(c.replicas), "--cluster-yes")
 	cmd := exec.CommandContext(ctx, cliBinary, args...)
 	cmd.SysProcAttr = sysProcAttr()
 	cmd.WaitDelay = time.Second
@@ -132,14 +152,15 @@ func (c *Cluster) create() (string, error) {
 // ansiEscape matches the colour codes redis-cli writes even to a pipe.
 var ansiEscape = regexp.MustCompile(`\x1b\[[0-9;]*m`)
 
-// waitOK waits until every node reports a healthy cluster of all the nodes.
+// waitOK waits until every node reports a healthy cluster of all the nodes,
+// and every replica is linked to its master.
 func (c *Cluster) waitOK() error {
 	want := map[string]string{
 		"cluster_state":          "ok",
 		"cluster_slots_assigned": strconv.Itoa(clusterSlots),
 		"cluster_slots_ok":       strconv.Itoa(clusterSlots),
 		"cluster_known_nodes":    strconv.Itoa(len(c.servers)),
-		"cluster_size":           strconv.Itoa(len(c.servers)),
+		"cluster_size":           strconv.Itoa(c.masters),
 	}
 	deadline := time.Now().Add(clusterReadyTimeout)
 	for _, s := range c.servers {
@@ -147,6 +168,9 @@ func (c *Cluster) waitOK() error {
 			info, err := do(s.addr, probeTimeout, "CLUSTER", "INFO")
 			if err == nil {
 				err = checkInfo(info, want)
+			}
+			if err == nil {
+				err = checkReplicaLink(s.addr)
 			}
 			if err == nil {
 				break
@@ -160,7 +184,20 @@ func (c *Cluster) waitOK() error {
 	return nil
 }
 
-// checkInfo checks fields of a CLUSTER INFO reply.
+// checkReplicaLink returns an error if the node at addr is a replica whose
+// link to its master is not up.
+func checkReplicaLink(addr string) error {
+	info, err := do(addr, probeTimeout, "INFO", "replication")
+	if err != nil {
+		return err
+	}
+	if !strings.Contains(info, "role:slave") {
+		return nil
+	}
+	return checkInfo(info, map[string]string{"master_link_status": "up"})
+}
+
+// checkInfo checks fields of a CLUSTER INFO (or INFO) reply.
 func checkInfo(info string, want map[string]string) error {
 	got := map[string]string{}
 	for line := range strings.SplitSeq(info, "\n") {

@@ -161,3 +161,53 @@ func TestStartClusterTooFewNodes(t *testing.T) {
 		t.Fatalf("StartCluster(2) = %v, failed=%v msg=%q", c, f.failed, f.msg)
 	}
 }
+
+func TestStartClusterReplicas(t *testing.T) {
+	t.Parallel()
+	c := StartClusterReplicas(t, 3, 1, "--cluster-node-timeout", "1500")
+	servers := c.Servers()
+	if len(servers) != 6 || len(c.Addrs()) != 6 {
+		t.Fatalf("%d Servers(), Addrs() = %q; want 6 of each", len(servers), c.Addrs())
+	}
+	replicas := map[string]int{} // per master's port
+	masters := 0
+	for _, s := range servers {
+		mustDo(t, s, "cluster-node-timeout\n1500", "CONFIG", "GET", "cluster-node-timeout")
+		info, err := s.Do("INFO", "replication")
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case strings.Contains(info, "role:master"):
+			masters++
+		case strings.Contains(info, "role:slave"):
+			if err := checkInfo(info, map[string]string{"master_link_status": "up"}); err != nil {
+				t.Errorf("replica %s: %v", s.Addr(), err)
+			}
+			for line := range strings.SplitSeq(info, "\n") {
+				if port, ok := strings.CutPrefix(strings.TrimSpace(line), "master_port:"); ok {
+					replicas[port]++
+				}
+			}
+		default:
+			t.Fatalf("%s INFO replication without a role:\n%s", s.Addr(), info)
+		}
+		clusterInfo, err := s.Do("CLUSTER", "INFO")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := checkInfo(clusterInfo, map[string]string{
+			"cluster_state": "ok", "cluster_slots_ok": "16384", "cluster_known_nodes": "6", "cluster_size": "3",
+		}); err != nil {
+			t.Errorf("%s CLUSTER INFO: %v", s.Addr(), err)
+		}
+	}
+	if masters != 3 || len(replicas) != 3 {
+		t.Errorf("%d masters, replicas of %d masters (%v); want 3 masters with a replica each", masters, len(replicas), replicas)
+	}
+	for port, n := range replicas {
+		if n != 1 {
+			t.Errorf("master on port %s has %d replicas, want 1", port, n)
+		}
+	}
+}
