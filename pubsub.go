@@ -29,7 +29,10 @@ var errHubDown = errors.New("netlock: pub/sub connection lost")
 
 // A Hub shares one pub/sub connection among the waiters of one Backend: it
 // is what a Subscriber gives netlock. Make it with NewHub, once per Backend.
-// Its methods are netlock's own; a Backend only hands it out.
+// Its methods are netlock's own; a Backend only hands it out. It also bounds
+// the script calls netlock has in flight on the Backend, from all its
+// NetMutexes (maxCalls), so that they take few connections of a pool that
+// has no bound of its own.
 //
 // Two locks: mu orders the connection's life and its sends (a SUBSCRIBE is
 // sent and its confirmation queued under mu); wmu guards the registry of
@@ -59,6 +62,9 @@ type Hub struct {
 	// (see NetMutex.checkServers). The Hub is the one per-Backend place
 	// netlock has.
 	checked atomic.Bool
+	// calls bounds the script calls in flight on this Backend, from all
+	// its NetMutexes.
+	calls *limiter
 }
 
 // A topic is one subscribed channel and its waiters.
@@ -83,7 +89,7 @@ type watch struct {
 // makes one, when it is made, and returns it from every call of its Hub
 // method.
 func NewHub(c HubConfig) *Hub {
-	return &Hub{listen: c.Listen, counted: !c.Cluster, topics: make(map[string]*topic), pending: make(map[string][]*topic)}
+	return &Hub{listen: c.Listen, counted: !c.Cluster, topics: make(map[string]*topic), pending: make(map[string][]*topic), calls: newLimiter()}
 }
 
 // watch subscribes to channel, if no other waiter already has, and returns
