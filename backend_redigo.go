@@ -11,7 +11,11 @@ import (
 
 // NewRedigo returns a Backend that runs scripts on connections from pool.
 // The pool is the caller's to configure and close. Each call takes a
-// connection with pool.GetContext and returns it when done.
+// connection with pool.GetContext and returns it when done. However many
+// NetMutexes share the Backend, netlock has at most 128 calls in flight on
+// it (the Hub bounds them), so a pool without a bound (MaxActive 0) keeps
+// about as many connections at most for netlock; with a MaxIdle below the
+// calls in flight, the pool dials anew for the others.
 //
 // While waiters of the Backend are waiting for a lock, it keeps one more
 // connection, dialed with the pool's Dial (or DialContext) function and kept

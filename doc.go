@@ -71,9 +71,18 @@
 //
 // The lock is a Redis key, p{name} (p is the prefix, "netlock:" by default),
 // set with a random value and a TTL, the expiry (8s by default). While a
-// NetMutex is held, a watchdog extends the key every third of the expiry,
-// so the lock does not expire while its process lives, and does expire
-// within the expiry if the process dies.
+// NetMutex is held, a watchdog extends the key about every third of the
+// expiry, so the lock does not expire while its process lives, and does
+// expire within the expiry if the process dies. Each extend falls at random
+// in the last quarter before the third is up, so that the extends of locks
+// taken together spread out instead of coming in bursts.
+//
+// A process may hold many locks at once (ten thousand is measured): netlock
+// has at most 128 calls in flight per Backend, 64 of them kept for extends,
+// so that on a pool without a bound of its own (redigo's MaxActive 0) they
+// take few connections, and a crowd of acquires does not hold extends up.
+// A call that finds no slot free waits for one, within its context (an
+// extend, within its hold's deadline); the node timeout bounds it once sent.
 //
 // Every hold has a local deadline, measured on the monotonic clock from
 // before the acquire was sent, less a clock-drift allowance. If the deadline

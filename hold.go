@@ -3,6 +3,7 @@ package netlock
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"sync"
 	"time"
 )
@@ -46,7 +47,7 @@ func newHold(m *NetMutex, g grant) *hold {
 		token: g.token,
 		ended: make(chan struct{}),
 		until: g.until,
-		next:  g.start.Add(m.cfg.expiry / extendsPerExpiry),
+		next:  m.nextExtend(g.start),
 	}
 	h.mu.Lock()
 	h.timer = time.AfterFunc(h.wakeLocked(), h.tick)
@@ -54,9 +55,19 @@ func newHold(m *NetMutex, g grant) *hold {
 	return h
 }
 
+// nextExtend returns when the extend after one made at from (or after the
+// acquire begun at from) is due: at a random point of the last
+// 1/extendJitter of the interval, expiry/extendsPerExpiry, never later.
+// Holds taken together (ten thousand at a process's start) would otherwise
+// be extended together, every interval, for as long as they are held; with
+// a random part the extends of each hold drift apart from the others'.
+func (m *NetMutex) nextExtend(from time.Time) time.Time {
+	interval := m.cfg.expiry / extendsPerExpiry
+	return from.Add(interval - rand.N(interval/extendJitter+1))
+}
+
 // wakeLocked returns the time until the watchdog must next wake: the next
-// extend (every third of the expiry, extendsPerExpiry, with auto-extend) or until, whichever
-// is first.
+// extend (with auto-extend, see nextExtend) or until, whichever is first.
 func (h *hold) wakeLocked() time.Duration {
 	wake := h.until
 	if h.m.cfg.autoExtend && h.next.Before(wake) {
@@ -94,17 +105,16 @@ func (h *hold) tick() {
 	if h.expire(now) || !h.m.cfg.autoExtend || now.Before(next) {
 		return // lost; or woken early, until having moved (ExtendCtx)
 	}
-	interval := h.m.cfg.expiry / extendsPerExpiry
 	switch err := h.m.extendRound(ctx, h); {
 	case err == nil:
-		next = now.Add(interval)
+		next = h.m.nextExtend(now)
 	case errors.Is(err, ErrLockLost):
 		h.lose()
 		return
 	default:
 		// The nodes could not be asked (down, slow, partitioned): try
 		// again soon, while until allows.
-		next = now.Add(max(interval/failedExtendRetries, time.Millisecond))
+		next = now.Add(max(h.m.cfg.expiry/extendsPerExpiry/failedExtendRetries, time.Millisecond))
 	}
 	h.mu.Lock()
 	h.next = next

@@ -46,6 +46,9 @@ type NetMutex struct {
 	driftTerm  time.Duration
 
 	hubs []*Hub // per node: its Backend's pub/sub hub, nil if it has none
+	// limiters: per node, its Backend's bound on calls in flight (its
+	// Hub's), nil if it has no Hub.
+	limiters []*limiter
 	// waiterID names m in the waiters' queues while it waits. One id per
 	// NetMutex is enough: only the goroutine that owns m waits in Redis.
 	waiterID string
@@ -142,6 +145,7 @@ func New(name string, backends []Backend, opts ...Option) (*NetMutex, error) {
 		queueMS:   strconv.FormatInt(queueExpiries*cfg.expiry.Milliseconds(), 10),
 		driftTerm: cfg.driftTerm(),
 		hubs:      make([]*Hub, len(backends)),
+		limiters:  make([]*limiter, len(backends)),
 		waiterID:  rand.Text(),
 		epoch:     time.Now(),
 	}
@@ -157,7 +161,7 @@ func New(name string, backends []Backend, opts ...Option) (*NetMutex, error) {
 				if err := h.usable(); err != nil {
 					return nil, fmt.Errorf("netlock: backend %d: %w", i, err)
 				}
-				m.hubs[i] = h
+				m.hubs[i], m.limiters[i] = h, h.calls
 			}
 		}
 		if h := m.hubs[i]; h != nil && !h.counted {

@@ -99,7 +99,10 @@ func (m *NetMutex) TryLockCtx(ctx context.Context) (ok bool, err error) {
 // hold instead of releasing it (see WithLocalHandoffs): it then returns nil
 // at once. Otherwise it releases the lock on every node, under a context
 // detached from ctx's cancellation (a caller giving up must not strand the
-// key), each call bounded by the node timeout; ctx only carries values.
+// key), each call bounded by the node timeout once sent; ctx only carries
+// values. (A call first waits, up to the expiry, if this process has as many
+// calls in flight on the Backend as netlock allows: see "Holding a lock" in
+// the package documentation.)
 func (m *NetMutex) UnlockCtx(ctx context.Context) error {
 	if err := m.check(); err != nil {
 		return err

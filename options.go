@@ -30,6 +30,11 @@ const (
 	// extends in a row may fail (a node restarting, a slow network) before
 	// the hold is lost.
 	extendsPerExpiry = 3
+	// extendJitter: each extend falls at random in the last quarter of the
+	// interval before it is due, (expiry/3)·3/4 to expiry/3 after the one
+	// before, so that holds taken at once drift apart (see nextExtend). A
+	// hold is then extended 8/7 times as often as every expiry/3.
+	extendJitter = 4
 	// failedExtendRetries: after a failed extend, the next is tried
 	// (expiry/3)/8 later, so about eight more tries fit before the deadline.
 	failedExtendRetries = 8
@@ -90,9 +95,10 @@ func defaultConfig() config {
 func WithExpiry(d time.Duration) Option { return func(c *config) { c.expiry = d } }
 
 // WithAutoExtend turns the watchdog on or off (default on). While on, a held
-// NetMutex extends its key every third of the expiry, so it does not expire
-// while its process lives; Lost is closed if an extend cannot succeed before
-// the hold's local deadline.
+// NetMutex extends its key about every third of the expiry (at random in the
+// last quarter before it, so that locks taken together are not extended
+// together), so it does not expire while its process lives; Lost is closed
+// if an extend cannot succeed before the hold's local deadline.
 func WithAutoExtend(on bool) Option { return func(c *config) { c.autoExtend = on } }
 
 // WithRetryDelay bounds the jittered wait between acquire attempts where a

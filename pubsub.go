@@ -40,7 +40,10 @@ var errHubDown = errors.New("netlock: pub/sub connection lost")
 
 // A Hub shares pub/sub connections among the waiters of one Backend: it is
 // what a Subscriber gives netlock. Make it with NewHub, once per Backend.
-// Its methods are netlock's own; a Backend only hands it out.
+// Its methods are netlock's own; a Backend only hands it out. It also bounds
+// the script calls netlock has in flight on the Backend, from all its
+// NetMutexes (maxCalls), so that they take few connections of a pool that
+// has no bound of its own.
 //
 // Two locks: mu orders the links' lives and their sends (a SUBSCRIBE is
 // sent and its confirmation queued under mu); wmu guards the registry of
@@ -75,6 +78,9 @@ type Hub struct {
 	// (see NetMutex.checkServers). The Hub is the one per-Backend place
 	// netlock has.
 	checked atomic.Bool
+	// calls bounds the script calls in flight on this Backend, from all
+	// its NetMutexes.
+	calls *limiter
 }
 
 // A link is one pub/sub connection of a Hub, and its subscriptions under
@@ -111,7 +117,7 @@ type watch struct {
 // c.Shard is set, by c.ListenShard, one per master. A Backend makes one,
 // when it is made, and returns it from every call of its Hub method.
 func NewHub(c HubConfig) *Hub {
-	h := &Hub{listen: c.Listen, counted: !c.Cluster, links: make(map[string]*link), topics: make(map[string]*topic)}
+	h := &Hub{listen: c.Listen, counted: !c.Cluster, links: make(map[string]*link), topics: make(map[string]*topic), calls: newLimiter()}
 	if c.Shard != nil {
 		h.shard, h.listenShard, h.counted = c.Shard, c.ListenShard, true
 	}

@@ -32,6 +32,9 @@ type nodeReply struct {
 	// permanent: err is an answer that retrying cannot change (see
 	// permanentErr).
 	permanent bool
+	// unsent: the call was never sent (no slot of the node's limiter came
+	// free in time), so it cannot have changed anything on the node.
+	unsent bool
 }
 
 // An outcome is what one acquire round came to.
@@ -62,12 +65,13 @@ const (
 )
 
 // fanout runs s on the nodes selected by targets (all when targets is nil),
-// in parallel, all calls bounded by one node timeout (they start together),
-// and returns one reply per node. It joins every per-node goroutine before
-// returning, so no call outlives it; the last call runs on the calling
-// goroutine.
+// in parallel, each call as call runs it, and returns one reply per node.
+// The calls that find a slot of their node's limiter free at once are
+// bounded by one node timeout (they start together). It joins every
+// per-node goroutine before returning, so no call outlives it; the last
+// call runs on the calling goroutine.
 func (m *NetMutex) fanout(ctx context.Context, s *Script, keys, args []string, targets []bool) []nodeReply {
-	ctx, cancel := context.WithTimeout(ctx, m.cfg.nodeTimeout)
+	sent, cancel := context.WithTimeout(ctx, m.cfg.nodeTimeout)
 	defer cancel()
 	replies := make([]nodeReply, len(m.nodes))
 	last := -1
@@ -79,18 +83,28 @@ func (m *NetMutex) fanout(ctx context.Context, s *Script, keys, args []string, t
 	var wg sync.WaitGroup
 	for i := range m.nodes {
 		if i != last && (targets == nil || targets[i]) {
-			wg.Go(func() { replies[i] = m.call(ctx, i, s, keys, args) })
+			wg.Go(func() { replies[i] = m.call(ctx, sent, i, s, keys, args) })
 		}
 	}
 	if last >= 0 {
-		replies[last] = m.call(ctx, last, s, keys, args)
+		replies[last] = m.call(ctx, sent, last, s, keys, args)
 	}
 	wg.Wait()
 	return replies
 }
 
 // call runs s on node i and checks the shape of the reply: want integers.
-// ctx must be bounded by the node timeout.
+// It takes a slot of the node's limiter. If one is free, the call is bounded
+// by sent, a node timeout begun as the caller began its calls. Otherwise it
+// waits for a slot within ctx (within the expiry if ctx has no deadline),
+// and the call is bounded by a node timeout of its own from then.
+//
+// The node timeout is how long a node may take to answer; the wait for a
+// slot is this process's own crowd (ten thousand unlocks at once), which
+// the node has no part in: counted against the node timeout, it would turn
+// a crowd of acquires into failed rounds that retry at the back of the
+// queue, and a crowd of unlocks into releases handed to the reaper. A slot
+// comes free within a node timeout of each call ahead, so the wait ends.
 //
 // With WithSyncReplicas, an acquire or extend also waits for the node's
 // replicas (see ReplicaWaiter), and one that wrote a hold (statusOK) that
@@ -101,20 +115,29 @@ func (m *NetMutex) fanout(ctx context.Context, s *Script, keys, args []string, t
 // the local deadline stays, and the watchdog tries again. A busy acquire
 // writes no hold (joining the queue does not need the replicas), and its
 // count is not looked at.
-func (m *NetMutex) call(ctx context.Context, i int, s *Script, keys, args []string) nodeReply {
+func (m *NetMutex) call(ctx, sent context.Context, i int, s *Script, keys, args []string) nodeReply {
+	slots, waited, err := m.limiters[i].enter(ctx, s, m.cfg.expiry)
+	if err != nil {
+		return nodeReply{err: nodeError(i, err), unsent: true}
+	}
+	defer exit(slots)
+	if waited {
+		var cancel context.CancelFunc
+		sent, cancel = context.WithTimeout(ctx, m.cfg.nodeTimeout)
+		defer cancel()
+	}
 	if s.sharded != nil && m.hubs[i] != nil && m.hubs[i].sharded() {
 		s = s.sharded // its waiters listen with SSUBSCRIBE
 	}
 	var vals []int64
-	var err error
 	var start time.Time
 	acked := 0
 	wait := m.cfg.replicas > 0 && (s == acquireScript || s == extendScript)
 	if wait {
 		start = time.Now()
-		vals, acked, err = m.nodes[i].(ReplicaWaiter).EvalWait(ctx, s, keys, args, m.cfg.replicas)
+		vals, acked, err = m.nodes[i].(ReplicaWaiter).EvalWait(sent, s, keys, args, m.cfg.replicas)
 	} else {
-		vals, err = m.nodes[i].Eval(ctx, s, keys, args)
+		vals, err = m.nodes[i].Eval(sent, s, keys, args)
 	}
 	if err == nil && (len(vals) == 0 || (s == acquireScript && len(vals) != 3 && len(vals) != 4)) {
 		return nodeReply{err: nodeError(i, fmt.Errorf("%s script: unexpected reply %v", s.Name(), vals)), permanent: true}
@@ -172,7 +195,7 @@ func (m *NetMutex) acquireRound(ctx context.Context, q ask) outcome {
 		if r.err != nil {
 			errs = append(errs, r.err)
 			permanent = permanent || r.permanent
-			cleanup[i] = true
+			cleanup[i] = !r.unsent
 			continue
 		}
 		answered++

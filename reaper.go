@@ -79,7 +79,7 @@ func (m *NetMutex) reap() {
 				continue
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), m.cfg.nodeTimeout)
-			rep := m.call(ctx, p.node, releaseScript, m.releaseKeys(p.value), m.releaseArgs(p.value))
+			rep := m.call(context.Background(), ctx, p.node, releaseScript, m.releaseKeys(p.value), m.releaseArgs(p.value))
 			cancel()
 			switch {
 			case rep.err == nil:

@@ -1,9 +1,10 @@
 // Command bench measures netlock side by side with other Go Redis lock
 // libraries and writes the tables to RESULTS.md.
 //
-//	cd bench && go run .                       # every scenario, about 6 minutes
+//	cd bench && go run .                       # every scenario, about 10 minutes
 //	cd bench && go run . -duration 1s -only 'clients8|netlock'
 //	cd bench && go run . -only waiting40 -out -   # the waiting scenario only, about 2 minutes
+//	cd bench && go run . -only holds10k -out -    # 10,000 holds, about 3 minutes
 //
 // It starts its own redis-server processes on free 127.0.0.1 ports (no
 // persistence), stops them by pid when it ends, also on error or ^C, and
@@ -11,7 +12,8 @@
 // with ../). Each row of a scenario runs for -duration in all, split into
 // -rounds rounds; in every round each row runs once, in an order that turns
 // from round to round, so that drift of a noisy machine falls on all rows
-// alike. The waiting scenario measures each row once, for -window.
+// alike. The waiting scenario measures each row once, for -window; the
+// holds scenario, for -holdfor.
 package main
 
 import (
@@ -34,6 +36,7 @@ type flags struct {
 	rounds   int
 	warmup   time.Duration
 	window   time.Duration
+	holdFor  time.Duration
 	out      string
 	only     *regexp.Regexp
 	note     string
@@ -47,12 +50,13 @@ func main() {
 	flag.IntVar(&f.rounds, "rounds", 3, "rounds per scenario: each row runs once per round, order rotating")
 	flag.DurationVar(&f.warmup, "warmup", 200*time.Millisecond, "unmeasured run of each row before its first round")
 	flag.DurationVar(&f.window, "window", lockExpiry, fmt.Sprintf("measured window of each row of the waiting scenario, after its %v warm-up", waitWarmup))
+	flag.DurationVar(&f.holdFor, "holdfor", time.Minute, fmt.Sprintf("how long each row of the holds scenario holds its %d locks", manyHolds))
 	flag.StringVar(&f.out, "out", "RESULTS.md", "Markdown report to write (- for standard output)")
-	flag.StringVar(&only, "only", "", "run only rows whose \"scenario/contender\" matches this regexp (scenarios: floor, uncontended, clients8, shared8, keys8, keys64, quorum5, waiting40)")
+	flag.StringVar(&only, "only", "", "run only rows whose \"scenario/contender\" matches this regexp (scenarios: floor, uncontended, clients8, shared8, keys8, keys64, quorum5, waiting40, holds10k)")
 	flag.StringVar(&f.note, "note", "", "a line to put at the top of the report")
 	flag.StringVar(&f.profile, "cpuprofile", "", "write a CPU profile of the whole run to this file (narrow it with -only)")
 	flag.Parse()
-	if flag.NArg() > 0 || f.duration <= 0 || f.rounds < 1 || f.warmup < 0 || f.window <= 0 {
+	if flag.NArg() > 0 || f.duration <= 0 || f.rounds < 1 || f.warmup < 0 || f.window <= 0 || f.holdFor <= 0 {
 		flag.Usage()
 		os.Exit(2)
 	}
@@ -160,7 +164,7 @@ func runScenario(ctx context.Context, f flags, sc *scenario) error {
 	if len(rows) == 0 {
 		return nil
 	}
-	if sc.shape == shapeWaiting {
+	if sc.shape == shapeWaiting || sc.shape == shapeHolds {
 		runOnce(ctx, f, sc, rows)
 		return nil
 	}
@@ -194,20 +198,29 @@ func runScenario(ctx context.Context, f flags, sc *scenario) error {
 	return nil
 }
 
-// runOnce runs each row once for the window, in order: a row of the waiting
-// scenario measures the whole server, so rows cannot overlap, and it brings
-// its own warm-up.
+// runOnce runs each row once, in order: a row of the waiting scenario (for
+// the window) or of the holds scenario (for -holdfor) measures the whole
+// server, so rows cannot overlap, and it brings its own warm-up.
 func runOnce(ctx context.Context, f flags, sc *scenario, rows []active) {
-	logf("%s: %d rows × (%v warm-up + %v)", sc.id, len(rows), waitWarmup, f.window)
+	dur := f.window
+	if sc.shape == shapeHolds {
+		dur = f.holdFor
+		logf("%s: %d rows × %d holds for %v", sc.id, len(rows), manyHolds, dur)
+	} else {
+		logf("%s: %d rows × (%v warm-up + %v)", sc.id, len(rows), waitWarmup, dur)
+	}
 	for _, a := range rows {
 		runtime.GC()
 		start := time.Now()
-		res := a.phase(ctx, f.window, 0)
+		res := a.phase(ctx, dur, 0)
 		if ctx.Err() != nil {
 			return
 		}
 		a.r.res.merge(res)
-		if w := res.wait; w != nil {
+		if h := res.holds; h != nil {
+			logf("  %s %-24s acquired in %v; %d lost, %d keys gone; peak %d server connections, %d goroutines; %s extends/s (holds/(expiry/3) = %s); CPU %s; %d errors; took %v",
+				sc.id, a.r.name, h.acquireTook.Round(time.Millisecond), h.lost, h.gone, h.peakConns, h.peakRoutine, fmtRate(h.extendsPerSecond()), fmtRate(h.wantExtendsPerSecond()), fmtCPU(h), res.errs, time.Since(start).Round(100*time.Millisecond))
+		} else if w := res.wait; w != nil {
 			logf("  %s %-24s %s commands per waiter-second (%s); %d/%d served after the release in %v; %d errors; took %v",
 				sc.id, a.r.name, fmtRate(w.perWaiterSecond()), fmtTop(w), w.served, w.waiters, w.handover.Round(time.Millisecond), res.errs, time.Since(start).Round(100*time.Millisecond))
 		} else {

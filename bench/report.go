@@ -31,6 +31,7 @@ func report(f flags, scs []*scenario, started time.Time, took time.Duration) str
 	p("| per row | %v measured per scenario, in %d rounds of %v, after a %v warm-up; rows alternate within each round, in an order that turns from round to round |\n",
 		f.duration, f.rounds, f.duration/time.Duration(f.rounds), f.warmup)
 	p("| waiting scenario | each row once, one after another: a %v warm-up, then a %v window |\n", waitWarmup, f.window)
+	p("| holds scenario | each row once, one after another: %d holds for %v |\n", manyHolds, f.holdFor)
 	p("\n")
 
 	writeSummary(p, scs)
@@ -44,6 +45,8 @@ func report(f flags, scs []*scenario, started time.Time, took time.Duration) str
 			writeContendedTable(p, sc)
 		case shapeWaiting:
 			writeWaitingTable(p, sc)
+		case shapeHolds:
+			writeHoldsTable(p, sc)
 		}
 		p("\n")
 	}
@@ -106,6 +109,24 @@ func writeWaitingTable(p printer, sc *scenario) {
 		}
 		p("| %s | %s | %s | %s | %s | %s | %d/%d in %s | %d | %d | %d | %s |\n", rowName(r), fmtRate(w.perWaiterSecond()), ratio,
 			fmtRate(w.lockPerWaiterSecond()), fmtRate(w.perSecond(w.commands)), fmtTop(w), w.served, w.waiters, fmtDur(w.handover), r.res.busy, r.res.errs, r.res.overlaps, r.note)
+	}
+}
+
+func writeHoldsTable(p printer, sc *scenario) {
+	p("| contender | acquired in | lost | keys gone | peak server connections | peak goroutines | extends/s | ÷ holds/(expiry/3) | CPU while held | errors | notes |\n")
+	p("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n")
+	for _, r := range sc.rows {
+		if status, ok := rowStatus(r); !ok {
+			p("| %s | %s | | | | | | | | | %s |\n", r.name, status, r.na)
+			continue
+		}
+		h := r.res.holds
+		if h == nil {
+			p("| %s | not measured (see Errors) | | | | | | | | %d | %s |\n", rowName(r), r.res.errs, r.note)
+			continue
+		}
+		p("| %s | %s | %d | %d | %d | %d | %s | %.2f | %s | %d | %s |\n", rowName(r), fmtDur(h.acquireTook), h.lost, h.gone, h.peakConns, h.peakRoutine,
+			fmtRate(h.extendsPerSecond()), h.extendsPerSecond()/h.wantExtendsPerSecond(), fmtCPU(h), r.res.errs, r.note)
 	}
 }
 

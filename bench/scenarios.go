@@ -21,6 +21,7 @@ const (
 	shapeOps       shape = iota // independent operations: ops/s, p50, p99
 	shapeContended              // workers on one lock: critical sections/s, holder changes
 	shapeWaiting                // waiters behind a holder: Redis commands per waiter-second, once per row
+	shapeHolds                  // one process holding many locks: lost holds, connections, extends/s, once per row
 )
 
 // waitingID is the waiting scenario's id.
@@ -50,7 +51,7 @@ type row struct {
 
 func buildScenarios(cs []contender, addrs []string) []*scenario {
 	one := addrs[:1]
-	var floor, uncontended, clients, shared, quorum, waiting scenario
+	var floor, uncontended, clients, shared, quorum, waiting, holds scenario
 	keys := make([]scenario, len(independentKeys))
 
 	floor = scenario{
@@ -129,6 +130,17 @@ func buildScenarios(cs []contender, addrs []string) []*scenario {
 			"Every client is closed after its row; a goroutine or server connection left behind is an error.", waitingClients, waitWarmup, waitingClients, waitWarmup, lockExpiry, waitDrain),
 		shape: shapeWaiting,
 	}
+	holds = scenario{
+		id: holdsID, title: fmt.Sprintf("8. %d holds in one process (netlock)", manyHolds),
+		what: fmt.Sprintf("One client takes %d locks of distinct names at once (a LockCtx each, all together), holds them for `-holdfor` while their watchdogs extend them (expiry %v), then unlocks them all at once. "+
+			"Lost: holds lost (`Observer.Lost`), found while held or at unlock; keys gone: unlocks that found the key gone or taken. "+
+			"Peak server connections: `connected_clients` of `INFO clients`, sampled every %v over the whole row (the measuring connection included). "+
+			"Peak goroutines: `runtime.NumGoroutine` of the bench process while all are held, sampled as often. "+
+			"Extends/s: successful extends (`Observer.Extend`) while all are held, next to holds/(expiry/3), what a watchdog extending every third of the expiry makes. "+
+			"CPU: the process's CPU time while all are held (getrusage), in cores. "+
+			"Every client is closed after its row; a goroutine or server connection left behind is an error.", manyHolds, lockExpiry, holdsSampleEvery),
+		shape: shapeHolds,
+	}
 
 	for i := range cs {
 		c := &cs[i]
@@ -152,12 +164,15 @@ func buildScenarios(cs []contender, addrs []string) []*scenario {
 		q.na = c.noQuorum
 		quorum.rows = append(quorum.rows, q)
 		waiting.rows = append(waiting.rows, waitingRow(c, one[0]))
+		if c.role == roleNetlock {
+			holds.rows = append(holds.rows, holdsRow(c, one[0]))
+		}
 	}
 	out := []*scenario{&floor, &uncontended, &clients, &shared}
 	for i := range keys {
 		out = append(out, &keys[i])
 	}
-	return append(out, &quorum, &waiting)
+	return append(out, &quorum, &waiting, &holds)
 }
 
 // lockName is a fresh lock name for one round of one row.

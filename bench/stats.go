@@ -29,6 +29,8 @@ type result struct {
 
 	// The waiting scenario only.
 	wait *waitResult
+	// The holds scenario only.
+	holds *holdsResult
 }
 
 func (r *result) addErr(err error) {
@@ -77,6 +79,9 @@ func (r *result) merge(o result) {
 	r.lost += o.lost
 	if o.wait != nil {
 		r.wait = o.wait // measured once per row
+	}
+	if o.holds != nil {
+		r.holds = o.holds // measured once per row
 	}
 }
 

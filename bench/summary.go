@@ -142,6 +142,18 @@ func writeSummary(p printer, scs []*scenario) {
 		}
 	}
 
+	// holdsValue gives a count of the holds scenario, met when it is at
+	// most most.
+	holdsValue := func(figure func(*holdsResult) int64, most int64) func(string) (string, bool, bool) {
+		return func(nl string) (string, bool, bool) {
+			r := get(holdsID, nl)
+			if r == nil || r.holds == nil {
+				return "", false, false
+			}
+			v := figure(r.holds)
+			return fmt.Sprint(v), v <= most, true
+		}
+	}
 	targets := []target{
 		{
 			what: "uncontended ops/s ÷ fastest peer", threshold: "≥ 1.00",
@@ -202,6 +214,14 @@ func writeSummary(p printer, scs []*scenario) {
 		{
 			what: "the same, without the PINGs a client library sends by itself (rueidis: one per idle connection per second)", threshold: "≤ 1.00",
 			value: waitingValue((*waitResult).lockPerWaiterSecond), ref: waitingRef((*waitResult).lockPerWaiterSecond),
+		},
+		{
+			what: fmt.Sprintf("%d holds in one process: holds lost", manyHolds), threshold: "0",
+			value: holdsValue(func(h *holdsResult) int64 { return h.lost }, 0), ref: func() string { return "" },
+		},
+		{
+			what: fmt.Sprintf("%d holds in one process: peak server connections", manyHolds), threshold: "≤ 256",
+			value: holdsValue(func(h *holdsResult) int64 { return int64(h.peakConns) }, 256), ref: func() string { return "" },
 		},
 		{
 			what: "for reference: 8 clients CS/s ÷ fastest *fair* peer (self-reacquire ≤ 50% and fairness ≥ 0.5)", threshold: "–",
