@@ -88,7 +88,26 @@ func (b *rueidisBackend) EvalWait(ctx context.Context, s *Script, keys, args []s
 		reply, acked, err = rueidisEvalWait(ctx, dc, s, keys, args, replicas)
 		return err
 	})
+	if addr, ok := movedTo(err); ok {
+		// The slot moved (a failover): a dedicated connection does not
+		// follow redirections. Once more, on the node named, and make the
+		// client learn the new slot map (a keyed command that meets MOVED
+		// refreshes it).
+		b.client.Do(ctx, b.client.B().Pttl().Key(keys[0]).Build())
+		if node := b.client.Nodes()[addr]; node != nil {
+			reply, acked, err = rueidisEvalWait(ctx, node, s, keys, args, replicas)
+		}
+	}
 	return reply, acked, err
+}
+
+// movedTo returns the address a MOVED error reply names.
+func movedTo(err error) (string, bool) {
+	rerr, ok := rueidis.IsRedisErr(err)
+	if !ok {
+		return "", false
+	}
+	return rerr.IsMoved()
 }
 
 func rueidisEvalWait(ctx context.Context, c rueidis.CoreClient, s *Script, keys, args []string, replicas int) ([]int64, int, error) {
@@ -119,9 +138,17 @@ func rueidisDoWait(ctx context.Context, c rueidis.CoreClient, script rueidis.Com
 
 // Final reports whether err is an error reply of the server or means the
 // client was closed.
+//
+// A Redis Cluster's answers while its slots move (MOVED, ASK, TRYAGAIN,
+// CLUSTERDOWN) are not final: a failover under way gives them, and the
+// same call succeeds once it is over.
 func (b *rueidisBackend) Final(err error) bool {
-	_, reply := rueidis.IsRedisErr(err)
-	return reply || errors.Is(err, rueidis.ErrClosing)
+	if rerr, reply := rueidis.IsRedisErr(err); reply {
+		_, moved := rerr.IsMoved()
+		_, ask := rerr.IsAsk()
+		return !moved && !ask && !rerr.IsTryAgain() && !rerr.IsClusterDown()
+	}
+	return errors.Is(err, rueidis.ErrClosing)
 }
 
 // Hub returns the backend's Hub, whose connections are dedicated ones of

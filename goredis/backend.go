@@ -3,6 +3,7 @@ package goredis
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
@@ -187,6 +188,15 @@ func (b *backend) evalWait(ctx context.Context, s *netlock.Script, keys []string
 		c = node
 	}
 	reply, acked, err := pipeWait(ctx, c, s, false, keys, argv, replicas)
+	if cc, ok := b.client.(*redis.ClusterClient); ok && redis.HasErrorPrefix(err, "MOVED") {
+		// The slot moved (a failover): the pipeline went to one node and
+		// does not follow redirections. Once more, on the node named.
+		cc.ReloadState(ctx)
+		if node := masterAt(ctx, cc, movedTo(err)); node != nil {
+			c = node
+			reply, acked, err = pipeWait(ctx, c, s, false, keys, argv, replicas)
+		}
+	}
 	if redis.HasErrorPrefix(err, "NOSCRIPT") {
 		reply, acked, err = pipeWait(ctx, c, s, true, keys, argv, replicas)
 	}
@@ -194,6 +204,34 @@ func (b *backend) evalWait(ctx context.Context, s *netlock.Script, keys []string
 		err = context.Cause(ctx) // as in eval
 	}
 	return reply, acked, err
+}
+
+// movedTo returns the address a MOVED error names, "" for another error.
+func movedTo(err error) string {
+	f := strings.Fields(err.Error())
+	if len(f) == 3 && f[0] == "MOVED" {
+		return f[2]
+	}
+	return ""
+}
+
+// masterAt returns the client of cc's master at addr, nil if cc does not
+// know one there.
+func masterAt(ctx context.Context, cc *redis.ClusterClient, addr string) *redis.Client {
+	if addr == "" {
+		return nil
+	}
+	var mu sync.Mutex
+	var found *redis.Client
+	_ = cc.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
+		if c.Options().Addr == addr {
+			mu.Lock()
+			found = c
+			mu.Unlock()
+		}
+		return nil
+	})
+	return found
 }
 
 // pipeWait runs s (EVALSHA, or EVAL with source) and WAIT replicas in one
@@ -227,9 +265,27 @@ func pipeWait(ctx context.Context, c redis.Cmdable, s *netlock.Script, source bo
 
 // Final reports whether err, returned by Eval, is final: an error reply of
 // the server, a closed client, or the refusal of a *redis.Ring.
+//
+// A Redis Cluster's answers while its slots move (MOVED, ASK, TRYAGAIN,
+// CLUSTERDOWN) are not final: a failover under way gives them, and the
+// same call succeeds once it is over.
 func (b *backend) Final(err error) bool {
 	var reply redis.Error
-	return errors.As(err, &reply) || errors.Is(err, redis.ErrClosed) || errors.Is(err, errRing)
+	if errors.As(err, &reply) {
+		return !clusterMoving(reply.Error())
+	}
+	return errors.Is(err, redis.ErrClosed) || errors.Is(err, errRing)
+}
+
+// clusterMoving reports whether msg, an error reply, is one a Redis Cluster
+// gives while its slots move.
+func clusterMoving(msg string) bool {
+	for _, p := range []string{"MOVED ", "ASK ", "TRYAGAIN", "CLUSTERDOWN"} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // Hub returns the Backend's Hub, whose pub/sub connections are opened with
