@@ -29,13 +29,14 @@ type ReplicaWaiter interface {
 // next cron tick, up to 1000/hz ms after it passes (100ms at the default
 // hz 10), and the call may first have to dial a connection (a client's
 // pool of connections for blocking commands starts empty), and the reply
-// takes a round trip and a scheduler's delay. A call with less than twice
-// this left keeps half of it.
+// takes a round trip and a scheduler's delay. A call with more time keeps
+// a quarter of it (a loaded machine's delays grow with the time allowed);
+// one with less than twice this left keeps half of it.
 const waitMargin = 200 * time.Millisecond
 
 // WaitTimeout returns the timeout an EvalWait bounded by ctx gives WAIT:
-// what is left before ctx's deadline, less a margin (200ms, or half of
-// what is left if that is less than 400ms) for Redis to notice the timeout
+// what is left before ctx's deadline, less a margin (200ms or a quarter of
+// what is left, whichever is more; half of it if less than 400ms is left) for Redis to notice the timeout
 // (it does at its next cron tick, up to 100ms late at the default hz), for
 // a connection to be dialed and for the reply to come back before the
 // deadline. The result is whole milliseconds, WAIT's unit, and never below
@@ -48,7 +49,7 @@ func WaitTimeout(ctx context.Context) time.Duration {
 	if dl, ok := ctx.Deadline(); ok {
 		left = time.Until(dl)
 	}
-	left -= min(left/2, waitMargin)
+	left -= min(left/2, max(waitMargin, left/4))
 	return max(left.Truncate(time.Millisecond), time.Millisecond)
 }
 

@@ -151,8 +151,9 @@ func TestSyncReplicas(t *testing.T) {
 // replicated, naming the node and the count, and leaves nothing held; when
 // the replica is back, locking works again.
 func TestSyncReplicasStalled(t *testing.T) {
-	// The default node timeout: WAIT's timeout leaves Redis a cron tick
-	// to apply it before the call's deadline.
+	// A node timeout well above the default: WAIT's timeout (1.5s) leaves
+	// Redis a cron tick to apply it, and a loaded machine (CI, -race) the
+	// time to read the reply, before the call's deadline.
 	const expiry = 5 * time.Second
 	for _, client := range testClients() {
 		t.Run(client, func(t *testing.T) {
@@ -160,7 +161,7 @@ func TestSyncReplicasStalled(t *testing.T) {
 			// An outage window far longer than the test: an error ridden out
 			// would not come back in time.
 			m, err := New("sync", []Backend{newBackend(t, client, p.Addr())},
-				WithSyncReplicas(1), WithExpiry(expiry), WithOutageWindow(time.Hour))
+				WithSyncReplicas(1), WithExpiry(expiry), WithNodeTimeout(2*time.Second), WithOutageWindow(time.Hour))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -266,7 +267,7 @@ func TestSyncReplicasCluster(t *testing.T) {
 	b := NewRueidis(c)
 	for i := range 6 {
 		name := fmt.Sprintf("sync-cluster-%d", i)
-		m, err := New(name, []Backend{b}, WithSyncReplicas(1))
+		m, err := New(name, []Backend{b}, WithSyncReplicas(1), WithNodeTimeout(time.Second)) // WAIT 750ms: room for a loaded machine
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -796,7 +796,8 @@ func TestClusterSyncReplicas(t *testing.T) {
 	ctx := context.Background()
 	for i := range 6 {
 		name := fmt.Sprintf("sync-%d", i)
-		m, err := netlock.New(name, []netlock.Backend{b}, netlock.WithSyncReplicas(1))
+		m, err := netlock.New(name, []netlock.Backend{b}, netlock.WithSyncReplicas(1),
+			netlock.WithNodeTimeout(time.Second)) // WAIT 750ms: room for a loaded machine to read its reply
 		if err != nil {
 			t.Fatal(err)
 		}
