@@ -28,15 +28,35 @@ type Backend interface {
 // A Script is one of netlock's Lua scripts, with its SHA1 computed once.
 type Script struct {
 	name, src, sha string
+	op             scriptOp
 	// sharded is the variant of a script that tells waiters (see
 	// lua/handon.lua) that does so with SPUBLISH, run on a Backend whose
 	// Hub uses sharded pub/sub (see NetMutex.call); nil for the others.
 	sharded *Script
 }
 
+// A scriptOp is what a script does to a hold, whichever lock it is for:
+// call and the limiter treat acquires and extends apart.
+type scriptOp int
+
+const (
+	opOther scriptOp = iota
+	opAcquire
+	opExtend
+)
+
 func newScript(name, src string) *Script {
 	sum := sha1.Sum([]byte(src))
 	return &Script{name: name, src: src, sha: hex.EncodeToString(sum[:])}
+}
+
+// withOp sets s's op and returns s.
+func (s *Script) withOp(op scriptOp) *Script {
+	s.op = op
+	if s.sharded != nil {
+		s.sharded.op = op
+	}
+	return s
 }
 
 // newTelling returns the script name, whose source src tells waiters with
@@ -74,9 +94,24 @@ var (
 	//go:embed lua/inspect.lua
 	inspectLua string
 
-	acquireScript = newScript("acquire", acquireLua)
+	//go:embed lua/rw_acquire.lua
+	rwAcquireLua string
+	//go:embed lua/rw_release.lua
+	rwReleaseLua string
+	//go:embed lua/rw_extend.lua
+	rwExtendLua string
+	//go:embed lua/rw_leave.lua
+	rwLeaveLua string
+
+	acquireScript = newScript("acquire", acquireLua).withOp(opAcquire)
 	releaseScript = newTelling("release", handOnLua+releaseLua)
-	extendScript  = newScript("extend", extendLua)
+	extendScript  = newScript("extend", extendLua).withOp(opExtend)
 	leaveScript   = newTelling("leave", handOnLua+leaveLua)
 	inspectScript = newScript("inspect", inspectLua)
+
+	// NetRWMutex's (see rwmutex.go).
+	rwAcquireScript = newScript("rw_acquire", rwAcquireLua).withOp(opAcquire)
+	rwReleaseScript = newTelling("rw_release", rwReleaseLua)
+	rwExtendScript  = newScript("rw_extend", rwExtendLua).withOp(opExtend)
+	rwLeaveScript   = newTelling("rw_leave", rwLeaveLua)
 )

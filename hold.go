@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -20,6 +21,9 @@ type hold struct {
 	token uint64
 
 	ended chan struct{} // closed when the hold is lost or released (Lost)
+	// writerWaits, for a NetRWMutex's read lease: a writer waits, so no
+	// more readers of this process may share the lease (see NetRWMutex).
+	writerWaits atomic.Bool
 
 	mu      sync.Mutex
 	until   time.Time // local deadline, monotonic: the hold is lost when it passes
@@ -49,6 +53,7 @@ func newHold(m *NetMutex, g grant) *hold {
 		until: g.until,
 		next:  m.nextExtend(g.start),
 	}
+	h.writerWaits.Store(g.writerWaits)
 	h.mu.Lock()
 	h.timer = time.AfterFunc(h.wakeLocked(), h.tick)
 	h.mu.Unlock()
@@ -223,9 +228,13 @@ func (m *NetMutex) extendRound(ctx context.Context, h *hold) (err error) {
 	defer cancel()
 	start := time.Now()
 	defer func() { m.extended(ctx, h, time.Since(start), err) }()
-	err = m.settle(m.fanout(ctx, extendScript, m.extendKeys, []string{h.value, m.expiryMS, m.queueMS}, nil))
-	if err != nil {
+	s, keys, args := m.extendCall(h.value)
+	replies := m.fanout(ctx, s, keys, args, nil)
+	if err = m.settle(replies); err != nil {
 		return err
+	}
+	if m.rw == 'r' && writerWaits(replies) {
+		h.writerWaits.Store(true)
 	}
 	if !h.moveUntil(start.Add(m.cfg.expiry - time.Since(start) - m.driftTerm)) {
 		return ErrLockLost

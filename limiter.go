@@ -65,7 +65,7 @@ func (l *limiter) enter(ctx context.Context, s *Script, bound time.Duration) (sl
 		return nil, false, nil
 	}
 	slots = l.others
-	if s == extendScript {
+	if s.op == opExtend {
 		slots = l.extends
 	}
 	select {
@@ -94,7 +94,7 @@ func exit(slots chan struct{}) {
 }
 
 func budgetName(s *Script) string {
-	if s == extendScript {
+	if s.op == opExtend {
 		return "extend"
 	}
 	return "non-extend"

@@ -65,6 +65,13 @@ type NetMutex struct {
 	grants bool
 	epoch  time.Time
 
+	// rw is 0 for a NetMutex; 'r' or 'w' for the read lease or the write
+	// lock of a NetRWMutex, whose keys rwk are, and whose waiters keep
+	// their places for markerMS (see NewRW).
+	rw       byte
+	rwk      rwKeys
+	markerMS string
+
 	mu sync.Mutex
 	// The local queue. A goroutine owns m in this process from the moment
 	// it finds m not owned, or is handed m from the queue, until UnlockCtx

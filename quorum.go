@@ -23,6 +23,9 @@ type grant struct {
 	value        string    // our lock value, fresh for this round
 	token        uint64    // fencing token (0 with fencing off)
 	start, until time.Time // when the round began; the hold's local deadline
+	// writerWaits, for a NetRWMutex's read lease: a node said a writer
+	// waits (see lua/rw_acquire.lua).
+	writerWaits bool
 }
 
 // nodeReply is one node's answer to one script call.
@@ -132,14 +135,14 @@ func (m *NetMutex) call(ctx, sent context.Context, i int, s *Script, keys, args 
 	var vals []int64
 	var start time.Time
 	acked := 0
-	wait := m.cfg.replicas > 0 && (s == acquireScript || s == extendScript)
+	wait := m.cfg.replicas > 0 && (s.op == opAcquire || s.op == opExtend)
 	if wait {
 		start = time.Now()
 		vals, acked, err = m.nodes[i].(ReplicaWaiter).EvalWait(sent, s, keys, args, m.cfg.replicas)
 	} else {
 		vals, err = m.nodes[i].Eval(sent, s, keys, args)
 	}
-	if err == nil && (len(vals) == 0 || (s == acquireScript && len(vals) != 3 && len(vals) != 4)) {
+	if err == nil && (len(vals) == 0 || (s.op == opAcquire && len(vals) != 3 && len(vals) != 4)) {
 		return nodeReply{err: nodeError(i, fmt.Errorf("%s script: unexpected reply %v", s.Name(), vals)), permanent: true}
 	}
 	if err != nil {
@@ -147,7 +150,7 @@ func (m *NetMutex) call(ctx, sent context.Context, i int, s *Script, keys, args 
 	}
 	if wait && vals[0] == statusOK && acked < m.cfg.replicas {
 		err := &replicaError{acked: acked, want: m.cfg.replicas, took: time.Since(start).Round(time.Millisecond)}
-		return nodeReply{err: nodeError(i, err), permanent: s == acquireScript}
+		return nodeReply{err: nodeError(i, err), permanent: s.op == opAcquire}
 	}
 	return nodeReply{vals: vals}
 }
@@ -176,11 +179,8 @@ func (m *NetMutex) acquireRound(ctx context.Context, q ask) outcome {
 	// starts after it, so start+validity is before any node's key expires
 	// (up to the drift allowance).
 	start := time.Now()
-	keys := []string{m.keys.lock, m.keys.tomb(value), m.keys.waiters, m.keys.fence}
-	if m.keys.fence == "" {
-		keys = keys[:3]
-	}
-	replies := m.fanout(ctx, acquireScript, keys, []string{value, m.expiryMS, proposal + ":" + q.member + ":" + q.flags + ":" + m.queueMS}, nil)
+	s, keys, args := m.acquireCall(value, proposal, q)
+	replies := m.fanout(ctx, s, keys, args, nil)
 	took := time.Since(start)
 	validity := m.cfg.expiry - took - m.driftTerm
 
@@ -242,6 +242,11 @@ func (m *NetMutex) acquireRound(ctx context.Context, q ask) outcome {
 			}
 			if n >= m.quorum {
 				o := outcome{kind: acquired, grant: grant{value: value, token: uint64(replies[i].vals[1]), start: start, until: start.Add(validity)}, took: took}
+				if m.rw == 'r' {
+					for j := range replies {
+						o.grant.writerWaits = o.grant.writerWaits || granted[j] && replies[j].vals[2] == 1
+					}
+				}
 				if nGranted < len(replies) {
 					for j := range granted {
 						granted[j] = !granted[j]
@@ -306,21 +311,46 @@ func (m *NetMutex) releaseDetached(ctx context.Context, value string, targets []
 // targets is nil). Nodes that could not be asked get the release again later,
 // from the reaper.
 func (m *NetMutex) release(ctx context.Context, value string, targets []bool) []nodeReply {
-	replies := m.fanout(ctx, releaseScript, m.releaseKeys(value), m.releaseArgs(value), targets)
+	s, keys, args := m.releaseCall(value)
+	replies := m.fanout(ctx, s, keys, args, targets)
 	m.reapLater(value, replies, targets)
 	return replies
 }
 
-func (m *NetMutex) releaseKeys(value string) []string {
+// acquireCall returns the acquire script of m's kind of lock, with its
+// keys and arguments, for an acquire of value proposing the fencing token
+// proposal, as the waiters' queue member q.
+func (m *NetMutex) acquireCall(value, proposal string, q ask) (*Script, []string, []string) {
+	if m.rw != 0 {
+		return m.rwAcquireCall(value, proposal, q)
+	}
 	keys := []string{m.keys.lock, m.keys.tomb(value), m.keys.waiters, m.keys.fence}
 	if m.keys.fence == "" {
 		keys = keys[:3]
 	}
-	return keys
+	return acquireScript, keys, []string{value, m.expiryMS, proposal + ":" + q.member + ":" + q.flags + ":" + m.queueMS}
 }
 
-func (m *NetMutex) releaseArgs(value string) []string {
-	return []string{value, m.tombMS, m.wakeTries}
+// releaseCall returns the release script of m's kind of lock, with its keys
+// and arguments, for value.
+func (m *NetMutex) releaseCall(value string) (*Script, []string, []string) {
+	if m.rw != 0 {
+		return m.rwReleaseCall(value)
+	}
+	keys := []string{m.keys.lock, m.keys.tomb(value), m.keys.waiters, m.keys.fence}
+	if m.keys.fence == "" {
+		keys = keys[:3]
+	}
+	return releaseScript, keys, []string{value, m.tombMS, m.wakeTries}
+}
+
+// extendCall returns the extend script of m's kind of lock, with its keys
+// and arguments, for value.
+func (m *NetMutex) extendCall(value string) (*Script, []string, []string) {
+	if m.rw != 0 {
+		return m.rwExtendCall(value)
+	}
+	return extendScript, m.extendKeys, []string{value, m.expiryMS, m.queueMS}
 }
 
 // leave takes member off the waiters' queue of the targeted nodes (all when
@@ -331,6 +361,10 @@ func (m *NetMutex) releaseArgs(value string) []string {
 // not take. Best effort: a member left behind is skipped by a release, since
 // nobody listens for it any more.
 func (m *NetMutex) leave(ctx context.Context, member string, targets []bool) {
+	if m.rw != 0 {
+		m.fanout(context.WithoutCancel(ctx), rwLeaveScript, m.rwLeaveKeys(), []string{member}, targets)
+		return
+	}
 	keys := []string{m.keys.waiters, m.keys.lock, m.keys.fence}
 	if m.keys.fence == "" {
 		keys = keys[:2]

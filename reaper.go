@@ -79,7 +79,8 @@ func (m *NetMutex) reap() {
 				continue
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), m.cfg.nodeTimeout)
-			rep := m.call(context.Background(), ctx, p.node, releaseScript, m.releaseKeys(p.value), m.releaseArgs(p.value))
+			s, keys, args := m.releaseCall(p.value)
+			rep := m.call(context.Background(), ctx, p.node, s, keys, args)
 			cancel()
 			switch {
 			case rep.err == nil:

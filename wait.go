@@ -212,6 +212,11 @@ func (w *waiter) flags() string {
 	if !w.wait {
 		return ""
 	}
+	if w.m.rw != 0 {
+		// A NetRWMutex's waiter always takes its place, even when it
+		// polls: the place is what keeps later readers (or writers) out.
+		return "j"
+	}
 	switch listening := w.listening(); {
 	case listening && w.turn && w.queued:
 		return "jtq"

@@ -1,0 +1,486 @@
+package netlock
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+)
+
+// A NetRWMutex is a reader/writer mutual exclusion lock shared across
+// processes and machines through Redis: any number of readers, or one
+// writer, among every client of the name. Its methods are sync.RWMutex's,
+// with a ctx layer (LockCtx, RLockCtx, TryLockCtx, TryRLockCtx, UnlockCtx,
+// RUnlockCtx) that returns errors instead of panicking, as NetMutex's does.
+//
+// The rules are sync.RWMutex's, across processes: a writer waiting keeps
+// new readers out, so a stream of readers cannot starve it; readers that
+// were waiting when a writer leaves all get in before any writer that came
+// after them; writers get in in order of arrival. A waiter whose process
+// died keeps its place for at most two expiries.
+//
+// The readers of one process share one read lease in Redis: a thousand
+// reading goroutines cost one lease, one extend per interval and one
+// release. A reader that arrives while the lease is held joins it without a
+// round trip, unless a writer (of this process or another) waits: then it
+// waits for the lease to end and queues in Redis behind that writer. The
+// process learns that a writer waits from the lease's acquire and extends
+// (at least every expiry/3) and at once when the writer is of this process;
+// a writer of another process can thus wait up to an extend interval, plus
+// the read sections under way, for the lease to end.
+//
+// Leases and the write lock expire when their process dies and are
+// extended while it lives (WithAutoExtend); a hold that lapses is told by
+// the local clock, on Lost (the writer) and RLost (the readers). The
+// writer's fencing tokens (Token) come from the counter NetMutex uses, and
+// strictly increase with every write lock.
+//
+// A NetRWMutex must be created with NewRW and must not be copied after first
+// use.
+type NetRWMutex struct {
+	w *NetMutex // the write lock
+	r *NetMutex // the read lease, shared by this process's readers
+
+	mu sync.Mutex
+	// writers counts the goroutines of this process between LockCtx and
+	// UnlockCtx (waiting or holding): while there are any, readers do not
+	// join the lease.
+	writers int
+	readers int   // goroutines holding a read lock, on lease
+	lease   *hold // the read lease they share; nil when none
+	// leaseEnd is closed when lease is released (its last reader left).
+	leaseEnd chan struct{}
+	// leasing is non-nil while a reader acquires a lease in Redis; it is
+	// closed when that attempt ends.
+	leasing chan struct{}
+}
+
+// markerExpiries: a waiter of a NetRWMutex keeps its place in Redis for
+// two expiries after its last attempt (each attempt renews it, at least
+// every expiry): a waiter whose process died then keeps others out for at
+// most that long.
+const markerExpiries = 2
+
+// NewRW returns a NetRWMutex for the lock called name on backends, with the
+// options of New (a quorum over several backends grants each read lease and
+// the write lock by majority, the writer's fencing ballot as NetMutex's). It
+// validates its input as New does and does not contact Redis. A NetRWMutex
+// and a NetMutex of the same name are different locks.
+func NewRW(name string, backends []Backend, opts ...Option) (*NetRWMutex, error) {
+	w, err := New(name, backends, opts...)
+	if err != nil {
+		return nil, err
+	}
+	r, err := New(name, backends, opts...)
+	if err != nil {
+		return nil, err
+	}
+	k := newRWKeys(w.keys)
+	for _, m := range []*NetMutex{w, r} {
+		m.rwk = k
+		m.waitChan = k.writer + ":released" // every waiter of the name listens on it
+		m.grants = false
+		m.markerMS = strconv.FormatInt(markerExpiries*m.cfg.expiry.Milliseconds(), 10)
+	}
+	w.rw, r.rw = 'w', 'r'
+	// A writer's Unlock releases in Redis, where readers that were waiting
+	// come before the next writer: handing the write lock to a writer of
+	// this process would pass over them.
+	w.cfg.handoffs = 0
+	return &NetRWMutex{w: w, r: r}, nil
+}
+
+// rwKeys are the Redis keys of a NetRWMutex (see lua/rw_acquire.lua).
+type rwKeys struct {
+	writer  string // p{name}:rw, "<value>:<token>" while a writer holds
+	writers string // p{name}:rw:writers, the writers' queue
+	readers string // p{name}:rw:readers, the readers' queue
+	leases  string // p{name}:rw:leases, read leases and waiters' deadlines
+	fence   string // the fence counter, as NetMutex's; "" with fencing off
+}
+
+func newRWKeys(k keys) rwKeys {
+	w := k.lock + ":rw"
+	return rwKeys{writer: w, writers: w + ":writers", readers: w + ":readers", leases: w + ":leases", fence: k.fence}
+}
+
+func (m *NetMutex) rwAcquireCall(value, proposal string, q ask) (*Script, []string, []string) {
+	k := m.rwk
+	keys := []string{k.writer, k.writer + ":gone:" + value, k.writers, k.readers, k.leases}
+	if m.rw == 'w' && k.fence != "" {
+		keys = append(keys, k.fence)
+	}
+	return rwAcquireScript, keys, []string{string(m.rw) + ":" + value + ":" + m.expiryMS + ":" + proposal + ":" + q.member + ":" + m.markerMS}
+}
+
+func (m *NetMutex) rwReleaseCall(value string) (*Script, []string, []string) {
+	k := m.rwk
+	return rwReleaseScript, []string{k.writer, k.writer + ":gone:" + value, k.writers, k.readers, k.leases}, []string{string(m.rw) + ":" + value + ":" + m.tombMS}
+}
+
+func (m *NetMutex) rwExtendCall(value string) (*Script, []string, []string) {
+	k := m.rwk
+	return rwExtendScript, []string{k.writer, k.leases, k.writers}, []string{string(m.rw) + ":" + value + ":" + m.expiryMS}
+}
+
+func (m *NetMutex) rwLeaveKeys() []string {
+	k := m.rwk
+	return []string{k.writers, k.readers, k.leases, k.writer}
+}
+
+// writerWaits reports whether a node's reply to a read lease's extend says
+// that a writer waits (see lua/rw_extend.lua).
+func writerWaits(replies []nodeReply) bool {
+	for _, r := range replies {
+		if r.err == nil && r.vals[0] == statusOK && len(r.vals) > 1 && r.vals[1] == 1 {
+			return true
+		}
+	}
+	return false
+}
+
+// Name returns the lock's name, as given to NewRW.
+func (rw *NetRWMutex) Name() string {
+	if rw == nil || rw.w == nil {
+		return ""
+	}
+	return rw.w.name
+}
+
+func (rw *NetRWMutex) check() error {
+	if rw == nil || rw.w == nil {
+		return errZeroRW
+	}
+	return nil
+}
+
+// errZeroRW is returned by a NetRWMutex that was not made by NewRW.
+var errZeroRW = errors.New("netlock: NetRWMutex not created by NewRW (the zero value is not usable)")
+
+// Lock locks rw for writing, blocking until no reader or writer holds it,
+// however long that takes. It panics with the error if Redis cannot be
+// asked, as NetMutex.Lock does.
+func (rw *NetRWMutex) Lock() {
+	if err := rw.LockCtx(context.Background()); err != nil {
+		panic(err)
+	}
+}
+
+// Unlock unlocks rw for writing. Like sync.RWMutex.Unlock, it panics only if
+// rw is not locked for writing (a panic whose value matches ErrNotHeld);
+// whatever Redis does, it returns with rw unlocked in this process.
+func (rw *NetRWMutex) Unlock() {
+	err := rw.UnlockCtx(context.Background())
+	switch {
+	case errors.Is(err, ErrNotHeld):
+		panic(errUnlockUnlocked)
+	case errors.Is(err, errZeroRW):
+		panic(err)
+	}
+}
+
+// RLock locks rw for reading, blocking while a writer holds it or waits for
+// it. It panics with the error if Redis cannot be asked.
+func (rw *NetRWMutex) RLock() {
+	if err := rw.RLockCtx(context.Background()); err != nil {
+		panic(err)
+	}
+}
+
+// RUnlock undoes a single RLock. Like sync.RWMutex.RUnlock, it panics if rw
+// is not locked for reading (a panic whose value matches ErrNotHeld).
+func (rw *NetRWMutex) RUnlock() {
+	err := rw.RUnlockCtx(context.Background())
+	switch {
+	case errors.Is(err, ErrNotHeld):
+		panic(errRUnlockUnlocked)
+	case errors.Is(err, errZeroRW):
+		panic(err)
+	}
+}
+
+// errRUnlockUnlocked is RUnlock's panic value when rw is not read-locked,
+// in the words sync.RWMutex uses.
+var errRUnlockUnlocked = &wrapError{msg: "netlock: RUnlock of unlocked RWMutex", err: ErrNotHeld}
+
+// TryLock tries to lock rw for writing once, without waiting, and reports
+// whether it succeeded. It panics with the error if Redis could not be
+// asked.
+func (rw *NetRWMutex) TryLock() bool {
+	ok, err := rw.TryLockCtx(context.Background())
+	if err != nil {
+		panic(err)
+	}
+	return ok
+}
+
+// TryRLock tries to lock rw for reading once, without waiting, and reports
+// whether it succeeded. It panics with the error if Redis could not be
+// asked.
+func (rw *NetRWMutex) TryRLock() bool {
+	ok, err := rw.TryRLockCtx(context.Background())
+	if err != nil {
+		panic(err)
+	}
+	return ok
+}
+
+// RLocker returns a sync.Locker whose Lock and Unlock call rw.RLock and
+// rw.RUnlock.
+func (rw *NetRWMutex) RLocker() sync.Locker { return (*rlocker)(rw) }
+
+type rlocker NetRWMutex
+
+func (r *rlocker) Lock()   { (*NetRWMutex)(r).RLock() }
+func (r *rlocker) Unlock() { (*NetRWMutex)(r).RUnlock() }
+
+// Token returns the fencing token of the current write lock: strictly
+// increasing with every write lock of this name, across all clients (the
+// counter NetMutex uses). 0 when rw is not locked for writing or fencing is
+// off. Readers have no token: they do not write.
+func (rw *NetRWMutex) Token() uint64 {
+	if rw == nil || rw.w == nil {
+		return 0
+	}
+	return rw.w.Token()
+}
+
+// Lost returns a channel closed when the current write lock ends without
+// this client's say (as NetMutex.Lost), or when it is released. A closed
+// channel when rw is not locked for writing.
+func (rw *NetRWMutex) Lost() <-chan struct{} {
+	if rw == nil || rw.w == nil {
+		return closedChan
+	}
+	return rw.w.Lost()
+}
+
+// RLost returns a channel closed when this process's read lease ends without
+// its say: its local deadline passed without a successful extend, or an
+// extend found it gone. Every reader of the process shares the lease, so
+// every one of them should stop reading then. It is also closed when the
+// lease is released (the last reader's RUnlock). A closed channel when rw is
+// not locked for reading.
+func (rw *NetRWMutex) RLost() <-chan struct{} {
+	if rw == nil || rw.w == nil {
+		return closedChan
+	}
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	if rw.lease == nil {
+		return closedChan
+	}
+	return rw.lease.ended
+}
+
+// LockCtx locks rw for writing, waiting until no reader or writer of any
+// process holds it, until ctx ends. Its errors are NetMutex.LockCtx's: an
+// error matching ErrNotObtained (and ctx's error) if ctx ends first, with
+// nothing left held or queued; an error matching ErrQuorum if Redis could
+// not be asked for the outage window.
+func (rw *NetRWMutex) LockCtx(ctx context.Context) error {
+	if err := rw.check(); err != nil {
+		return err
+	}
+	rw.mu.Lock()
+	rw.writers++
+	rw.mu.Unlock()
+	if err := rw.w.LockCtx(ctx); err != nil {
+		rw.writerLeft()
+		return err
+	}
+	return nil
+}
+
+// TryLockCtx tries to lock rw for writing once, without waiting. It returns
+// (false, nil) when a reader or writer holds rw or a waiter came first, and
+// (false, err) when Redis could not be asked.
+func (rw *NetRWMutex) TryLockCtx(ctx context.Context) (bool, error) {
+	if err := rw.check(); err != nil {
+		return false, err
+	}
+	rw.mu.Lock()
+	if rw.lease != nil || rw.leasing != nil {
+		rw.mu.Unlock()
+		return false, nil // our own readers hold rw, or are about to
+	}
+	rw.writers++
+	rw.mu.Unlock()
+	ok, err := rw.w.TryLockCtx(ctx)
+	if !ok {
+		rw.writerLeft()
+	}
+	return ok, err
+}
+
+// UnlockCtx unlocks rw for writing. It returns ErrNotHeld if rw is not
+// locked for writing, ErrLockLost if the write lock had been lost; rw is
+// unlocked in this process afterwards whatever it returns.
+func (rw *NetRWMutex) UnlockCtx(ctx context.Context) error {
+	if err := rw.check(); err != nil {
+		return err
+	}
+	err := rw.w.UnlockCtx(ctx)
+	if errors.Is(err, ErrNotHeld) {
+		return err
+	}
+	rw.writerLeft()
+	return err
+}
+
+func (rw *NetRWMutex) writerLeft() {
+	rw.mu.Lock()
+	rw.writers--
+	rw.mu.Unlock()
+}
+
+// RLockCtx locks rw for reading, waiting while a writer holds it or waits
+// for it, until ctx ends. A reader of this process joins the read lease its
+// process holds, without a round trip, if no writer waits. Its errors are
+// LockCtx's.
+func (rw *NetRWMutex) RLockCtx(ctx context.Context) error {
+	if err := rw.check(); err != nil {
+		return err
+	}
+	for {
+		rw.mu.Lock()
+		if rw.lease != nil {
+			if rw.joinable() {
+				rw.readers++
+				rw.mu.Unlock()
+				return nil
+			}
+			end := rw.leaseEnd
+			rw.mu.Unlock()
+			if err := awaitClose(ctx, end); err != nil {
+				return err
+			}
+			continue
+		}
+		if rw.leasing != nil {
+			leasing := rw.leasing
+			rw.mu.Unlock()
+			if err := awaitClose(ctx, leasing); err != nil {
+				return err
+			}
+			continue
+		}
+		leasing := make(chan struct{})
+		rw.leasing = leasing
+		rw.mu.Unlock()
+
+		err := rw.r.LockCtx(ctx)
+
+		rw.mu.Lock()
+		rw.leasing = nil
+		close(leasing)
+		if err == nil {
+			rw.leased()
+		}
+		rw.mu.Unlock()
+		return err
+	}
+}
+
+// TryRLockCtx tries to lock rw for reading once, without waiting. It
+// returns (false, nil) when a writer holds rw or waits for it (or another
+// goroutine of this process is acquiring the read lease), and (false, err)
+// when Redis could not be asked.
+func (rw *NetRWMutex) TryRLockCtx(ctx context.Context) (bool, error) {
+	if err := rw.check(); err != nil {
+		return false, err
+	}
+	rw.mu.Lock()
+	switch {
+	case rw.lease != nil && rw.joinable():
+		rw.readers++
+		rw.mu.Unlock()
+		return true, nil
+	case rw.lease != nil || rw.leasing != nil || rw.writers > 0:
+		rw.mu.Unlock()
+		return false, nil
+	}
+	leasing := make(chan struct{})
+	rw.leasing = leasing
+	rw.mu.Unlock()
+
+	ok, err := rw.r.TryLockCtx(ctx)
+
+	rw.mu.Lock()
+	rw.leasing = nil
+	close(leasing)
+	if ok {
+		rw.leased()
+	}
+	rw.mu.Unlock()
+	return ok, err
+}
+
+// leased records the read lease just acquired (or handed over) for the
+// calling reader. The caller holds rw.mu.
+func (rw *NetRWMutex) leased() {
+	rw.lease = rw.r.current()
+	rw.readers = 1
+	rw.leaseEnd = make(chan struct{})
+}
+
+// joinable reports whether a reader may join the lease: no writer of this
+// process waits, none of another process is known to, and the lease is
+// still held. The caller holds rw.mu, and rw.lease is set.
+func (rw *NetRWMutex) joinable() bool {
+	if rw.writers > 0 || rw.lease.writerWaits.Load() {
+		return false
+	}
+	_, held := rw.lease.deadline()
+	return held
+}
+
+// RUnlockCtx undoes a single RLockCtx. It returns ErrNotHeld if rw is not
+// locked for reading. The last reader of the process releases the lease:
+// then it returns ErrLockLost if the lease had been lost.
+func (rw *NetRWMutex) RUnlockCtx(ctx context.Context) error {
+	if err := rw.check(); err != nil {
+		return err
+	}
+	rw.mu.Lock()
+	if rw.readers == 0 {
+		rw.mu.Unlock()
+		return ErrNotHeld
+	}
+	rw.readers--
+	if rw.readers > 0 {
+		rw.mu.Unlock()
+		return nil
+	}
+	lease, end := rw.lease, rw.leaseEnd
+	rw.lease, rw.leaseEnd = nil, nil
+	writerWaits := rw.writers > 0 || lease.writerWaits.Load()
+	rw.mu.Unlock()
+	if writerWaits {
+		// A reader of this process waiting for the lease must not be
+		// handed it: it queues in Redis, behind the writer.
+		rw.r.noHandOff()
+	}
+	err := rw.r.UnlockCtx(ctx)
+	close(end)
+	return err
+}
+
+// noHandOff keeps m's next UnlockCtx from handing the hold to a local
+// waiter.
+func (m *NetMutex) noHandOff() {
+	m.mu.Lock()
+	m.handoffs = m.cfg.handoffs
+	m.mu.Unlock()
+}
+
+// awaitClose waits until ch is closed or ctx ends; then it returns an error
+// matching ErrNotObtained and ctx's cause.
+func awaitClose(ctx context.Context, ch <-chan struct{}) error {
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return notObtained(context.Cause(ctx))
+	}
+}

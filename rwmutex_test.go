@@ -1,0 +1,337 @@
+package netlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// newRW returns a NetRWMutex on a Backend of its own, as another process
+// would have.
+func (e *env) newRW(t testing.TB, name string, opts ...Option) *NetRWMutex {
+	t.Helper()
+	rw, err := NewRW(name, []Backend{e.backend(t)}, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rw
+}
+
+// rwChecker counts the readers and writers inside their sections, across
+// every process of a test, and records any overlap a NetRWMutex must
+// exclude.
+type rwChecker struct {
+	readers, writers atomic.Int64
+	violations       atomic.Int64
+	reads, writes    atomic.Int64
+}
+
+func (c *rwChecker) read(pause time.Duration) {
+	c.readers.Add(1)
+	if c.writers.Load() != 0 {
+		c.violations.Add(1)
+	}
+	time.Sleep(pause)
+	if c.writers.Load() != 0 {
+		c.violations.Add(1)
+	}
+	c.readers.Add(-1)
+	c.reads.Add(1)
+}
+
+func (c *rwChecker) write(pause time.Duration) {
+	if c.writers.Add(1) != 1 || c.readers.Load() != 0 {
+		c.violations.Add(1)
+	}
+	time.Sleep(pause)
+	if c.writers.Load() != 1 || c.readers.Load() != 0 {
+		c.violations.Add(1)
+	}
+	c.writers.Add(-1)
+	c.writes.Add(1)
+}
+
+func TestRWReadersShareWritersExclude(t *testing.T) {
+	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		a, b, c := e.newRW(t, "rw"), e.newRW(t, "rw"), e.newRW(t, "rw")
+		a.RLock()
+		b.RLock()
+		if c.TryLock() {
+			t.Fatal("TryLock succeeded while two processes read")
+		}
+		if !c.TryRLock() {
+			t.Fatal("TryRLock failed while only readers hold")
+		}
+		c.RUnlock()
+		got := make(chan error, 1)
+		go func() { got <- c.LockCtx(ctx) }()
+		time.Sleep(50 * time.Millisecond)
+		select {
+		case err := <-got:
+			t.Fatalf("writer got in while readers hold: %v", err)
+		default:
+		}
+		// A waiting writer keeps new readers of other processes out.
+		if a2 := e.newRW(t, "rw"); a2.TryRLock() {
+			t.Fatal("a new reader got in while a writer waits")
+		}
+		a.RUnlock()
+		b.RUnlock()
+		if err := <-got; err != nil {
+			t.Fatal(err)
+		}
+		tok := c.Token()
+		if tok == 0 {
+			t.Fatal("writer has no fencing token")
+		}
+		if a.TryRLock() || b.TryLock() {
+			t.Fatal("a reader or writer got in while a writer holds")
+		}
+		c.Unlock()
+		b.Lock()
+		if b.Token() <= tok {
+			t.Fatalf("token %d after %d", b.Token(), tok)
+		}
+		b.Unlock()
+		// Nothing left behind.
+		for _, k := range []string{DefaultPrefix + "{rw}:rw", DefaultPrefix + "{rw}:rw:writers", DefaultPrefix + "{rw}:rw:readers", DefaultPrefix + "{rw}:rw:leases"} {
+			if e.exists(t, k) {
+				t.Errorf("%s left behind", k)
+			}
+		}
+	})
+}
+
+func TestRWMisusePanics(t *testing.T) {
+	forEachEnv(t, miniOnly, func(t *testing.T, e *env) {
+		rw := e.newRW(t, "misuse")
+		if err := recoverErr(rw.RUnlock); !errors.Is(err, ErrNotHeld) {
+			t.Fatalf("RUnlock without RLock: %v", err)
+		}
+		if err := recoverErr(rw.Unlock); !errors.Is(err, ErrNotHeld) {
+			t.Fatalf("Unlock without Lock: %v", err)
+		}
+		rw.RLock()
+		if err := recoverErr(rw.Unlock); !errors.Is(err, ErrNotHeld) {
+			t.Fatalf("Unlock while read-locked: %v", err)
+		}
+		rw.RUnlock()
+		var zero NetRWMutex
+		if err := recoverErr(zero.RLock); !errors.Is(err, errZeroRW) {
+			t.Fatalf("zero value RLock: %v", err)
+		}
+		if _, err := NewRW("", []Backend{e.backend(t)}); err == nil {
+			t.Fatal("NewRW accepted an empty name")
+		}
+	})
+}
+
+// TestRWSharedLease: the readers of one process cost one lease in Redis.
+func TestRWSharedLease(t *testing.T) {
+	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
+		rw := e.newRW(t, "shared")
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		in := make(chan struct{}, 1000)
+		for range 1000 {
+			wg.Go(func() {
+				<-start
+				rw.RLock()
+				in <- struct{}{}
+			})
+		}
+		close(start)
+		for range 1000 {
+			<-in
+		}
+		if n := e.do(t, "ZCARD", DefaultPrefix+"{shared}:rw:leases"); n != int64(1) {
+			t.Fatalf("%v leases for 1000 readers of one process", n)
+		}
+		for range 1000 {
+			rw.RUnlock()
+		}
+		wg.Wait()
+		if e.exists(t, DefaultPrefix+"{shared}:rw:leases") {
+			t.Fatal("lease left after the last RUnlock")
+		}
+	})
+}
+
+// TestRWReadersBeforeLaterWriter: readers waiting behind a writer all get
+// in when it leaves, before a writer that came after them.
+func TestRWReadersBeforeLaterWriter(t *testing.T) {
+	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		w1 := e.newRW(t, "order")
+		w1.Lock()
+		var readers [3]*NetRWMutex
+		var in atomic.Int64
+		var wg sync.WaitGroup
+		for i := range readers {
+			readers[i] = e.newRW(t, "order")
+			wg.Go(func() {
+				readers[i].RLock()
+				in.Add(1)
+			})
+		}
+		waitUntil(t, func() bool { return e.do(t, "ZCARD", DefaultPrefix+"{order}:rw:readers") == int64(3) })
+		w2 := e.newRW(t, "order")
+		w2in := make(chan int64, 1)
+		go func() {
+			if err := w2.LockCtx(ctx); err != nil {
+				t.Error(err)
+			}
+			w2in <- in.Load()
+		}()
+		waitUntil(t, func() bool { return e.do(t, "ZCARD", DefaultPrefix+"{order}:rw:writers") == int64(1) })
+		w1.Unlock()
+		wg.Wait()
+		for _, r := range readers {
+			r.RUnlock()
+		}
+		if n := <-w2in; n != 3 {
+			t.Fatalf("the later writer got in with %d of 3 waiting readers in before it", n)
+		}
+		w2.Unlock()
+	})
+}
+
+// TestRWWriterNotStarved: readers of two processes overlapping all the time
+// do not keep a writer out.
+func TestRWWriterNotStarved(t *testing.T) {
+	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		var c rwChecker
+		for range 2 {
+			rw := e.newRW(t, "starve", WithExpiry(900*time.Millisecond))
+			for range 3 {
+				wg.Go(func() {
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						rw.RLock()
+						c.read(time.Duration(rand.N(5)) * time.Millisecond)
+						rw.RUnlock()
+					}
+				})
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+		w := e.newRW(t, "starve", WithExpiry(900*time.Millisecond))
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		for range 3 {
+			if err := w.LockCtx(ctx); err != nil {
+				t.Fatalf("writer starved: %v (reads %d)", err, c.reads.Load())
+			}
+			c.write(time.Millisecond)
+			w.Unlock()
+		}
+		close(stop)
+		wg.Wait()
+		if v := c.violations.Load(); v != 0 {
+			t.Fatalf("%d overlaps", v)
+		}
+	})
+}
+
+// TestRWExclusion runs readers and writers of several processes at random
+// and checks that a writer never overlaps anyone.
+func TestRWExclusion(t *testing.T) {
+	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
+		var c rwChecker
+		var wg sync.WaitGroup
+		deadline := time.Now().Add(time.Second)
+		var last atomic.Uint64
+		for p := range 4 {
+			rw := e.newRW(t, "excl")
+			for g := range 3 {
+				wg.Go(func() {
+					for time.Now().Before(deadline) {
+						if (p+g)%3 == 0 && rand.N(3) == 0 {
+							rw.Lock()
+							tok := rw.Token()
+							if prev := last.Swap(tok); tok <= prev {
+								t.Errorf("token %d after %d", tok, prev)
+							}
+							c.write(time.Duration(rand.N(2)) * time.Millisecond)
+							rw.Unlock()
+						} else {
+							rw.RLock()
+							c.read(time.Duration(rand.N(2)) * time.Millisecond)
+							rw.RUnlock()
+						}
+					}
+				})
+			}
+		}
+		wg.Wait()
+		if v := c.violations.Load(); v != 0 {
+			t.Fatalf("%d overlaps (%d reads, %d writes)", v, c.reads.Load(), c.writes.Load())
+		}
+		if c.writes.Load() == 0 || c.reads.Load() == 0 {
+			t.Fatalf("%d reads, %d writes", c.reads.Load(), c.writes.Load())
+		}
+		t.Logf("%d reads, %d writes", c.reads.Load(), c.writes.Load())
+	})
+}
+
+// TestRWCancelLeavesNothing: a reader and a writer giving up while waiting
+// leave no place in the queues, and the readers a cancelled writer kept
+// out get in at once.
+func TestRWCancelLeavesNothing(t *testing.T) {
+	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
+		r := e.newRW(t, "cancel")
+		r.RLock()
+		w := e.newRW(t, "cancel")
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		if err := w.LockCtx(ctx); !errors.Is(err, ErrNotObtained) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("LockCtx: %v", err)
+		}
+		if e.exists(t, DefaultPrefix+"{cancel}:rw:writers") {
+			t.Fatal("a cancelled writer left its place")
+		}
+		// No writer waits: a new reader of another process gets in.
+		if r2 := e.newRW(t, "cancel"); !r2.TryRLock() {
+			t.Fatal("a reader was kept out by a writer that gave up")
+		} else {
+			r2.RUnlock()
+		}
+		r.RUnlock()
+		w.Lock()
+		rd := e.newRW(t, "cancel")
+		ctx2, cancel2 := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel2()
+		if err := rd.RLockCtx(ctx2); !errors.Is(err, ErrNotObtained) {
+			t.Fatalf("RLockCtx: %v", err)
+		}
+		w.Unlock()
+		for _, k := range []string{DefaultPrefix + "{cancel}:rw", DefaultPrefix + "{cancel}:rw:writers", DefaultPrefix + "{cancel}:rw:readers", DefaultPrefix + "{cancel}:rw:leases"} {
+			if e.exists(t, k) {
+				t.Errorf("%s left behind: %v", k, e.do(t, "TYPE", k))
+			}
+		}
+	})
+}
+
+func waitUntil(t testing.TB, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal(fmt.Sprintf("condition not met in 5s"))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
