@@ -110,7 +110,7 @@ var (
 	inspectScript = newScript("inspect", inspectLua)
 
 	// NetRWMutex's (see rwmutex.go).
-	rwAcquireScript = newScript("rw_acquire", rwAcquireLua).withOp(opAcquire)
+	rwAcquireScript = newTelling("rw_acquire", rwAcquireLua).withOp(opAcquire)
 	rwReleaseScript = newTelling("rw_release", rwReleaseLua)
 	rwExtendScript  = newScript("rw_extend", rwExtendLua).withOp(opExtend)
 	rwLeaveScript   = newTelling("rw_leave", rwLeaveLua)

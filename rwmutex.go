@@ -40,6 +40,9 @@ import (
 type NetRWMutex struct {
 	w *NetMutex // the write lock
 	r *NetMutex // the read lease, shared by this process's readers
+	// joined is the channel where a writer taking its place is told:
+	// p{name}:rw:joined.
+	joined string
 
 	mu sync.Mutex
 	// writers counts the goroutines of this process between LockCtx and
@@ -53,6 +56,78 @@ type NetRWMutex struct {
 	// leasing is non-nil while a reader acquires a lease in Redis; it is
 	// closed when that attempt ends.
 	leasing chan struct{}
+	// listen hears, while the lease is held (or being acquired), of
+	// writers of other processes taking their places.
+	listen *leaseWatch
+}
+
+// A leaseWatch listens on a NetRWMutex's channel p{name}:rw:joined, where
+// lua/rw_acquire.lua tells of a writer taking its place, on every node with a Hub,
+// while its process holds a read lease, to hear at once of a writer taking
+// its place: from then on no more readers of the process share the lease.
+// Where the channel is subscribed already (a lease of this process held a
+// moment ago) it costs no I/O; otherwise it subscribes in the background, each node's subscription bounded by the node timeout. A
+// writer missed (one that took its place as the lease was being taken,
+// before the subscription was confirmed, or a burst of messages beyond the
+// buffer) is learned from the lease's next extend.
+type leaseWatch struct {
+	wake    chan string
+	mu      sync.Mutex
+	watches []*watch
+	stopped bool
+}
+
+// leaseWatchBuffer: messages the lease watch keeps between two looks.
+const leaseWatchBuffer = 16
+
+func (rw *NetRWMutex) newLeaseWatch() *leaseWatch {
+	r := rw.r
+	lw := &leaseWatch{wake: make(chan string, leaseWatchBuffer)}
+	for i, h := range r.hubs {
+		if h == nil {
+			continue
+		}
+		if wt := h.join(rw.joined, lw.wake); wt != nil {
+			lw.watches = append(lw.watches, wt)
+			continue
+		}
+		go func() {
+			wt := r.watchChannel(context.Background(), i, rw.joined, lw.wake)
+			if wt == nil {
+				return
+			}
+			lw.mu.Lock()
+			defer lw.mu.Unlock()
+			if lw.stopped {
+				wt.stop()
+				return
+			}
+			lw.watches = append(lw.watches, wt)
+		}()
+	}
+	return lw
+}
+
+// heard reports whether a writer took its place since the last look.
+func (lw *leaseWatch) heard() bool {
+	joined := false
+	for {
+		select {
+		case p := <-lw.wake:
+			joined = joined || p != "" // "": a connection failed
+		default:
+			return joined
+		}
+	}
+}
+
+func (lw *leaseWatch) stop() {
+	lw.mu.Lock()
+	defer lw.mu.Unlock()
+	lw.stopped = true
+	for _, wt := range lw.watches {
+		wt.stop()
+	}
 }
 
 // markerExpiries: a waiter of a NetRWMutex keeps its place in Redis for
@@ -87,7 +162,7 @@ func NewRW(name string, backends []Backend, opts ...Option) (*NetRWMutex, error)
 	// come before the next writer: handing the write lock to a writer of
 	// this process would pass over them.
 	w.cfg.handoffs = 0
-	return &NetRWMutex{w: w, r: r}, nil
+	return &NetRWMutex{w: w, r: r, joined: k.writer + ":joined"}, nil
 }
 
 // rwKeys are the Redis keys of a NetRWMutex (see lua/rw_acquire.lua).
@@ -369,15 +444,19 @@ func (rw *NetRWMutex) RLockCtx(ctx context.Context) error {
 		rw.leasing = leasing
 		rw.mu.Unlock()
 
+		listen := rw.newLeaseWatch()
 		err := rw.r.LockCtx(ctx)
 
 		rw.mu.Lock()
 		rw.leasing = nil
 		close(leasing)
 		if err == nil {
-			rw.leased()
+			rw.leased(listen)
 		}
 		rw.mu.Unlock()
+		if err != nil {
+			listen.stop()
+		}
 		return err
 	}
 }
@@ -404,30 +483,39 @@ func (rw *NetRWMutex) TryRLockCtx(ctx context.Context) (bool, error) {
 	rw.leasing = leasing
 	rw.mu.Unlock()
 
+	listen := rw.newLeaseWatch()
 	ok, err := rw.r.TryLockCtx(ctx)
 
 	rw.mu.Lock()
 	rw.leasing = nil
 	close(leasing)
 	if ok {
-		rw.leased()
+		rw.leased(listen)
 	}
 	rw.mu.Unlock()
+	if !ok {
+		listen.stop()
+	}
 	return ok, err
 }
 
 // leased records the read lease just acquired (or handed over) for the
-// calling reader. The caller holds rw.mu.
-func (rw *NetRWMutex) leased() {
+// calling reader, and the watch that listens while it is held. The caller
+// holds rw.mu.
+func (rw *NetRWMutex) leased(listen *leaseWatch) {
 	rw.lease = rw.r.current()
 	rw.readers = 1
 	rw.leaseEnd = make(chan struct{})
+	rw.listen = listen
 }
 
 // joinable reports whether a reader may join the lease: no writer of this
 // process waits, none of another process is known to, and the lease is
 // still held. The caller holds rw.mu, and rw.lease is set.
 func (rw *NetRWMutex) joinable() bool {
+	if rw.listen.heard() {
+		rw.lease.writerWaits.Store(true)
+	}
 	if rw.writers > 0 || rw.lease.writerWaits.Load() {
 		return false
 	}
@@ -452,10 +540,11 @@ func (rw *NetRWMutex) RUnlockCtx(ctx context.Context) error {
 		rw.mu.Unlock()
 		return nil
 	}
-	lease, end := rw.lease, rw.leaseEnd
-	rw.lease, rw.leaseEnd = nil, nil
-	writerWaits := rw.writers > 0 || lease.writerWaits.Load()
+	lease, end, listen := rw.lease, rw.leaseEnd, rw.listen
+	rw.lease, rw.leaseEnd, rw.listen = nil, nil, nil
+	writerWaits := rw.writers > 0 || lease.writerWaits.Load() || listen.heard()
 	rw.mu.Unlock()
+	listen.stop()
 	if writerWaits {
 		// A reader of this process waiting for the lease must not be
 		// handed it: it queues in Redis, behind the writer.

@@ -457,9 +457,15 @@ func (w *waiter) listen(ctx context.Context) bool {
 // watch watches m's release channel on node i's hub, bounded by the node
 // timeout; nil if it could not.
 func (m *NetMutex) watch(ctx context.Context, i int, wake chan<- string) *watch {
+	return m.watchChannel(ctx, i, m.waitChan, wake)
+}
+
+// watchChannel watches channel on node i's hub, bounded by the node
+// timeout; nil if it could not.
+func (m *NetMutex) watchChannel(ctx context.Context, i int, channel string, wake chan<- string) *watch {
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.nodeTimeout)
 	defer cancel()
-	wt, err := m.hubs[i].watch(ctx, m.waitChan, wake)
+	wt, err := m.hubs[i].watch(ctx, channel, wake)
 	if err != nil {
 		return nil
 	}

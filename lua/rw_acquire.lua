@@ -21,6 +21,9 @@
 --          argument: Redis refuses more than 10 words from a client not yet
 --          authenticated, and a clear NOAUTH is worth keeping.
 --
+-- (The line that sets publish, PUBLISH or SPUBLISH, is put before this
+-- one: see backend.go.)
+--
 -- The rules are sync.RWMutex's, across every client of the name:
 --   a reader gets in unless a writer holds, or a writer waits that came
 --   before it (a waiter that has no place yet came after every one);
@@ -117,6 +120,12 @@ if blocked then
   if member ~= '' then
     if not arrival then
       redis.call('ZADD', queue, nowUS, member)
+      if mode == 'w' then
+        -- Tell the processes whose readers share a lease to stop letting
+        -- more readers in (see NetRWMutex): they listen on a channel of
+        -- their own, p{name}:rw:joined, which no waiter hears.
+        redis.call(publish, KEYS[1] .. ':joined', 'j')
+      end
     end
     redis.call('ZADD', KEYS[5], -(now + tonumber(markerMS)), 'q:' .. member)
     keep(queue, tonumber(markerMS))

@@ -28,7 +28,7 @@ if mode == 'w' then
     redis.call('DEL', KEYS[1])
     local heard = 0
     if redis.call('EXISTS', KEYS[3], KEYS[4]) > 0 then
-      heard = redis.call(publish, channel, 'w')
+      heard = redis.call(publish, channel, 'u')
     end
     return {1, heard, 0, 0}
   end

@@ -1,0 +1,357 @@
+package netlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/netlock-go/netlock/internal/redistest"
+)
+
+// quorumRW returns a NetRWMutex over servers, with clients of its own.
+func quorumRW(t *testing.T, client string, servers []*redistest.Server, name string, opts ...Option) *NetRWMutex {
+	t.Helper()
+	backends := make([]Backend, len(servers))
+	for i, s := range servers {
+		backends[i] = newBackend(t, client, s.Addr())
+	}
+	rw, err := NewRW(name, backends, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rw
+}
+
+// rwKeysOf returns the Redis keys of the NetRWMutex name, default prefix.
+func rwKeysOf(name string) []string {
+	k := newRWKeys(newKeys(DefaultPrefix, name, true))
+	return []string{k.writer, k.writers, k.readers, k.leases}
+}
+
+// rwWorkload runs readers and writers on rws (one per process) for d, and
+// checks that no writer overlaps anyone and that writers' tokens strictly
+// increase in the order of their sections.
+func rwWorkload(t *testing.T, rws []*NetRWMutex, d time.Duration) *rwChecker {
+	t.Helper()
+	var c rwChecker
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var last uint64
+	deadline := time.Now().Add(d)
+	for p, rw := range rws {
+		for g := range 2 {
+			wg.Go(func() {
+				for time.Now().Before(deadline) {
+					ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+					if (p+g)%2 == 0 && rand.N(4) == 0 {
+						if err := rw.LockCtx(ctx); err != nil {
+							t.Errorf("LockCtx: %v", err)
+							cancel()
+							return
+						}
+						mu.Lock()
+						if tok := rw.Token(); tok <= last {
+							t.Errorf("token %d after %d", tok, last)
+						} else {
+							last = tok
+						}
+						mu.Unlock()
+						c.write(time.Duration(rand.N(500)) * time.Microsecond)
+						if err := rw.UnlockCtx(context.Background()); err != nil {
+							t.Errorf("UnlockCtx: %v", err)
+						}
+					} else {
+						if err := rw.RLockCtx(ctx); err != nil {
+							t.Errorf("RLockCtx: %v", err)
+							cancel()
+							return
+						}
+						c.read(time.Duration(rand.N(500)) * time.Microsecond)
+						if err := rw.RUnlockCtx(context.Background()); err != nil {
+							t.Errorf("RUnlockCtx: %v", err)
+						}
+					}
+					cancel()
+				}
+			})
+		}
+	}
+	redistest.Within(t, d+60*time.Second, "the read/write workload", wg.Wait)
+	if v := c.violations.Load(); v != 0 {
+		t.Fatalf("%d overlaps of a writer with another holder (%d reads, %d writes)", v, c.reads.Load(), c.writes.Load())
+	}
+	if c.reads.Load() == 0 || c.writes.Load() == 0 {
+		t.Fatalf("%d reads, %d writes: the workload did not run both", c.reads.Load(), c.writes.Load())
+	}
+	return &c
+}
+
+func TestRWQuorum(t *testing.T) {
+	for _, n := range []int{3, 5} {
+		for _, client := range testClients() {
+			t.Run(fmt.Sprintf("%d/%s", n, client), func(t *testing.T) {
+				servers := startServers(t, n)
+				var rws []*NetRWMutex
+				for range 4 {
+					rws = append(rws, quorumRW(t, client, servers, "qrw"))
+				}
+				c := rwWorkload(t, rws, 700*time.Millisecond)
+				t.Logf("%d reads, %d writes", c.reads.Load(), c.writes.Load())
+				for _, s := range servers {
+					for _, k := range rwKeysOf("qrw") {
+						if v := sdo(t, s, "EXISTS", k); v != "0" {
+							t.Errorf("%s left on %s", k, s.Addr())
+						}
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestRWQuorumMinorityDown: with one node of three killed, readers and
+// writers go on.
+func TestRWQuorumMinorityDown(t *testing.T) {
+	for _, client := range testClients() {
+		t.Run(client, func(t *testing.T) {
+			servers := startServers(t, 3)
+			opts := []Option{WithNodeTimeout(200 * time.Millisecond)}
+			var rws []*NetRWMutex
+			for range 3 {
+				rws = append(rws, quorumRW(t, client, servers, "minority", opts...))
+			}
+			servers[2].Kill()
+			rwWorkload(t, rws, 500*time.Millisecond)
+		})
+	}
+}
+
+// TestRWWriterHeardAtOnce: a process whose readers keep its lease held all
+// the time lets a writer of another process in as soon as it hears of it,
+// not at its lease's next extend: here there is none (auto-extend off, an
+// expiry of 8s), so a writer let in before the expiry was heard.
+func TestRWWriterHeardAtOnce(t *testing.T) {
+	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
+		opts := []Option{WithAutoExtend(false), WithExpiry(8 * time.Second)}
+		r := e.newRW(t, "heard", opts...)
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		r.RLock() // the lease, and its watch, before the writer comes
+		time.Sleep(100 * time.Millisecond)
+		for range 3 {
+			wg.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					r.RLock()
+					time.Sleep(2 * time.Millisecond)
+					r.RUnlock()
+				}
+			})
+		}
+		time.Sleep(20 * time.Millisecond)
+		r.RUnlock()
+		w := e.newRW(t, "heard", opts...)
+		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+		defer cancel()
+		err := w.LockCtx(ctx)
+		close(stop)
+		if err == nil {
+			w.Unlock()
+		}
+		wg.Wait()
+		if err != nil {
+			t.Fatalf("a writer waited for a lease of readers that never stopped joining it: %v", err)
+		}
+	})
+}
+
+// TestRWLeaseLost: a read lease whose key is deleted is found lost by its
+// next extend: RLost is closed, and the last RUnlock says ErrLockLost.
+func TestRWLeaseLost(t *testing.T) {
+	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
+		rw := e.newRW(t, "lost", WithExpiry(600*time.Millisecond))
+		rw.RLock()
+		rw.RLock()
+		lost := rw.RLost()
+		e.do(t, "DEL", rwKeysOf("lost")[3])
+		select {
+		case <-lost:
+		case <-time.After(3 * time.Second):
+			t.Fatal("RLost not closed 3s after the lease was deleted")
+		}
+		if err := rw.RUnlockCtx(context.Background()); err != nil {
+			t.Fatalf("first RUnlockCtx: %v", err)
+		}
+		if err := rw.RUnlockCtx(context.Background()); !errors.Is(err, ErrLockLost) {
+			t.Fatalf("last RUnlockCtx of a lost lease: %v, want ErrLockLost", err)
+		}
+		// And the name works again.
+		rw.Lock()
+		rw.Unlock()
+		rw.RLock()
+		rw.RUnlock()
+	})
+}
+
+// TestRWDeadWaiterPlace: a writer whose process died while it waited
+// keeps readers out for at most markerExpiries expiries.
+func TestRWDeadWaiterPlace(t *testing.T) {
+	forEachEnv(t, realOnly, func(t *testing.T, e *env) {
+		const expiry = 400 * time.Millisecond
+		r := e.newRW(t, "dead", WithExpiry(expiry))
+		r.RLock()
+		// A writer that takes its place and dies: its script call, made by
+		// hand, as its process would have before it died.
+		dead := e.newRW(t, "dead", WithExpiry(expiry))
+		s, keys, args := dead.w.acquireCall("v", "0", ask{member: "deadwriter", flags: "j"})
+		if _, err := dead.w.nodes[0].Eval(context.Background(), s, keys, args); err != nil {
+			t.Fatal(err)
+		}
+		r2 := e.newRW(t, "dead", WithExpiry(expiry))
+		if r2.TryRLock() {
+			t.Fatal("a reader got in past a waiting writer")
+		}
+		start := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*expiry)
+		defer cancel()
+		if err := r2.RLockCtx(ctx); err != nil {
+			t.Fatalf("a dead writer's place kept a reader out for good: %v", err)
+		}
+		t.Logf("reader in %v after the dead writer's place (expiry %v)", time.Since(start).Round(time.Millisecond), expiry)
+		r2.RUnlock()
+		r.RUnlock()
+	})
+}
+
+// TestRWBadInput: keys of another type, scripts flushed, a stalled server.
+func TestRWBadInput(t *testing.T) {
+	for _, client := range testClients() {
+		t.Run(client, func(t *testing.T) {
+			s := redistest.Start(t)
+			newRW := func(name string, opts ...Option) *NetRWMutex {
+				rw, err := NewRW(name, []Backend{newBackend(t, client, s.Addr())}, opts...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return rw
+			}
+			for _, k := range rwKeysOf("wrong") {
+				t.Run("WRONGTYPE/"+k, func(t *testing.T) {
+					sdo(t, s, "FLUSHALL")
+					sdo(t, s, "HSET", k, "field", "kept")
+					rw := newRW("wrong")
+					for _, what := range []string{"LockCtx", "RLockCtx"} {
+						var err error
+						redistest.Within(t, 5*time.Second, what, func() {
+							if what == "LockCtx" {
+								err = rw.LockCtx(context.Background())
+							} else {
+								err = rw.RLockCtx(context.Background())
+							}
+						})
+						wantNodeErr(t, what+" on a hash", err, "WRONGTYPE")
+					}
+					if v := sdo(t, s, "HGET", k, "field"); v != "kept" {
+						t.Errorf("the hash after the failed lock: got %q, want it untouched", v)
+					}
+				})
+			}
+			t.Run("SCRIPT FLUSH", func(t *testing.T) {
+				sdo(t, s, "FLUSHALL")
+				rw := newRW("flushed")
+				rw.RLock()
+				rw.RUnlock()
+				sdo(t, s, "SCRIPT", "FLUSH")
+				rw.Lock()
+				rw.Unlock()
+				rw.RLock()
+				rw.RUnlock()
+			})
+			t.Run("stalled", func(t *testing.T) {
+				sdo(t, s, "FLUSHALL")
+				rw := newRW("stalled", WithNodeTimeout(200*time.Millisecond), WithOutageWindow(hostileOutage))
+				rw.RLock()
+				rw.RUnlock()
+				s.Pause()
+				var werr, rerr error
+				redistest.Within(t, 5*time.Second, "LockCtx", func() { werr = rw.LockCtx(context.Background()) })
+				redistest.Within(t, 5*time.Second, "RLockCtx", func() { rerr = rw.RLockCtx(context.Background()) })
+				s.Resume()
+				wantNodeErr(t, "LockCtx on a stalled server", werr, "")
+				wantNodeErr(t, "RLockCtx on a stalled server", rerr, "")
+				deadline := time.Now().Add(3 * time.Second)
+				for {
+					left := 0
+					for _, k := range rwKeysOf("stalled") {
+						if strings.HasSuffix(k, ":writers") || strings.HasSuffix(k, ":readers") {
+							continue // a place is kept for two expiries at most
+						}
+						if sdo(t, s, "EXISTS", k) != "0" {
+							left++
+						}
+					}
+					if left == 0 {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatal("a lease or the write lock was left 3s after the failed attempts")
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+				rw.Lock()
+				rw.Unlock()
+				rw.RLock()
+				rw.RUnlock()
+			})
+		})
+	}
+}
+
+// TestRWCluster runs the read/write workload on a Redis Cluster, with
+// waiters woken by sharded pub/sub.
+func TestRWCluster(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	t.Cleanup(func() { waitRueidisDelayedCloses(t) })
+	var rws []*NetRWMutex
+	for range 3 {
+		rw, err := NewRW("crw", []Backend{NewRueidis(newClusterClient(t, cluster))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rws = append(rws, rw)
+	}
+	c := rwWorkload(t, rws, 700*time.Millisecond)
+	t.Logf("%d reads, %d writes", c.reads.Load(), c.writes.Load())
+	// A reader waiting behind a writer is woken by the writer's release
+	// (SPUBLISH), not by its TTL (8s).
+	rws[0].Lock()
+	var in atomic.Bool
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+		defer cancel()
+		if err := rws[1].RLockCtx(ctx); err != nil {
+			t.Errorf("a reader waiting behind a writer was not woken by its release: %v", err)
+			return
+		}
+		in.Store(true)
+		rws[1].RUnlock()
+	}()
+	time.Sleep(200 * time.Millisecond)
+	if in.Load() {
+		t.Fatal("a reader got in while a writer held")
+	}
+	rws[0].Unlock()
+	<-done
+}
