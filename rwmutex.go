@@ -5,6 +5,8 @@ import (
 	"errors"
 	"strconv"
 	"sync"
+
+	"github.com/netlock-go/netlock/internal/keyspace"
 )
 
 // A NetRWMutex is a reader/writer mutual exclusion lock shared across
@@ -150,10 +152,10 @@ func NewRW(name string, backends []Backend, opts ...Option) (*NetRWMutex, error)
 	if err != nil {
 		return nil, err
 	}
-	k := newRWKeys(w.keys)
+	k := keyspace.RW(w.cfg.prefix, name, w.cfg.fencing)
 	for _, m := range []*NetMutex{w, r} {
 		m.rwk = k
-		m.waitChan = k.writer + ":released" // every waiter of the name listens on it
+		m.waitChan = k.Channel // every waiter of the name listens on it
 		m.grants = false
 		m.markerMS = strconv.FormatInt(markerExpiries*m.cfg.expiry.Milliseconds(), 10)
 	}
@@ -162,45 +164,34 @@ func NewRW(name string, backends []Backend, opts ...Option) (*NetRWMutex, error)
 	// come before the next writer: handing the write lock to a writer of
 	// this process would pass over them.
 	w.cfg.handoffs = 0
-	return &NetRWMutex{w: w, r: r, joined: k.writer + ":joined"}, nil
+	return &NetRWMutex{w: w, r: r, joined: k.Joined}, nil
 }
 
 // rwKeys are the Redis keys of a NetRWMutex (see lua/rw_acquire.lua).
-type rwKeys struct {
-	writer  string // p{name}:rw, "<value>:<token>" while a writer holds
-	writers string // p{name}:rw:writers, the writers' queue
-	readers string // p{name}:rw:readers, the readers' queue
-	leases  string // p{name}:rw:leases, read leases and waiters' deadlines
-	fence   string // the fence counter, as NetMutex's; "" with fencing off
-}
-
-func newRWKeys(k keys) rwKeys {
-	w := k.lock + ":rw"
-	return rwKeys{writer: w, writers: w + ":writers", readers: w + ":readers", leases: w + ":leases", fence: k.fence}
-}
+type rwKeys = keyspace.RWKeys
 
 func (m *NetMutex) rwAcquireCall(value, proposal string, q ask) (*Script, []string, []string) {
 	k := m.rwk
-	keys := []string{k.writer, k.writer + ":gone:" + value, k.writers, k.readers, k.leases}
-	if m.rw == 'w' && k.fence != "" {
-		keys = append(keys, k.fence)
+	keys := []string{k.Writer, k.Writer + ":gone:" + value, k.Writers, k.Readers, k.Leases}
+	if m.rw == 'w' && k.Fence != "" {
+		keys = append(keys, k.Fence)
 	}
 	return rwAcquireScript, keys, []string{string(m.rw) + ":" + value + ":" + m.expiryMS + ":" + proposal + ":" + q.member + ":" + m.markerMS}
 }
 
 func (m *NetMutex) rwReleaseCall(value string) (*Script, []string, []string) {
 	k := m.rwk
-	return rwReleaseScript, []string{k.writer, k.writer + ":gone:" + value, k.writers, k.readers, k.leases}, []string{string(m.rw) + ":" + value + ":" + m.tombMS}
+	return rwReleaseScript, []string{k.Writer, k.Writer + ":gone:" + value, k.Writers, k.Readers, k.Leases}, []string{string(m.rw) + ":" + value + ":" + m.tombMS}
 }
 
 func (m *NetMutex) rwExtendCall(value string) (*Script, []string, []string) {
 	k := m.rwk
-	return rwExtendScript, []string{k.writer, k.leases, k.writers}, []string{string(m.rw) + ":" + value + ":" + m.expiryMS}
+	return rwExtendScript, []string{k.Writer, k.Leases, k.Writers}, []string{string(m.rw) + ":" + value + ":" + m.expiryMS}
 }
 
 func (m *NetMutex) rwLeaveKeys() []string {
 	k := m.rwk
-	return []string{k.writers, k.readers, k.leases, k.writer}
+	return []string{k.Writers, k.Readers, k.Leases, k.Writer}
 }
 
 // writerWaits reports whether a node's reply to a read lease's extend says

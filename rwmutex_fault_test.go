@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/netlock-go/netlock/internal/keyspace"
 	"github.com/netlock-go/netlock/internal/redistest"
 )
 
@@ -30,8 +31,8 @@ func quorumRW(t *testing.T, client string, servers []*redistest.Server, name str
 
 // rwKeysOf returns the Redis keys of the NetRWMutex name, default prefix.
 func rwKeysOf(name string) []string {
-	k := newRWKeys(newKeys(DefaultPrefix, name, true))
-	return []string{k.writer, k.writers, k.readers, k.leases}
+	k := keyspace.RW(DefaultPrefix, name, true)
+	return []string{k.Writer, k.Writers, k.Readers, k.Leases}
 }
 
 // rwWorkload runs readers and writers on rws (one per process) for d, and

@@ -11,6 +11,9 @@
 //	p{name}:gone:<value>  a released value's tombstone
 //	p{t}:fence            the fence counter of the lock key's hash slot
 //
+// A NetRWMutex of the same name uses keys of its own, under p{name}:rw (see
+// RW).
+//
 // The braces are a Redis Cluster hash tag. Fence counters are kept per hash
 // slot, not per name: t is a short tag chosen so that the counter lands in
 // the lock key's slot. An application that locks millions of distinct names
@@ -40,6 +43,26 @@ func New(prefix, name string, fencing bool) Keys {
 		k.Fence = prefix + "{" + SlotTags()[Slot(k.Lock)] + "}:fence"
 	}
 	return k
+}
+
+// RWKeys are the Redis names of one NetRWMutex.
+type RWKeys struct {
+	Writer  string // p{name}:rw, "<value>:<token>" while a writer holds
+	Writers string // p{name}:rw:writers, waiting writers by arrival
+	Readers string // p{name}:rw:readers, waiting readers by arrival
+	Leases  string // p{name}:rw:leases, read leases and waiters' deadlines
+	Channel string // p{name}:rw:released, where every waiter listens
+	Joined  string // p{name}:rw:joined, where a writer taking its place is told
+	Fence   string // the fence counter, New's; "" when fencing is off
+}
+
+// RW returns the names of the NetRWMutex name under prefix. A released
+// value's tombstone is Tomb(Writer, value).
+func RW(prefix, name string, fencing bool) RWKeys {
+	k := New(prefix, name, fencing)
+	w := k.Lock + ":rw"
+	return RWKeys{Writer: w, Writers: w + ":writers", Readers: w + ":readers", Leases: w + ":leases",
+		Channel: w + ":released", Joined: w + ":joined", Fence: k.Fence}
 }
 
 // Tomb returns the tombstone key of value for the lock key lock:

@@ -69,3 +69,20 @@ func TestKeysShareTheLockSlot(t *testing.T) {
 		}
 	}
 }
+
+// TestRWSameSlot: every key and channel of a NetRWMutex is in the slot of
+// its writer key, so one script may touch them all on a Redis Cluster.
+func TestRWSameSlot(t *testing.T) {
+	for _, name := range []string{"a", "job", "quiz:42", "{x}", "名前"} {
+		k := RW("netlock:", name, true)
+		want := Slot(k.Writer)
+		for _, key := range []string{k.Writers, k.Readers, k.Leases, k.Channel, k.Joined, k.Fence, Tomb(k.Writer, "v")} {
+			if got := Slot(key); got != want {
+				t.Errorf("name %q: %s in slot %d, writer key %s in %d", name, key, got, k.Writer, want)
+			}
+		}
+		if k.Writer == New("netlock:", name, true).Lock {
+			t.Errorf("name %q: the NetRWMutex's writer key is the NetMutex's lock key", name)
+		}
+	}
+}
