@@ -39,6 +39,15 @@
 // NetMutex is safe for concurrent use; Unlock may come from a goroutine
 // other than the one that locked.
 //
+// # Readers and writers
+//
+// NetRWMutex (NewRW) is sync.RWMutex across processes: any number of
+// readers or one writer among every client of the name, a waiting writer
+// keeping new readers out, readers that waited behind a writer getting in
+// before a writer that came after them. The readers of one process share
+// one read lease in Redis. Its ctx layer, errors and panics are NetMutex's;
+// RLost is the read lease's Lost.
+//
 // # Waiting
 //
 // An uncontended Lock and Unlock are one round trip each. A LockCtx that
