@@ -41,12 +41,14 @@ type Observer struct {
 // AcquireStart describes a LockCtx or TryLockCtx that begins.
 type AcquireStart struct {
 	Name string // the lock's name
+	Kind Kind   // what the lock is: a NetMutex, or a NetRWMutex's read lease or write lock
 	Try  bool   // TryLockCtx (TryLock): one attempt, no waiting
 }
 
 // AcquireDone describes how a LockCtx or TryLockCtx ended.
 type AcquireDone struct {
 	Name     string
+	Kind     Kind // what the lock is: a NetMutex, or a NetRWMutex's read lease or write lock
 	Try      bool
 	Acquired bool          // m is held
 	Token    uint64        // the hold's fencing token, if acquired (0 with fencing off)
@@ -65,6 +67,7 @@ type AcquireDone struct {
 // UnlockDone describes an UnlockCtx of a hold.
 type UnlockDone struct {
 	Name  string
+	Kind  Kind // what the lock is: a NetMutex, or a NetRWMutex's read lease or write lock
 	Token uint64
 	Held  time.Duration // from the acquire's return to the unlock
 	// HandedOver: the hold went to a goroutine of this process waiting
@@ -79,6 +82,7 @@ type UnlockDone struct {
 // ExtendDone describes one extend round of a hold.
 type ExtendDone struct {
 	Name  string
+	Kind  Kind // what the lock is: a NetMutex, or a NetRWMutex's read lease or write lock
 	Token uint64
 	Took  time.Duration
 	// Err is nil when the hold's local deadline moved; ErrLockLost when its
@@ -90,6 +94,7 @@ type ExtendDone struct {
 // LostHold describes a hold that was lost.
 type LostHold struct {
 	Name   string
+	Kind   Kind // what the lock is: a NetMutex, or a NetRWMutex's read lease or write lock
 	Token  uint64
 	Reason LostReason
 }
@@ -140,17 +145,17 @@ func (m *NetMutex) startAcquire(ctx context.Context, try bool) (context.Context,
 	var done func(AcquireDone)
 	if o != nil {
 		var octx context.Context
-		if octx, done = o(ctx, AcquireStart{Name: m.name, Try: try}); octx != nil {
+		if octx, done = o(ctx, AcquireStart{Name: m.name, Kind: m.kind(), Try: try}); octx != nil {
 			ctx = octx
 		}
 	}
 	return ctx, func(acquired, contended, handedOver bool, err error) {
-		d := AcquireDone{Name: m.name, Try: try, Acquired: acquired, Wait: time.Since(start), Contended: contended, HandedOver: handedOver, Err: err}
+		d := AcquireDone{Name: m.name, Kind: m.kind(), Try: try, Acquired: acquired, Wait: time.Since(start), Contended: contended, HandedOver: handedOver, Err: err}
 		if acquired {
 			d.Token = m.Token()
 		}
 		if debug != nil {
-			debug.LogAttrs(ctx, slog.LevelDebug, "netlock: acquire", slog.String("lock", m.name), slog.Bool("acquired", acquired),
+			debug.LogAttrs(ctx, slog.LevelDebug, "netlock: acquire", m.lockAttr(), slog.Bool("acquired", acquired),
 				slog.Uint64("token", d.Token), slog.Duration("wait", d.Wait), slog.Bool("contended", contended), slog.Bool("handed_over", handedOver), errAttr(err))
 		}
 		if done != nil {
@@ -164,13 +169,13 @@ func (m *NetMutex) unlocked(ctx context.Context, h *hold, held time.Duration, ha
 	if err != nil {
 		// A lost hold was logged when it was found lost.
 		if l := m.log(ctx, slog.LevelWarn); l != nil && !errors.Is(err, ErrLockLost) {
-			l.LogAttrs(ctx, slog.LevelWarn, "netlock: release not delivered to every node; it is retried in the background", slog.String("lock", m.name), slog.Uint64("token", h.token), errAttr(err))
+			l.LogAttrs(ctx, slog.LevelWarn, "netlock: release not delivered to every node; it is retried in the background", m.lockAttr(), slog.Uint64("token", h.token), errAttr(err))
 		}
 	} else if l := m.log(ctx, slog.LevelDebug); l != nil {
-		l.LogAttrs(ctx, slog.LevelDebug, "netlock: unlock", slog.String("lock", m.name), slog.Uint64("token", h.token), slog.Duration("held", held), slog.Bool("handed_over", handedOver))
+		l.LogAttrs(ctx, slog.LevelDebug, "netlock: unlock", m.lockAttr(), slog.Uint64("token", h.token), slog.Duration("held", held), slog.Bool("handed_over", handedOver))
 	}
 	if o := m.cfg.observer.Unlock; o != nil {
-		o(ctx, UnlockDone{Name: m.name, Token: h.token, Held: held, HandedOver: handedOver, Err: err})
+		o(ctx, UnlockDone{Name: m.name, Kind: m.kind(), Token: h.token, Held: held, HandedOver: handedOver, Err: err})
 	}
 }
 
@@ -178,27 +183,27 @@ func (m *NetMutex) unlocked(ctx context.Context, h *hold, held time.Duration, ha
 // ended.
 func (m *NetMutex) extended(ctx context.Context, h *hold, took time.Duration, err error) {
 	if l := m.log(ctx, slog.LevelDebug); l != nil {
-		l.LogAttrs(ctx, slog.LevelDebug, "netlock: extend", slog.String("lock", m.name), slog.Uint64("token", h.token), slog.Duration("took", took), errAttr(err))
+		l.LogAttrs(ctx, slog.LevelDebug, "netlock: extend", m.lockAttr(), slog.Uint64("token", h.token), slog.Duration("took", took), errAttr(err))
 	}
 	if o := m.cfg.observer.Extend; o != nil {
-		o(ctx, ExtendDone{Name: m.name, Token: h.token, Took: took, Err: err})
+		o(ctx, ExtendDone{Name: m.name, Kind: m.kind(), Token: h.token, Took: took, Err: err})
 	}
 }
 
 // lostHold tells the observer, and the log at Warn, that h was lost.
 func (m *NetMutex) lostHold(h *hold, reason LostReason) {
 	if l := m.log(context.Background(), slog.LevelWarn); l != nil {
-		l.LogAttrs(context.Background(), slog.LevelWarn, "netlock: lock lost", slog.String("lock", m.name), slog.Uint64("token", h.token), slog.String("reason", string(reason)))
+		l.LogAttrs(context.Background(), slog.LevelWarn, "netlock: lock lost", m.lockAttr(), slog.Uint64("token", h.token), slog.String("reason", string(reason)))
 	}
 	if o := m.cfg.observer.Lost; o != nil {
-		o(LostHold{Name: m.name, Token: h.token, Reason: reason})
+		o(LostHold{Name: m.name, Kind: m.kind(), Token: h.token, Reason: reason})
 	}
 }
 
 // reapGaveUp logs that the reaper stopped delivering a release to node i.
 func (m *NetMutex) reapGaveUp(node int, why string, err error) {
 	if l := m.log(context.Background(), slog.LevelWarn); l != nil {
-		l.LogAttrs(context.Background(), slog.LevelWarn, "netlock: gave up delivering a release", slog.String("lock", m.name), slog.Int("node", node), slog.String("reason", why), errAttr(err))
+		l.LogAttrs(context.Background(), slog.LevelWarn, "netlock: gave up delivering a release", m.lockAttr(), slog.Int("node", node), slog.String("reason", why), errAttr(err))
 	}
 }
 
@@ -207,4 +212,32 @@ func errAttr(err error) slog.Attr {
 		return slog.Attr{}
 	}
 	return slog.String("error", err.Error())
+}
+
+// Kind tells what an Observer's event is about.
+type Kind string
+
+const (
+	KindMutex Kind = "mutex" // a NetMutex
+	KindRead  Kind = "read"  // a NetRWMutex's read lease
+	KindWrite Kind = "write" // a NetRWMutex's write lock
+)
+
+func (m *NetMutex) kind() Kind {
+	switch m.rw {
+	case 'r':
+		return KindRead
+	case 'w':
+		return KindWrite
+	}
+	return KindMutex
+}
+
+// lockAttr names the lock in a log record: its name, and for a NetRWMutex
+// which side ("lock", "name (read)").
+func (m *NetMutex) lockAttr() slog.Attr {
+	if m.rw == 0 {
+		return slog.String("lock", m.name)
+	}
+	return slog.String("lock", m.name+" ("+string(m.kind())+")")
 }

@@ -68,6 +68,6 @@ func (m *NetMutex) evictionWarning(ctx context.Context, node int, n NodeInfo) {
 	}
 	if l := m.log(ctx, slog.LevelWarn); l != nil {
 		l.LogAttrs(ctx, slog.LevelWarn, "netlock: the server's maxmemory-policy "+n.MaxMemoryPolicy+" can evict "+what+", "+when+"; netlock needs maxmemory-policy noeviction",
-			slog.String("lock", m.name), slog.Int("node", node), slog.String("maxmemory_policy", n.MaxMemoryPolicy), slog.Int64("maxmemory", n.MaxMemory))
+			m.lockAttr(), slog.Int("node", node), slog.String("maxmemory_policy", n.MaxMemoryPolicy), slog.Int64("maxmemory", n.MaxMemory))
 	}
 }

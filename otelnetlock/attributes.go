@@ -12,6 +12,7 @@ import (
 // Attribute keys, as the package documentation lists them.
 const (
 	lockNameKey          = attribute.Key("netlock.lock.name")
+	lockKindKey          = attribute.Key("netlock.lock.kind")
 	tokenKey             = attribute.Key("netlock.lock.token")
 	tryKey               = attribute.Key("netlock.acquire.try")
 	outcomeKey           = attribute.Key("netlock.acquire.outcome")

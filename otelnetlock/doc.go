@@ -14,7 +14,9 @@
 // database connection pool's db.client.connection.wait_time and use_time.
 // Durations are float64 histograms in seconds, with bucket boundaries given
 // as advice (a View of your own overrides them). Every instrument carries
-// netlock.lock.name, unless WithMetricLockName leaves it out.
+// netlock.lock.name, unless WithMetricLockName leaves it out; and, for a
+// netlock.NetRWMutex, netlock.lock.kind: "read" (the process's read lease)
+// or "write" (the write lock). The acquire span carries both too.
 //
 //	name                        kind       unit    attributes
 //	netlock.lock.wait_time      histogram  s       netlock.lock.name, netlock.acquire.try,

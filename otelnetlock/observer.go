@@ -99,13 +99,13 @@ func newRecorder(c config) (*recorder, error) {
 func (r *recorder) acquire(ctx context.Context, a netlock.AcquireStart) (context.Context, func(netlock.AcquireDone)) {
 	ctx, span := r.tracer.Start(ctx, spanName,
 		trace.WithSpanKind(trace.SpanKindInternal),
-		trace.WithAttributes(lockNameKey.String(a.Name), tryKey.Bool(a.Try)))
+		trace.WithAttributes(appendKind([]attribute.KeyValue{lockNameKey.String(a.Name), tryKey.Bool(a.Try)}, a.Kind)...))
 	return ctx, func(d netlock.AcquireDone) {
 		outcome, errType := acquireOutcome(d)
 
 		// ctx carries the span: a metrics SDK that keeps exemplars links
 		// the measurements to it.
-		attrs := r.appendLockName(make([]attribute.KeyValue, 0, 6), d.Name)
+		attrs := r.appendLockName(make([]attribute.KeyValue, 0, 7), d.Name, d.Kind)
 		attrs = append(attrs, tryKey.Bool(d.Try), outcomeKey.String(outcome),
 			contendedKey.Bool(d.Contended), acquireHandedOverKey.Bool(d.HandedOver))
 		if errType != "" {
@@ -113,7 +113,7 @@ func (r *recorder) acquire(ctx context.Context, a netlock.AcquireStart) (context
 		}
 		r.waitTime.Record(ctx, d.Wait.Seconds(), metric.WithAttributes(attrs...))
 		if errType != "" {
-			r.countError(ctx, d.Name, operationAcquire, errType)
+			r.countError(ctx, d.Name, d.Kind, operationAcquire, errType)
 		}
 
 		span.SetAttributes(outcomeKey.String(outcome), contendedKey.Bool(d.Contended), acquireHandedOverKey.Bool(d.HandedOver))
@@ -132,46 +132,55 @@ func (r *recorder) acquire(ctx context.Context, a netlock.AcquireStart) (context
 
 // unlock is Observer.Unlock.
 func (r *recorder) unlock(ctx context.Context, u netlock.UnlockDone) {
-	attrs := r.appendLockName(make([]attribute.KeyValue, 0, 3), u.Name)
+	attrs := r.appendLockName(make([]attribute.KeyValue, 0, 4), u.Name, u.Kind)
 	attrs = append(attrs, unlockHandedOverKey.Bool(u.HandedOver))
 	if u.Err != nil {
 		errType := errorType(u.Err)
 		attrs = append(attrs, errorTypeKey.String(errType))
-		r.countError(ctx, u.Name, operationUnlock, errType)
+		r.countError(ctx, u.Name, u.Kind, operationUnlock, errType)
 	}
 	r.holdTime.Record(ctx, u.Held.Seconds(), metric.WithAttributes(attrs...))
 }
 
 // extend is Observer.Extend.
 func (r *recorder) extend(ctx context.Context, x netlock.ExtendDone) {
-	attrs := r.appendLockName(make([]attribute.KeyValue, 0, 2), x.Name)
+	attrs := r.appendLockName(make([]attribute.KeyValue, 0, 3), x.Name, x.Kind)
 	if x.Err != nil {
 		errType := errorType(x.Err)
 		attrs = append(attrs, errorTypeKey.String(errType))
-		r.countError(ctx, x.Name, operationExtend, errType)
+		r.countError(ctx, x.Name, x.Kind, operationExtend, errType)
 	}
 	r.extendTime.Record(ctx, x.Took.Seconds(), metric.WithAttributes(attrs...))
 }
 
 // lost is Observer.Lost.
 func (r *recorder) lost(l netlock.LostHold) {
-	attrs := r.appendLockName(make([]attribute.KeyValue, 0, 2), l.Name)
+	attrs := r.appendLockName(make([]attribute.KeyValue, 0, 3), l.Name, l.Kind)
 	attrs = append(attrs, lostReasonKey.String(string(l.Reason)))
 	r.lostHolds.Add(context.Background(), 1, metric.WithAttributes(attrs...))
 }
 
 // countError adds one to netlock.lock.errors.
-func (r *recorder) countError(ctx context.Context, name, operation, errType string) {
-	attrs := r.appendLockName(make([]attribute.KeyValue, 0, 3), name)
+func (r *recorder) countError(ctx context.Context, name string, kind netlock.Kind, operation, errType string) {
+	attrs := r.appendLockName(make([]attribute.KeyValue, 0, 4), name, kind)
 	attrs = append(attrs, operationKey.String(operation), errorTypeKey.String(errType))
 	r.errors.Add(ctx, 1, metric.WithAttributes(attrs...))
 }
 
-// appendLockName appends netlock.lock.name, as WithMetricLockName says, to
+// appendLockName appends netlock.lock.name, as WithMetricLockName says, and netlock.lock.kind to
 // the attributes of a metric about the lock name.
-func (r *recorder) appendLockName(attrs []attribute.KeyValue, name string) []attribute.KeyValue {
+func (r *recorder) appendLockName(attrs []attribute.KeyValue, name string, kind netlock.Kind) []attribute.KeyValue {
 	if v := r.lockName(name); v != "" {
 		attrs = append(attrs, lockNameKey.String(v))
+	}
+	return appendKind(attrs, kind)
+}
+
+// appendKind appends netlock.lock.kind ("read" or "write") for a
+// NetRWMutex's events; a NetMutex's carry none.
+func appendKind(attrs []attribute.KeyValue, kind netlock.Kind) []attribute.KeyValue {
+	if kind == netlock.KindRead || kind == netlock.KindWrite {
+		attrs = append(attrs, lockKindKey.String(string(kind)))
 	}
 	return attrs
 }
