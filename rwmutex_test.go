@@ -335,3 +335,29 @@ func waitUntil(t testing.TB, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestRWObserverKinds: an Observer tells a read lease from the write lock.
+func TestRWObserverKinds(t *testing.T) {
+	forEachEnv(t, miniOnly, func(t *testing.T, e *env) {
+		var mu sync.Mutex
+		var kinds []Kind
+		o := Observer{Unlock: func(_ context.Context, u UnlockDone) {
+			mu.Lock()
+			kinds = append(kinds, u.Kind)
+			mu.Unlock()
+		}}
+		rw := e.newRW(t, "kinds", WithObserver(o))
+		rw.RLock()
+		rw.RUnlock()
+		rw.Lock()
+		rw.Unlock()
+		m := e.newMutex(t, "kinds", WithObserver(o))
+		mustLock(t, m)
+		mustUnlock(t, m)
+		mu.Lock()
+		defer mu.Unlock()
+		if fmt.Sprint(kinds) != "[read write mutex]" {
+			t.Fatalf("unlock kinds %v, want [read write mutex]", kinds)
+		}
+	})
+}
