@@ -356,3 +356,44 @@ func TestRWCluster(t *testing.T) {
 	rws[0].Unlock()
 	<-done
 }
+
+// TestRWSyncReplicas: with WithSyncReplicas(1), a read lease and the write
+// lock are on the replica when RLockCtx and LockCtx return; with the
+// replica stalled, both are refused as not replicated, and leave nothing.
+func TestRWSyncReplicas(t *testing.T) {
+	for _, client := range testClients() {
+		t.Run(client, func(t *testing.T) {
+			p, r := startReplicated(t)
+			caughtUp(t, p.Addr(), 1)
+			rw, err := NewRW("syncrw", []Backend{newBackend(t, client, p.Addr())}, WithSyncReplicas(1), WithNodeTimeout(2*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			k := keyspace.RW(DefaultPrefix, "syncrw", true)
+			rw.RLock()
+			if got, err := r.Do("ZCARD", k.Leases); got != "1" {
+				t.Fatalf("leases on the replica as RLockCtx returned: %q (%v), want 1", got, err)
+			}
+			rw.RUnlock()
+			rw.Lock()
+			if got, err := r.Do("EXISTS", k.Writer); got != "1" {
+				t.Fatalf("writer key on the replica as LockCtx returned: %q (%v)", got, err)
+			}
+			rw.Unlock()
+
+			r.Pause()
+			defer r.Resume()
+			if err := rw.RLockCtx(context.Background()); !errors.Is(err, ErrNotReplicated) {
+				t.Fatalf("RLockCtx with the replica stalled: %v, want ErrNotReplicated", err)
+			}
+			if err := rw.LockCtx(context.Background()); !errors.Is(err, ErrNotReplicated) {
+				t.Fatalf("LockCtx with the replica stalled: %v, want ErrNotReplicated", err)
+			}
+			for _, key := range []string{k.Writer, k.Leases} {
+				if v := sdo(t, p, "EXISTS", key); v != "0" {
+					t.Errorf("%s left on the primary after a refused acquire", key)
+				}
+			}
+		})
+	}
+}
