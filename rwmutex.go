@@ -408,6 +408,11 @@ func (rw *NetRWMutex) RLockCtx(ctx context.Context) error {
 	if err := rw.check(); err != nil {
 		return err
 	}
+	if ctx.Err() != nil {
+		// Even where joining the lease needs no round trip: a caller
+		// whose ctx has ended never holds rw.
+		return notObtained(context.Cause(ctx))
+	}
 	for {
 		rw.mu.Lock()
 		if rw.lease != nil {
@@ -459,6 +464,11 @@ func (rw *NetRWMutex) RLockCtx(ctx context.Context) error {
 func (rw *NetRWMutex) TryRLockCtx(ctx context.Context) (bool, error) {
 	if err := rw.check(); err != nil {
 		return false, err
+	}
+	if ctx.Err() != nil {
+		// Even where joining the lease needs no round trip: a caller
+		// whose ctx has ended never holds rw.
+		return false, notObtained(context.Cause(ctx))
 	}
 	rw.mu.Lock()
 	switch {

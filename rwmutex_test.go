@@ -361,3 +361,24 @@ func TestRWObserverKinds(t *testing.T) {
 		}
 	})
 }
+
+// TestRWEndedCtx: a reader whose ctx has ended does not join a lease, even
+// one it could join without a round trip.
+func TestRWEndedCtx(t *testing.T) {
+	forEachEnv(t, miniOnly, func(t *testing.T, e *env) {
+		rw := e.newRW(t, "ended")
+		rw.RLock()
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if err := rw.RLockCtx(ctx); !errors.Is(err, ErrNotObtained) || !errors.Is(err, context.Canceled) {
+			t.Fatalf("RLockCtx with an ended ctx: %v", err)
+		}
+		if ok, err := rw.TryRLockCtx(ctx); ok || !errors.Is(err, context.Canceled) {
+			t.Fatalf("TryRLockCtx with an ended ctx: %v, %v", ok, err)
+		}
+		rw.RUnlock()
+		if err := rw.RUnlockCtx(context.Background()); !errors.Is(err, ErrNotHeld) {
+			t.Fatalf("a reader with an ended ctx was counted: RUnlockCtx %v", err)
+		}
+	})
+}
