@@ -5,6 +5,8 @@
 //	cd bench && go run . -duration 1s -only 'clients8|netlock'
 //	cd bench && go run . -only waiting40 -out -   # the waiting scenario only, about 2 minutes
 //	cd bench && go run . -only holds10k -out -    # 10,000 holds, about 3 minutes
+//	cd bench && go run . -only rwread -out -      # NetRWMutex against NetMutex, read-mostly, about 20 s
+//	cd bench && go run . -only rwwaiting40 -out - # NetRWMutex's waiting cost, about 1 minute
 //
 // It starts its own redis-server processes on free 127.0.0.1 ports (no
 // persistence), stops them by pid when it ends, also on error or ^C, and
@@ -12,8 +14,10 @@
 // with ../). Each row of a scenario runs for -duration in all, split into
 // -rounds rounds; in every round each row runs once, in an order that turns
 // from round to round, so that drift of a noisy machine falls on all rows
-// alike. The waiting scenario measures each row once, for -window; the
-// holds scenario, for -holdfor.
+// alike. The waiting scenarios measure each row once, for -window; the
+// holds scenario, for -holdfor. An overlap or a lost update in a scenario
+// of netlock alone (the NetRWMutex ones) ends the run with an error, after
+// the report is written.
 package main
 
 import (
@@ -27,6 +31,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -51,12 +56,13 @@ func main() {
 	flag.DurationVar(&f.warmup, "warmup", 200*time.Millisecond, "unmeasured run of each row before its first round")
 	flag.DurationVar(&f.window, "window", lockExpiry, fmt.Sprintf("measured window of each row of the waiting scenario, after its %v warm-up", waitWarmup))
 	flag.DurationVar(&f.holdFor, "holdfor", time.Minute, fmt.Sprintf("how long each row of the holds scenario holds its %d locks", manyHolds))
+	flag.DurationVar(&rwSection, "rwsection", rwSection, fmt.Sprintf("critical section of the rwread scenario: a busy wait below %v, a sleep from it", rwSleepFrom))
 	flag.StringVar(&f.out, "out", "RESULTS.md", "Markdown report to write (- for standard output)")
-	flag.StringVar(&only, "only", "", "run only rows whose \"scenario/contender\" matches this regexp (scenarios: floor, uncontended, clients8, shared8, keys8, keys64, quorum5, waiting40, holds10k)")
+	flag.StringVar(&only, "only", "", "run only rows whose \"scenario/contender\" matches this regexp (scenarios: floor, uncontended, clients8, shared8, keys8, keys64, quorum5, waiting40, holds10k, rwread, rwwaiting40)")
 	flag.StringVar(&f.note, "note", "", "a line to put at the top of the report")
 	flag.StringVar(&f.profile, "cpuprofile", "", "write a CPU profile of the whole run to this file (narrow it with -only)")
 	flag.Parse()
-	if flag.NArg() > 0 || f.duration <= 0 || f.rounds < 1 || f.warmup < 0 || f.window <= 0 || f.holdFor <= 0 {
+	if flag.NArg() > 0 || f.duration <= 0 || f.rounds < 1 || f.warmup < 0 || f.window <= 0 || f.holdFor <= 0 || rwSection < 0 {
 		flag.Usage()
 		os.Exit(2)
 	}
@@ -130,7 +136,28 @@ func run(f flags) error {
 		return err
 	}
 	logf("wrote %s (%v)", f.out, time.Since(started).Round(time.Second))
+	if n := strictViolations.Load(); n > 0 {
+		return fmt.Errorf("%d overlapping critical sections or lost updates in the NetRWMutex scenarios (warm-ups included): netlock let in a holder it must exclude; see the report's Errors", n)
+	}
 	return nil
+}
+
+// strictViolations counts, over the whole run, warm-ups included, the
+// overlaps and lost updates of the rows of strict scenarios.
+var strictViolations atomic.Int64
+
+// checkStrict counts the overlaps and lost updates of one run of a row of a
+// strict scenario, and says so loudly.
+func checkStrict(sc *scenario, r *row, res *result, round int) {
+	if !sc.strict || res.overlaps+res.lost == 0 {
+		return
+	}
+	strictViolations.Add(res.overlaps + res.lost)
+	when := "warm-up"
+	if round >= 0 {
+		when = fmt.Sprintf("round %d", round+1)
+	}
+	logf("!!! %s/%s: EXCLUSION VIOLATED in the %s: %d overlapping sections, %d lost updates", sc.id, r.name, when, res.overlaps, res.lost)
 }
 
 // An active row is a row that was set up.
@@ -172,7 +199,8 @@ func runScenario(ctx context.Context, f flags, sc *scenario) error {
 	per := f.duration / time.Duration(f.rounds)
 	for _, a := range rows {
 		if f.warmup > 0 {
-			a.phase(ctx, f.warmup, -1)
+			res := a.phase(ctx, f.warmup, -1)
+			checkStrict(sc, a.r, &res, -1)
 		}
 		if ctx.Err() != nil {
 			return nil
@@ -192,6 +220,12 @@ func runScenario(ctx context.Context, f flags, sc *scenario) error {
 				return nil
 			}
 			a.r.res.merge(res)
+			checkStrict(sc, a.r, &res, round)
+			if rw := res.rw; rw != nil {
+				logf("  %s round %d/%d %-24s %s reads/s, %s writes/s; %s commands, %s scripts per section; %d overlaps, %d lost writes, %d errors",
+					sc.id, round+1, f.rounds, a.r.name, fmtRate(res.readRate()), fmtRate(res.writeRate()), rw.perOp(rw.commands), rw.perOp(rw.scripts), res.overlaps, res.lost, res.errs)
+				continue
+			}
 			logf("  %s round %d/%d %-24s %s/s", sc.id, round+1, f.rounds, a.r.name, fmtRate(res.rate()))
 		}
 	}
@@ -217,6 +251,7 @@ func runOnce(ctx context.Context, f flags, sc *scenario, rows []active) {
 			return
 		}
 		a.r.res.merge(res)
+		checkStrict(sc, a.r, &res, 0)
 		if h := res.holds; h != nil {
 			logf("  %s %-24s acquired in %v; %d lost, %d keys gone; peak %d server connections, %d goroutines; %s extends/s (holds/(expiry/3) = %s); CPU %s; %d errors; took %v",
 				sc.id, a.r.name, h.acquireTook.Round(time.Millisecond), h.lost, h.gone, h.peakConns, h.peakRoutine, fmtRate(h.extendsPerSecond()), fmtRate(h.wantExtendsPerSecond()), fmtCPU(h), res.errs, time.Since(start).Round(100*time.Millisecond))

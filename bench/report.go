@@ -30,7 +30,7 @@ func report(f flags, scs []*scenario, started time.Time, took time.Duration) str
 	p("| netlock | %s |\n", netlockRevision())
 	p("| per row | %v measured per scenario, in %d rounds of %v, after a %v warm-up; rows alternate within each round, in an order that turns from round to round |\n",
 		f.duration, f.rounds, f.duration/time.Duration(f.rounds), f.warmup)
-	p("| waiting scenario | each row once, one after another: a %v warm-up, then a %v window |\n", waitWarmup, f.window)
+	p("| waiting scenarios | each row once, one after another: a %v warm-up, then a %v window |\n", waitWarmup, f.window)
 	p("| holds scenario | each row once, one after another: %d holds for %v |\n", manyHolds, f.holdFor)
 	p("\n")
 
@@ -47,6 +47,8 @@ func report(f flags, scs []*scenario, started time.Time, took time.Duration) str
 			writeWaitingTable(p, sc)
 		case shapeHolds:
 			writeHoldsTable(p, sc)
+		case shapeRW:
+			writeRWTable(p, sc)
 		}
 		p("\n")
 	}

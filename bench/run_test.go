@@ -4,7 +4,6 @@ import (
 	"context"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -110,13 +109,123 @@ func TestCommandStatsSince(t *testing.T) {
 }
 
 func TestWaitTurnSeesTheHolder(t *testing.T) {
-	var inside atomic.Int32
-	inside.Store(1) // a holder that has not released
-	if tr := waitTurn(context.Background(), noLock{}, &inside); !tr.served || tr.res.overlaps != 1 {
+	var g guard
+	g.enter(false) // a holder that has not released
+	if tr := waitTurn(context.Background(), noLock{}, &g); !tr.served || tr.res.overlaps != 1 {
 		t.Fatalf("lock granted under a holder: served %v, %d overlaps, want served with 1 overlap", tr.served, tr.res.overlaps)
 	}
-	inside.Store(0)
-	if tr := waitTurn(context.Background(), noLock{}, &inside); tr.res.overlaps != 0 {
+	g.leave(false)
+	if tr := waitTurn(context.Background(), noLock{}, &g); tr.res.overlaps != 0 {
 		t.Fatalf("lock granted after the release: %d overlaps, want 0", tr.res.overlaps)
 	}
+}
+
+// localRW is a sync.RWMutex as an rwLocker; exclusive makes reads take the
+// write lock too.
+type localRW struct {
+	mu        *sync.RWMutex
+	exclusive bool
+}
+
+func (l localRW) lock(context.Context) (func(context.Context) error, error) {
+	l.mu.Lock()
+	return func(context.Context) error { l.mu.Unlock(); return nil }, nil
+}
+
+func (l localRW) rlock(ctx context.Context) (func(context.Context) error, error) {
+	if l.exclusive {
+		return l.lock(ctx)
+	}
+	l.mu.RLock()
+	return func(context.Context) error { l.mu.RUnlock(); return nil }, nil
+}
+
+// noRW excludes nothing.
+type noRW struct{}
+
+func (noRW) lock(ctx context.Context) (func(context.Context) error, error) { return noLock{}.lock(ctx) }
+func (noRW) rlock(ctx context.Context) (func(context.Context) error, error) {
+	return noLock{}.lock(ctx)
+}
+
+func TestRWReadGuardsSeeOverlaps(t *testing.T) {
+	workers := make([]rwLocker, 8)
+	for i := range workers {
+		workers[i] = noRW{}
+	}
+	r := runRWRead(context.Background(), 200*time.Millisecond, workers, 1)
+	if r.overlaps == 0 {
+		t.Fatalf("no lock at all: got 0 overlaps over %d reads and %d writes, want some", r.rw.reads, r.rw.writes)
+	}
+}
+
+func TestRWReadRWMutex(t *testing.T) {
+	for _, exclusive := range []bool{false, true} {
+		mu := &sync.RWMutex{}
+		workers := make([]rwLocker, 8)
+		for i := range workers {
+			workers[i] = localRW{mu, exclusive}
+		}
+		r := runRWRead(context.Background(), 200*time.Millisecond, workers, 1)
+		if r.overlaps != 0 || r.lost != 0 || r.errs != 0 {
+			t.Fatalf("sync.RWMutex (exclusive %v): got %d overlaps, %d lost, %d errors, want 0", exclusive, r.overlaps, r.lost, r.errs)
+		}
+		if r.rw.reads == 0 || r.rw.writes == 0 || r.rw.reads+r.rw.writes != r.ops || int64(len(r.lat)) != r.rw.reads {
+			t.Fatalf("sync.RWMutex (exclusive %v): %d reads, %d writes, %d sections, %d read latencies", exclusive, r.rw.reads, r.rw.writes, r.ops, len(r.lat))
+		}
+		if share := float64(r.rw.reads) / float64(r.ops); share < 0.8 || share > 0.97 {
+			t.Errorf("sync.RWMutex (exclusive %v): %.2f of the sections read, want about %.2f", exclusive, share, rwReadShare)
+		}
+	}
+}
+
+func TestGuard(t *testing.T) {
+	var g guard
+	if !g.enter(true) || !g.enter(true) {
+		t.Fatal("two readers: refused")
+	}
+	if g.enter(false) {
+		t.Fatal("a writer with readers: let in")
+	}
+	if g.still(true) {
+		t.Fatal("a reader with a writer: still fine")
+	}
+	g.leave(false)
+	g.leave(true)
+	g.leave(true)
+	if !g.enter(false) || g.enter(false) {
+		t.Fatal("one writer, then a second: want the first in, the second refused")
+	}
+	if g.enter(true) {
+		t.Fatal("a reader with a writer: let in")
+	}
+}
+
+func TestWaitTurnReaders(t *testing.T) {
+	var g guard
+	g.enter(true) // a reading holder
+	if tr := waitTurn(context.Background(), readNoLock{}, &g); tr.res.overlaps != 0 {
+		t.Fatalf("a reader with a reading holder: %d overlaps, want 0", tr.res.overlaps)
+	}
+	if tr := waitTurn(context.Background(), noLock{}, &g); tr.res.overlaps != 1 {
+		t.Fatalf("a writer with a reading holder: %d overlaps, want 1", tr.res.overlaps)
+	}
+}
+
+type readNoLock struct{ noLock }
+
+func (readNoLock) reads() bool { return true }
+
+func TestCheckStrict(t *testing.T) {
+	before := strictViolations.Load()
+	r := &row{name: "x"}
+	checkStrict(&scenario{id: "loose"}, r, &result{overlaps: 2}, 0)
+	if got := strictViolations.Load() - before; got != 0 {
+		t.Fatalf("overlaps of a scenario that is not strict: counted %d, want 0", got)
+	}
+	checkStrict(&scenario{id: "strict", strict: true}, r, &result{overlaps: 2, lost: 1}, -1)
+	if got := strictViolations.Load() - before; got != 3 {
+		t.Fatalf("2 overlaps and 1 lost update of a strict scenario: counted %d, want 3", got)
+	}
+	strictViolations.Add(-3)
 }

@@ -22,6 +22,7 @@ const (
 	shapeContended              // workers on one lock: critical sections/s, holder changes
 	shapeWaiting                // waiters behind a holder: Redis commands per waiter-second, once per row
 	shapeHolds                  // one process holding many locks: lost holds, connections, extends/s, once per row
+	shapeRW                     // readers and writers on one NetRWMutex (or NetMutex): reads/s, writes/s, commands per section
 )
 
 // waitingID is the waiting scenario's id.
@@ -34,6 +35,9 @@ type scenario struct {
 	what  string // how it is measured, for the report
 	shape shape
 	rows  []*row
+	// strict: its rows measure netlock only, so an overlap or a lost
+	// update is a failure of netlock: the run ends with an error.
+	strict bool
 }
 
 // A row is one contender (or one floor operation) in a scenario.
@@ -51,7 +55,7 @@ type row struct {
 
 func buildScenarios(cs []contender, addrs []string) []*scenario {
 	one := addrs[:1]
-	var floor, uncontended, clients, shared, quorum, waiting, holds scenario
+	var floor, uncontended, clients, shared, quorum, waiting, holds, rwread, rwwaiting scenario
 	keys := make([]scenario, len(independentKeys))
 
 	floor = scenario{
@@ -141,6 +145,31 @@ func buildScenarios(cs []contender, addrs []string) []*scenario {
 			"Every client is closed after its row; a goroutine or server connection left behind is an error.", manyHolds, lockExpiry, holdsSampleEvery),
 		shape: shapeHolds,
 	}
+	rwread = scenario{
+		id: rwReadID, title: fmt.Sprintf("9. Read-mostly: %d processes, %.0f%% reads, NetRWMutex against NetMutex", rwProcesses, 100*rwReadShare),
+		what: fmt.Sprintf("%d clients, each its own client object and connections (like separate processes), each with one lock object shared by %d goroutines (%d in all). "+
+			"Each goroutine loops: with probability %.2f a read section (NetRWMutex: RLockCtx … RUnlockCtx), else a write section (LockCtx … UnlockCtx); the section itself is %s (`-rwsection`). "+
+			"The NetMutex rows take the same NetMutex with LockCtx for both kinds, as a program without a read/write lock would: the same sequence of sections (a generator seeded per goroutine and round), another lock. "+
+			"Reads/s and writes/s: sections whose acquire returned before the round's deadline; reads/s ÷ NetMutex's: against the NetMutex row of the same client (the goal is ≥ %.0f×). "+
+			"Acquire latency: from RLockCtx (or LockCtx) called to its return, p50/p99. "+
+			"Commands per section: what Redis ran while the row ran (`INFO commandstats`: the commands scripts call included, the client library's keepalive PINGs and bench's own INFO left out) over the sections counted; "+
+			"scripts per section: the EVALSHA (and EVAL) calls among them, the round trips that run a script. "+
+			"Overlaps: sections that found someone inside they must exclude (a writer with a reader or another writer; readers together are fine), looked at on entry and before leaving; lost writes: updates of a counter each write makes with a separate load and store, lost to overlap. "+
+			"Both must be 0: a row with either is marked FAILED, and the run exits with an error after writing its report.",
+			rwProcesses, rwGoroutines, rwProcesses*rwGoroutines, rwReadShare, sectionHow(rwSection), rwTarget),
+		shape:  shapeRW,
+		strict: true,
+	}
+	rwwaiting = scenario{
+		id: rwWaitingID, title: fmt.Sprintf("10. Waiting cost of NetRWMutex: %d readers behind a writer, %d writers behind a reader", waitingClients, waitingClients),
+		what: fmt.Sprintf("As scenario 7, with a NetRWMutex: one client holds it, %d others, each its own client and connections (like separate processes), wait for it. "+
+			"Readers: the holder writes (LockCtx) and the waiters read (RLockCtx); after the release they all get in together. "+
+			"Writers: the holder reads (RLockCtx, its process's read lease) and the waiters write (LockCtx); after the release they get in one at a time. "+
+			"The holder's watchdog extends its write lock or lease in the window. Commands per waiter-second and the other columns as in scenario 7; overlaps: a waiter let in with someone it must exclude (readers together are fine). The goal is ≤ 1 command per waiter-second.",
+			waitingClients),
+		shape:  shapeWaiting,
+		strict: true,
+	}
 
 	for i := range cs {
 		c := &cs[i]
@@ -166,13 +195,15 @@ func buildScenarios(cs []contender, addrs []string) []*scenario {
 		waiting.rows = append(waiting.rows, waitingRow(c, one[0]))
 		if c.role == roleNetlock {
 			holds.rows = append(holds.rows, holdsRow(c, one[0]))
+			rwread.rows = append(rwread.rows, rwReadRows(c, one[0])...)
+			rwwaiting.rows = append(rwwaiting.rows, rwWaitingRows(c, one[0])...)
 		}
 	}
 	out := []*scenario{&floor, &uncontended, &clients, &shared}
 	for i := range keys {
 		out = append(out, &keys[i])
 	}
-	return append(out, &quorum, &waiting, &holds)
+	return append(out, &quorum, &waiting, &holds, &rwread, &rwwaiting)
 }
 
 // lockName is a fresh lock name for one round of one row.

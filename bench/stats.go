@@ -31,6 +31,8 @@ type result struct {
 	wait *waitResult
 	// The holds scenario only.
 	holds *holdsResult
+	// The read-mostly scenario only, summed over rounds.
+	rw *rwResult
 }
 
 func (r *result) addErr(err error) {
@@ -82,6 +84,12 @@ func (r *result) merge(o result) {
 	}
 	if o.holds != nil {
 		r.holds = o.holds // measured once per row
+	}
+	if o.rw != nil {
+		if r.rw == nil {
+			r.rw = &rwResult{}
+		}
+		r.rw.add(o.rw)
 	}
 }
 

@@ -154,6 +154,32 @@ func writeSummary(p printer, scs []*scenario) {
 			return fmt.Sprint(v), v <= most, true
 		}
 	}
+	// rwReadValue: reads/s of NetRWMutex ÷ NetMutex's in the read-mostly
+	// scenario, same client.
+	rwReadValue := func(nl string) (string, bool, bool) {
+		r, b := get(rwReadID, rwRowName("NetRWMutex", nl)), get(rwReadID, rwRowName("NetMutex", nl))
+		if r == nil || b == nil || r.rw == nil || b.readRate() == 0 {
+			return "", false, false
+		}
+		x := r.readRate() / b.readRate()
+		v := fmt.Sprintf("%.2f× (%s vs %s reads/s)", x, fmtRate(r.readRate()), fmtRate(b.readRate()))
+		if r.overlaps > 0 || r.lost > 0 {
+			return v + ", FAILED: exclusion violated", false, true
+		}
+		return v, x >= rwTarget, true
+	}
+	// rwWaitingValue: the waiting cost of NetRWMutex's readers or writers,
+	// without the client library's keepalive PINGs.
+	rwWaitingValue := func(kind string) func(string) (string, bool, bool) {
+		return func(nl string) (string, bool, bool) {
+			r := get(rwWaitingID, rwRowName(kind, nl))
+			if r == nil || r.wait == nil {
+				return "", false, false
+			}
+			v := r.wait.lockPerWaiterSecond()
+			return fmt.Sprintf("%s (%s with PINGs)", fmtRate(v), fmtRate(r.wait.perWaiterSecond())), v <= 1 && r.overlaps == 0, true
+		}
+	}
 	targets := []target{
 		{
 			what: "uncontended ops/s ÷ fastest peer", threshold: "≥ 1.00",
@@ -222,6 +248,18 @@ func writeSummary(p printer, scs []*scenario) {
 		{
 			what: fmt.Sprintf("%d holds in one process: peak server connections", manyHolds), threshold: "≤ 256",
 			value: holdsValue(func(h *holdsResult) int64 { return int64(h.peakConns) }, 256), ref: func() string { return "" },
+		},
+		{
+			what: fmt.Sprintf("read-mostly, %d processes × %d goroutines, %.0f%% reads, %v sections: reads/s of NetRWMutex ÷ NetMutex's, same client", rwProcesses, rwGoroutines, 100*rwReadShare, rwSection), threshold: fmt.Sprintf("≥ %.2f", rwTarget),
+			value: rwReadValue, ref: func() string { return "NetMutex taken with LockCtx for reads and writes alike (same run)" },
+		},
+		{
+			what: fmt.Sprintf("NetRWMutex, %d readers waiting behind a writer: Redis commands per waiter-second, without the client's keepalive PINGs", waitingClients), threshold: "≤ 1.00",
+			value: rwWaitingValue("NetRWMutex readers"), ref: func() string { return "" },
+		},
+		{
+			what: fmt.Sprintf("NetRWMutex, %d writers waiting behind a reader: the same", waitingClients), threshold: "≤ 1.00",
+			value: rwWaitingValue("NetRWMutex writers"), ref: func() string { return "" },
 		},
 		{
 			what: "for reference: 8 clients CS/s ÷ fastest *fair* peer (self-reacquire ≤ 50% and fairness ≥ 0.5)", threshold: "–",

@@ -73,17 +73,26 @@ type cmdCount struct {
 // the server while it measures, and it can check that they are all gone
 // when it ends.
 func waitingRow(c *contender, addr string) *row {
+	name := lockName(waitingID, c.name, 0, 0)
 	return &row{name: c.name, c: c, na: c.noWait, note: c.waits, setup: func() (func(context.Context, time.Duration, int) result, func(), error) {
 		return func(ctx context.Context, window time.Duration, _ int) result {
-			return runWaiting(ctx, c, addr, window)
+			return runWaiting(ctx, c, addr, window, func(cls []client) (locker, []locker, error) {
+				lockers, err := makeLockers(len(cls), func(i int) (locker, error) { return cls[i].locker(name) })
+				if err != nil {
+					return nil, nil, err
+				}
+				return lockers[0], lockers[1:], nil
+			})
 		}, func() {}, nil
 	}}
 }
 
-// runWaiting measures one row of the waiting scenario: it connects the
-// holder and the waiters, runs them, closes them and checks that no
-// goroutine or server connection is left behind.
-func runWaiting(ctx context.Context, c *contender, addr string, window time.Duration) result {
+// runWaiting measures one row of a waiting scenario: it connects the holder
+// and the waiters (1+waitingClients clients of c), takes their lock objects
+// from lockers (the holder's on cls[0], the waiters' on the others), runs
+// them, closes them and checks that no goroutine or server connection is
+// left behind.
+func runWaiting(ctx context.Context, c *contender, addr string, window time.Duration, lockers func(cls []client) (holder locker, waiters []locker, err error)) result {
 	var res result
 	probe, err := dialProbe(addr)
 	if err != nil {
@@ -103,7 +112,11 @@ func runWaiting(ctx context.Context, c *contender, addr string, window time.Dura
 		res.addErr(err)
 		return res
 	}
-	w, err := waitBehindHolder(ctx, cls, probe, lockName(waitingID, c.name, 0, 0), window, &res)
+	var w *waitResult
+	holder, waiters, err := lockers(cls)
+	if err == nil {
+		w, err = waitBehindHolder(ctx, holder, waiters, probe, window, &res)
+	}
 	closeAll()
 	if err != nil {
 		res.addErr(err)
@@ -115,28 +128,24 @@ func runWaiting(ctx context.Context, c *contender, addr string, window time.Dura
 	return res
 }
 
-// waitBehindHolder has cls[0] take the lock and hold it while the other
-// clients wait for it; it counts the commands Redis runs over the window
-// after the warm-up, then releases, and returns once every waiter has had
-// its turn (or was cancelled after waitDrain). Errors, gave-ups and overlaps
-// go to res; err is what stopped the measurement.
-func waitBehindHolder(ctx context.Context, cls []client, probe redis.Conn, name string, window time.Duration, res *result) (*waitResult, error) {
-	hl, err := cls[0].locker(name)
-	if err != nil {
-		return nil, err
-	}
+// waitBehindHolder has holder take the lock and hold it while the waiters
+// wait for it (each on its own client); it counts the commands Redis runs
+// over the window after the warm-up, then releases, and returns once every
+// waiter has had its turn (or was cancelled after waitDrain). Errors,
+// gave-ups and overlaps go to res; err is what stopped the measurement.
+func waitBehindHolder(ctx context.Context, holder locker, waiters []locker, probe redis.Conn, window time.Duration, res *result) (*waitResult, error) {
 	// The holder's hold must outlive the waiters' context: rueidislock ends
 	// a hold when the context it was taken with ends.
-	release, err := hold(ctx, hl, res)
+	release, err := hold(ctx, holder, res)
 	if err != nil {
 		return nil, fmt.Errorf("holder: %w", err)
 	}
-	var inside atomic.Int32 // the holder is inside until it releases
-	inside.Store(1)
+	var g guard // the holder is inside until it releases
+	g.enter(reads(holder))
 	released := false
 
 	wctx, cancel := context.WithTimeout(ctx, waitWarmup+window+waitDrain)
-	turns := make([]turn, len(cls)-1)
+	turns := make([]turn, len(waiters))
 	var wg sync.WaitGroup
 	defer func() {
 		// On an early return, the waiters are cancelled and gone before the
@@ -147,12 +156,8 @@ func waitBehindHolder(ctx context.Context, cls []client, probe redis.Conn, name 
 			release()
 		}
 	}()
-	for i := range turns {
-		l, err := cls[1+i].locker(name)
-		if err != nil {
-			return nil, err
-		}
-		wg.Go(func() { turns[i] = waitTurn(wctx, l, &inside) })
+	for i, l := range waiters {
+		wg.Go(func() { turns[i] = waitTurn(wctx, l, &g) })
 	}
 
 	w := &waitResult{waiters: len(turns)}
@@ -175,7 +180,7 @@ func waitBehindHolder(ctx context.Context, cls []client, probe redis.Conn, name 
 	w.commands, w.top = after.since(before)
 	w.pings = after.calls["ping"] - before.calls["ping"]
 
-	inside.Add(-1)
+	g.leave(reads(holder))
 	unlocked := time.Now()
 	release()
 	released = true
@@ -245,16 +250,17 @@ type turn struct {
 
 // waitTurn waits for the lock with the library's blocking lock, calling it
 // again when it gives up, until it gets the lock or ctx ends. With the lock,
-// it checks that nobody else is inside (the holder counts until it
-// releases), and unlocks at once.
-func waitTurn(ctx context.Context, l locker, inside *atomic.Int32) (t turn) {
+// it checks with g that nobody it must exclude is inside (the holder counts
+// until it releases; a reader excludes writers only), and unlocks at once.
+func waitTurn(ctx context.Context, l locker, g *guard) (t turn) {
+	read := reads(l)
 	for {
 		unlock, err := l.lock(ctx)
 		if err == nil {
-			if inside.Add(1) != 1 {
+			if !g.enter(read) {
 				t.res.overlaps++
 			}
-			inside.Add(-1)
+			g.leave(read)
 			t.res.addIfErr(unlock(context.Background()))
 			t.served, t.done = true, time.Now()
 			return t
@@ -269,6 +275,52 @@ func waitTurn(ctx context.Context, l locker, inside *atomic.Int32) (t turn) {
 			time.Sleep(errorPause)
 		}
 	}
+}
+
+// A guard counts who is inside a lock's critical sections, to catch a lock
+// that lets in someone it must exclude: a writer (every holder of a plain
+// lock) must be alone, readers may be in together but never with a writer.
+// Each side adds itself before it looks at the other, so of a reader and a
+// writer entering at once at least one sees the other.
+type guard struct{ readers, writers atomic.Int32 }
+
+// enter counts one more reader (read) or writer inside, and reports whether
+// it may be there with those already inside.
+func (g *guard) enter(read bool) (ok bool) {
+	if read {
+		g.readers.Add(1)
+		return g.writers.Load() == 0
+	}
+	return g.writers.Add(1) == 1 && g.readers.Load() == 0
+}
+
+// still reports whether one reader (read) or writer inside may still be
+// there: whether someone it excludes came in meanwhile.
+func (g *guard) still(read bool) bool {
+	if read {
+		return g.writers.Load() == 0
+	}
+	return g.writers.Load() == 1 && g.readers.Load() == 0
+}
+
+func (g *guard) leave(read bool) {
+	if read {
+		g.readers.Add(-1)
+	} else {
+		g.writers.Add(-1)
+	}
+}
+
+// A readLocker is a locker that takes a lock for reading, shared with other
+// readers; every other locker is a writer.
+type readLocker interface {
+	locker
+	reads() bool
+}
+
+func reads(l locker) bool {
+	r, ok := l.(readLocker)
+	return ok && r.reads()
 }
 
 // sleepCtx sleeps for d, or less if ctx ends first; it reports whether it
