@@ -102,6 +102,8 @@ var (
 	rwExtendLua string
 	//go:embed lua/rw_leave.lua
 	rwLeaveLua string
+	//go:embed lua/rw_wake.lua
+	rwWakeLua string
 
 	acquireScript = newScript("acquire", acquireLua).withOp(opAcquire)
 	releaseScript = newTelling("release", handOnLua+releaseLua)
@@ -111,7 +113,7 @@ var (
 
 	// NetRWMutex's (see rwmutex.go).
 	rwAcquireScript = newTelling("rw_acquire", rwAcquireLua).withOp(opAcquire)
-	rwReleaseScript = newTelling("rw_release", rwReleaseLua)
+	rwReleaseScript = newTelling("rw_release", rwWakeLua+rwReleaseLua)
 	rwExtendScript  = newScript("rw_extend", rwExtendLua).withOp(opExtend)
-	rwLeaveScript   = newTelling("rw_leave", rwLeaveLua)
+	rwLeaveScript   = newTelling("rw_leave", rwWakeLua+rwLeaveLua)
 )

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/netlock-go/netlock/internal/keyspace"
@@ -19,7 +20,7 @@ import (
 // new readers out, so a stream of readers cannot starve it; readers that
 // were waiting when a writer leaves all get in before any writer that came
 // after them; writers get in in order of arrival. A waiter whose process
-// died keeps its place for at most two expiries.
+// died keeps its place for at most three expiries.
 //
 // The readers of one process share one read lease in Redis: a thousand
 // reading goroutines cost one lease, one extend per interval and one
@@ -132,11 +133,12 @@ func (lw *leaseWatch) stop() {
 	}
 }
 
-// markerExpiries: a waiter of a NetRWMutex keeps its place in Redis for
-// two expiries after its last attempt (each attempt renews it, at least
-// every expiry): a waiter whose process died then keeps others out for at
-// most that long.
-const markerExpiries = 2
+// placeExpiries: a waiter of a NetRWMutex keeps its place in Redis for
+// three expiries after the attempt that last renewed it (an attempt renews
+// a place with less than half of that left; a waiter attempts at least
+// every expiry): a waiter whose process died keeps others out for at most
+// that long.
+const placeExpiries = 3
 
 // NewRW returns a NetRWMutex for the lock called name on backends, with the
 // options of New (a quorum over several backends grants each read lease and
@@ -155,10 +157,12 @@ func NewRW(name string, backends []Backend, opts ...Option) (*NetRWMutex, error)
 	k := keyspace.RW(w.cfg.prefix, name, w.cfg.fencing)
 	for _, m := range []*NetMutex{w, r} {
 		m.rwk = k
-		m.waitChan = k.Channel // every waiter of the name listens on it
 		m.grants = false
-		m.markerMS = strconv.FormatInt(markerExpiries*m.cfg.expiry.Milliseconds(), 10)
+		m.markerMS = strconv.FormatInt(placeExpiries*m.cfg.expiry.Milliseconds(), 10)
 	}
+	// Readers are told together; a writer alone (lua/rw_wake.lua).
+	r.waitChan = k.Channel + ":r"
+	w.waitChan = k.Channel + ":w:" + w.waiterID
 	w.rw, r.rw = 'w', 'r'
 	// A writer's Unlock releases in Redis, where readers that were waiting
 	// come before the next writer: handing the write lock to a writer of
@@ -176,7 +180,11 @@ func (m *NetMutex) rwAcquireCall(value, proposal string, q ask) (*Script, []stri
 	if m.rw == 'w' && k.Fence != "" {
 		keys = append(keys, k.Fence)
 	}
-	return rwAcquireScript, keys, []string{string(m.rw) + ":" + value + ":" + m.expiryMS + ":" + proposal + ":" + q.member + ":" + m.markerMS}
+	flags := ""
+	if strings.Contains(q.flags, "q") {
+		flags = "q"
+	}
+	return rwAcquireScript, keys, []string{string(m.rw) + ":" + value + ":" + m.expiryMS + ":" + proposal + ":" + q.member + ":" + flags + ":" + m.markerMS + ":" + strconv.FormatInt(q.arrival, 10)}
 }
 
 func (m *NetMutex) rwReleaseCall(value string) (*Script, []string, []string) {

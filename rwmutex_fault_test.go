@@ -205,7 +205,7 @@ func TestRWLeaseLost(t *testing.T) {
 }
 
 // TestRWDeadWaiterPlace: a writer whose process died while it waited
-// keeps readers out for at most markerExpiries expiries.
+// keeps readers out for at most placeExpiries expiries.
 func TestRWDeadWaiterPlace(t *testing.T) {
 	forEachEnv(t, realOnly, func(t *testing.T, e *env) {
 		const expiry = 400 * time.Millisecond
@@ -252,6 +252,12 @@ func TestRWBadInput(t *testing.T) {
 					sdo(t, s, "HSET", k, "field", "kept")
 					rw := newRW("wrong")
 					for _, what := range []string{"LockCtx", "RLockCtx"} {
+						if what == "RLockCtx" && strings.HasSuffix(k, ":readers") {
+							// A reader that finds no writer takes its
+							// lease without looking at the readers'
+							// queue; a writer does look (LockCtx above).
+							continue
+						}
 						var err error
 						redistest.Within(t, 5*time.Second, what, func() {
 							if what == "LockCtx" {
@@ -295,7 +301,7 @@ func TestRWBadInput(t *testing.T) {
 					left := 0
 					for _, k := range rwKeysOf("stalled") {
 						if strings.HasSuffix(k, ":writers") || strings.HasSuffix(k, ":readers") {
-							continue // a place is kept for two expiries at most
+							continue // a place is kept for three expiries at most
 						}
 						if sdo(t, s, "EXISTS", k) != "0" {
 							left++

@@ -56,6 +56,7 @@ type waiter struct {
 	// began, before the release that grants it can have run.
 	nonce   string
 	joined  time.Time
+	arrival int64 // a NetRWMutex's waiter's place (see ask)
 	timer   *time.Timer
 	delay   backoff   // polling, and retries while the nodes do not answer
 	down    time.Time // when the nodes stopped answering; zero while they answer
@@ -182,6 +183,10 @@ type ask struct {
 	member string // "" for TryLock
 	nonce  string // in member, when a release may grant us the lock
 	flags  string
+	// arrival, for a NetRWMutex's waiter: when its call began, in µs of
+	// the local clock, its place in every node's queue: the same order on
+	// every node of a quorum (see lua/rw_acquire.lua).
+	arrival int64
 }
 
 func (w *waiter) ask() ask {
@@ -195,6 +200,12 @@ func (w *waiter) ask() ask {
 		return q
 	}
 	q.member = w.m.waiterID
+	if w.m.rw != 0 {
+		if w.arrival == 0 {
+			w.arrival = time.Now().UnixMicro()
+		}
+		q.arrival = w.arrival
+	}
 	if w.m.grants {
 		if w.nonce == "" {
 			w.nonce = rand.Text()
@@ -215,6 +226,9 @@ func (w *waiter) flags() string {
 	if w.m.rw != 0 {
 		// A NetRWMutex's waiter always takes its place, even when it
 		// polls: the place is what keeps later readers (or writers) out.
+		if w.queued {
+			return "jq"
+		}
 		return "j"
 	}
 	switch listening := w.listening(); {

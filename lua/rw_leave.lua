@@ -1,22 +1,22 @@
 -- rw_leave: take a waiter of a NetRWMutex that gives up off its queue, and
--- wake the others: the place it leaves may have kept some of them out (a
--- writer keeps later readers out; a reader, later writers).
+-- wake the waiters its place may have kept out (a writer keeps later
+-- readers out; a reader, later writers): see wake, in rw_wake.lua.
 --
 -- KEYS[1]  writers' queue, p{name}:rw:writers (rw_acquire.lua)
 -- KEYS[2]  readers' queue, p{name}:rw:readers
 -- KEYS[3]  leases, p{name}:rw:leases (holds the waiter's deadline)
--- KEYS[4]  writer key, p{name}:rw (names the channel)
+-- KEYS[4]  writer key, p{name}:rw
 -- ARGV[1]  the waiter's id
 --
--- (The line that sets publish is put before this one: see backend.go.)
---
--- Reply: {1} removed; {0} it was not queued.
+-- Reply: {1, n} removed, n clients heard; {0} it was not queued.
 local n = redis.call('ZREM', KEYS[1], ARGV[1]) + redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], 'q:' .. ARGV[1])
 if n == 0 then
   return {0}
 end
-if redis.call('EXISTS', KEYS[1], KEYS[2]) > 0 then
-  redis.call(publish, KEYS[4] .. ':released', 'l')
+if redis.call('EXISTS', KEYS[4]) == 1 then
+  return {1, 0} -- a writer holds: nobody gets in before it leaves
 end
-return {1}
+local t = redis.call('TIME')
+local live = redis.call('ZCOUNT', KEYS[3], t[1] * 1000 + math.floor(t[2] / 1000) + 1, '+inf') > 0
+return {1, wake(KEYS[4], KEYS[1], KEYS[2], live)}

@@ -1,9 +1,7 @@
 -- rw_release: end a read lease or the write lock of a NetRWMutex, if it is
--- ours, and wake the waiters it may let in: all of them, on the name's one
--- channel, p{name}:rw:released (the rules of rw_acquire.lua decide who gets
--- in; a release that lets nobody in publishes nothing). If our value is not
--- there, leave a tombstone for it, as release.lua does: an acquire of ours
--- still on its way then finds it and takes nothing.
+-- ours, and wake the waiters it lets in (see wake, in rw_wake.lua). If our
+-- value is not there, leave a tombstone for it, as release.lua does: an
+-- acquire of ours still on its way then finds it and takes nothing.
 --
 -- KEYS[1]  writer key, p{name}:rw (rw_acquire.lua)
 -- KEYS[2]  tombstone of our value, p{name}:rw:gone:<value>
@@ -12,25 +10,17 @@
 -- KEYS[5]  leases, p{name}:rw:leases
 -- ARGV[1]  "<mode>:<value>:<tombstone ms>"
 --
--- (The line that sets publish, PUBLISH or SPUBLISH, is put before this
--- one: see backend.go.)
---
 -- Reply, as release.lua's:
 --   { 1, n, 0, 0}  released; n clients heard (0 if nobody was woken)
 --   { 0}           absent: the lease expired, or the key was deleted
 --   {-1}           the writer key holds another value: left untouched
 local mode, value, tombMS = string.match(ARGV[1], '^([rw]):([^:]+):(%d+)$')
-local channel = KEYS[1] .. ':released'
 if mode == 'w' then
   local cur = redis.call('GET', KEYS[1])
   local mine = value .. ':'
   if cur and string.sub(cur, 1, #mine) == mine then
     redis.call('DEL', KEYS[1])
-    local heard = 0
-    if redis.call('EXISTS', KEYS[3], KEYS[4]) > 0 then
-      heard = redis.call(publish, channel, 'u')
-    end
-    return {1, heard, 0, 0}
+    return {1, wake(KEYS[1], KEYS[3], KEYS[4], false), 0, 0}
   end
   redis.call('SET', KEYS[2], '', 'PX', tombMS)
   if cur then
@@ -42,12 +32,12 @@ local s = redis.call('ZSCORE', KEYS[5], value)
 if s and tonumber(s) > 0 then
   redis.call('ZREM', KEYS[5], value)
   local heard = 0
-  -- Only a writer waits for readers: wake the waiters when the last live
-  -- lease is gone.
+  -- Only a writer waits for readers: look when one waits, and the last
+  -- live lease is gone.
   if redis.call('EXISTS', KEYS[3]) == 1 then
     local t = redis.call('TIME')
     if redis.call('ZCOUNT', KEYS[5], t[1] * 1000 + math.floor(t[2] / 1000) + 1, '+inf') == 0 then
-      heard = redis.call(publish, channel, 'r')
+      heard = wake(KEYS[1], KEYS[3], KEYS[4], false)
     end
   end
   return {1, heard, 0, 0}
