@@ -57,8 +57,10 @@ type NetRWMutex struct {
 	// leaseEnd is closed when lease is released (its last reader left).
 	leaseEnd chan struct{}
 	// leasing is non-nil while a reader acquires a lease in Redis; it is
-	// closed when that attempt ends.
-	leasing chan struct{}
+	// closed when that attempt ends. leaseFrom is the leasing of the
+	// attempt that acquired lease: the readers that waited for it may join.
+	leasing   chan struct{}
+	leaseFrom chan struct{}
 	// listen hears, while the lease is held (or being acquired), of
 	// writers of other processes taking their places.
 	listen *leaseWatch
@@ -442,6 +444,20 @@ func (rw *NetRWMutex) RLockCtx(ctx context.Context) error {
 			if err := awaitClose(ctx, leasing); err != nil {
 				return err
 			}
+			// The readers that waited for a lease being acquired came
+			// before any writer its acquire found waiting (that writer
+			// came after the acquire, in Redis's order): they share it,
+			// as sync.RWMutex lets in every reader waiting when a writer
+			// leaves.
+			rw.mu.Lock()
+			if rw.lease != nil && rw.leaseFrom == leasing && ctx.Err() == nil {
+				if _, held := rw.lease.deadline(); held {
+					rw.readers++
+					rw.mu.Unlock()
+					return nil
+				}
+			}
+			rw.mu.Unlock()
 			continue
 		}
 		leasing := make(chan struct{})
@@ -455,7 +471,7 @@ func (rw *NetRWMutex) RLockCtx(ctx context.Context) error {
 		rw.leasing = nil
 		close(leasing)
 		if err == nil {
-			rw.leased(listen)
+			rw.leased(listen, leasing)
 		}
 		rw.mu.Unlock()
 		if err != nil {
@@ -499,7 +515,7 @@ func (rw *NetRWMutex) TryRLockCtx(ctx context.Context) (bool, error) {
 	rw.leasing = nil
 	close(leasing)
 	if ok {
-		rw.leased(listen)
+		rw.leased(listen, leasing)
 	}
 	rw.mu.Unlock()
 	if !ok {
@@ -511,7 +527,8 @@ func (rw *NetRWMutex) TryRLockCtx(ctx context.Context) (bool, error) {
 // leased records the read lease just acquired (or handed over) for the
 // calling reader, and the watch that listens while it is held. The caller
 // holds rw.mu.
-func (rw *NetRWMutex) leased(listen *leaseWatch) {
+func (rw *NetRWMutex) leased(listen *leaseWatch, from chan struct{}) {
+	rw.leaseFrom = from
 	rw.lease = rw.r.current()
 	rw.readers = 1
 	rw.leaseEnd = make(chan struct{})
