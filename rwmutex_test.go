@@ -382,3 +382,47 @@ func TestRWEndedCtx(t *testing.T) {
 		}
 	})
 }
+
+// TestRWLocalReadersBeforeLaterWriter: the readers of one process that wait
+// behind a writer all get in when it leaves, before a writer of another
+// process that came after them, though one of them asked Redis for the
+// lease on behalf of all.
+func TestRWLocalReadersBeforeLaterWriter(t *testing.T) {
+	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
+		w1 := e.newRW(t, "localorder")
+		w1.Lock()
+		r := e.newRW(t, "localorder")
+		var in atomic.Int64
+		var wg sync.WaitGroup
+		for range 5 {
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+				defer cancel()
+				if err := r.RLockCtx(ctx); err != nil {
+					return // the later writer went first: counted below
+				}
+				in.Add(1)
+			})
+		}
+		waitUntil(t, func() bool { return e.do(t, "ZCARD", DefaultPrefix+"{localorder}:rw:readers") == int64(1) })
+		time.Sleep(20 * time.Millisecond) // the other four wait for the lease being acquired
+		w2 := e.newRW(t, "localorder")
+		w2in := make(chan int64, 1)
+		go func() {
+			if err := w2.LockCtx(context.Background()); err != nil {
+				t.Error(err)
+			}
+			w2in <- in.Load()
+		}()
+		waitUntil(t, func() bool { return e.do(t, "ZCARD", DefaultPrefix+"{localorder}:rw:writers") == int64(1) })
+		w1.Unlock()
+		wg.Wait()
+		for range in.Load() {
+			r.RUnlock()
+		}
+		if n := <-w2in; n != 5 {
+			t.Fatalf("the later writer got in with %d of 5 waiting readers in before it", n)
+		}
+		w2.Unlock()
+	})
+}
