@@ -233,8 +233,10 @@ func (m *NetMutex) extendRound(ctx context.Context, h *hold) (err error) {
 	if err = m.settle(replies); err != nil {
 		return err
 	}
-	if m.rw == 'r' && writerWaits(replies) {
-		h.writerWaits.Store(true)
+	if m.rw == 'r' {
+		// What the nodes say now: a writer that gave up no longer keeps
+		// this process's readers out.
+		h.writerWaits.Store(writerWaits(replies))
 	}
 	if !h.moveUntil(start.Add(m.cfg.expiry - time.Since(start) - m.driftTerm)) {
 		return ErrLockLost

@@ -64,6 +64,12 @@ type NetRWMutex struct {
 	// listen hears, while the lease is held (or being acquired), of
 	// writers of other processes taking their places.
 	listen *leaseWatch
+	// changed, while readers wait for the lease to become joinable, is
+	// closed when they should look again (see awaitJoinable). recheckDue:
+	// a writer gave its place up; the next reader that may not join asks
+	// the nodes whether one still waits (see lookLocked).
+	changed    chan struct{}
+	recheckDue bool
 }
 
 // A leaseWatch listens on a NetRWMutex's channel p{name}:rw:joined, where
@@ -113,18 +119,26 @@ func (rw *NetRWMutex) newLeaseWatch() *leaseWatch {
 	return lw
 }
 
-// heard reports whether a writer took its place since the last look.
-func (lw *leaseWatch) heard() bool {
-	joined := false
+// heard reports whether a writer took its place since the last look, and
+// whether one gave its place up (or a connection failed, which may have
+// lost a message).
+func (lw *leaseWatch) heard() (joined, left bool) {
 	for {
 		select {
 		case p := <-lw.wake:
-			joined = joined || p != "" // "": a connection failed
+			joined = joined || p == rwJoined
+			left = left || p != rwJoined
 		default:
-			return joined
+			return joined, left
 		}
 	}
 }
+
+// What lua/rw_acquire.lua and lua/rw_leave.lua publish on p{name}:rw:joined.
+const (
+	rwJoined = "j" // a writer took its place
+	rwLeft   = "l" // a writer gave its place up
+)
 
 func (lw *leaseWatch) stop() {
 	lw.mu.Lock()
@@ -407,7 +421,72 @@ func (rw *NetRWMutex) UnlockCtx(ctx context.Context) error {
 func (rw *NetRWMutex) writerLeft() {
 	rw.mu.Lock()
 	rw.writers--
+	if rw.writers == 0 {
+		rw.changedLocked()
+	}
 	rw.mu.Unlock()
+}
+
+// changedLocked wakes the readers waiting for the lease to become joinable
+// (awaitJoinable) to look again. The caller holds rw.mu.
+func (rw *NetRWMutex) changedLocked() {
+	if rw.changed != nil {
+		close(rw.changed)
+		rw.changed = nil
+	}
+}
+
+// lookLocked takes in what the lease's watch heard: a writer taking its
+// place keeps readers from joining; one giving it up (or a message maybe
+// lost) makes a reader that may not join ask the nodes again (recheck).
+// The caller holds rw.mu, and rw.lease is set.
+func (rw *NetRWMutex) lookLocked() {
+	joined, left := rw.listen.heard()
+	if joined {
+		rw.lease.writerWaits.Store(true)
+	}
+	if left && rw.lease.writerWaits.Load() {
+		rw.recheckDue = true // the nodes know which came last
+	}
+}
+
+// recheck asks the nodes, with an extend of lease, whether a writer still
+// waits, and wakes the readers waiting to join it to look again.
+func (rw *NetRWMutex) recheck(lease *hold) {
+	rw.r.extendRound(context.Background(), lease)
+	rw.mu.Lock()
+	rw.changedLocked()
+	rw.mu.Unlock()
+}
+
+// awaitJoinable waits, for a reader that may not join the lease (a writer
+// waits), until the lease ends or may be joined again: no writer of this
+// process waits any more (writerLeft), or a writer of another process gave
+// its place up ("l" on the lease's watch: the lease's extend then asks the
+// nodes whether any writer still waits). The caller holds rw.mu, and
+// rw.lease is set; awaitJoinable returns without it.
+func (rw *NetRWMutex) awaitJoinable(ctx context.Context) error {
+	if rw.changed == nil {
+		rw.changed = make(chan struct{})
+	}
+	end, changed, lease, listen := rw.leaseEnd, rw.changed, rw.lease, rw.listen
+	rw.mu.Unlock()
+	select {
+	case <-end:
+	case <-changed:
+	case p := <-listen.wake:
+		switch p {
+		case rwJoined:
+			lease.writerWaits.Store(true)
+		default: // a writer left; "": a connection failed, a message may be lost
+			if lease.writerWaits.Load() {
+				rw.recheck(lease)
+			}
+		}
+	case <-ctx.Done():
+		return notObtained(context.Cause(ctx))
+	}
+	return nil
 }
 
 // RLockCtx locks rw for reading, waiting while a writer holds it or waits
@@ -431,9 +510,14 @@ func (rw *NetRWMutex) RLockCtx(ctx context.Context) error {
 				rw.mu.Unlock()
 				return nil
 			}
-			end := rw.leaseEnd
-			rw.mu.Unlock()
-			if err := awaitClose(ctx, end); err != nil {
+			if rw.recheckDue {
+				rw.recheckDue = false
+				lease := rw.lease
+				rw.mu.Unlock()
+				rw.recheck(lease)
+				continue
+			}
+			if err := rw.awaitJoinable(ctx); err != nil {
 				return err
 			}
 			continue
@@ -539,9 +623,7 @@ func (rw *NetRWMutex) leased(listen *leaseWatch, from chan struct{}) {
 // process waits, none of another process is known to, and the lease is
 // still held. The caller holds rw.mu, and rw.lease is set.
 func (rw *NetRWMutex) joinable() bool {
-	if rw.listen.heard() {
-		rw.lease.writerWaits.Store(true)
-	}
+	rw.lookLocked()
 	if rw.writers > 0 || rw.lease.writerWaits.Load() {
 		return false
 	}
@@ -566,9 +648,11 @@ func (rw *NetRWMutex) RUnlockCtx(ctx context.Context) error {
 		rw.mu.Unlock()
 		return nil
 	}
+	rw.lookLocked()
 	lease, end, listen := rw.lease, rw.leaseEnd, rw.listen
 	rw.lease, rw.leaseEnd, rw.listen = nil, nil, nil
-	writerWaits := rw.writers > 0 || lease.writerWaits.Load() || listen.heard()
+	rw.recheckDue = false
+	writerWaits := rw.writers > 0 || lease.writerWaits.Load()
 	rw.mu.Unlock()
 	listen.stop()
 	if writerWaits {

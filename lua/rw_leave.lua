@@ -1,6 +1,7 @@
 -- rw_leave: take a waiter of a NetRWMutex that gives up off its queue, and
 -- wake the waiters its place may have kept out (a writer keeps later
--- readers out; a reader, later writers): see wake, in rw_wake.lua.
+-- readers out; a reader, later writers): see wake, in rw_wake.lua. A
+-- writer that leaves is also told on p{name}:rw:joined, with "l".
 --
 -- KEYS[1]  writers' queue, p{name}:rw:writers (rw_acquire.lua)
 -- KEYS[2]  readers' queue, p{name}:rw:readers
@@ -9,10 +10,16 @@
 -- ARGV[1]  the waiter's id
 --
 -- Reply: {1, n} removed, n clients heard; {0} it was not queued.
-local n = redis.call('ZREM', KEYS[1], ARGV[1]) + redis.call('ZREM', KEYS[2], ARGV[1])
+local writer = redis.call('ZREM', KEYS[1], ARGV[1])
+local n = writer + redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], 'q:' .. ARGV[1])
 if n == 0 then
   return {0}
+end
+if writer == 1 then
+  -- Tell the processes whose readers stopped sharing their leases for
+  -- this writer to look again (see NetRWMutex).
+  redis.call(publish, KEYS[4] .. ':joined', 'l')
 end
 if redis.call('EXISTS', KEYS[4]) == 1 then
   return {1, 0} -- a writer holds: nobody gets in before it leaves

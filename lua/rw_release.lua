@@ -29,18 +29,22 @@ if mode == 'w' then
   return {0}
 end
 local s = redis.call('ZSCORE', KEYS[5], value)
-if s and tonumber(s) > 0 then
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+if s and tonumber(s) > now then
   redis.call('ZREM', KEYS[5], value)
   local heard = 0
   -- Only a writer waits for readers: look when one waits, and the last
   -- live lease is gone.
-  if redis.call('EXISTS', KEYS[3]) == 1 then
-    local t = redis.call('TIME')
-    if redis.call('ZCOUNT', KEYS[5], t[1] * 1000 + math.floor(t[2] / 1000) + 1, '+inf') == 0 then
-      heard = wake(KEYS[1], KEYS[3], KEYS[4], false)
-    end
+  if redis.call('EXISTS', KEYS[3]) == 1 and redis.call('ZCOUNT', KEYS[5], now + 1, '+inf') == 0 then
+    heard = wake(KEYS[1], KEYS[3], KEYS[4], false)
   end
   return {1, heard, 0, 0}
+end
+if s and tonumber(s) > 0 then
+  -- Our lease, expired by the server's clock (rw_extend.lua finds it gone
+  -- too), though no writer's acquire has taken it off yet: absent.
+  redis.call('ZREM', KEYS[5], value)
 end
 redis.call('SET', KEYS[2], '', 'PX', tombMS)
 return {0}
