@@ -261,85 +261,13 @@ func runChaos(t *testing.T, s chaosSetup) {
 	}
 
 	// Faults, from the test goroutine as redistest requires.
-	seed := uint64(time.Now().UnixNano())
-	t.Logf("faults from seed %d", seed)
-	rng := rand.New(rand.NewPCG(seed, 5))
-	faults := map[string]int{}
-	var timeline []string     // the faults, for a report of violations
 	var quietMessages []int64 // holds by message in each quiet time
-	kinds := []string{"pause", "kill", "latency", "blackhole", "reset"}
 	start := time.Now()
-	for episode := 0; time.Since(start) < duration; episode++ {
-		if episode%len(kinds) == 0 {
-			rng.Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
-		}
-		kind := kinds[episode%len(kinds)]
-		victims := s.victims(rng)
-		hit := rng.Perm(chaosClients)[:1+rng.IntN(chaosClients)] // the clients whose links a network fault hits
-		hold := time.Duration(50+rng.IntN(1500)) * time.Millisecond
-		faults[kind] += len(victims)
-		from := time.Since(start)
-		switch kind {
-		case "pause":
-			for _, v := range victims {
-				servers[v].Pause()
-			}
-			time.Sleep(hold)
-			for _, v := range victims {
-				servers[v].Resume()
-			}
-		case "kill":
-			for _, v := range victims {
-				servers[v].Kill()
-			}
-			time.Sleep(chaosExpiry + time.Duration(rng.IntN(500))*time.Millisecond)
-			for _, v := range victims {
-				servers[v].Restart()
-			}
-		case "latency", "blackhole", "reset":
-			var toxic toxi.Toxic
-			switch kind {
-			case "latency":
-				toxic = toxi.Latency("upstream", 20+rng.IntN(280), rng.IntN(50))
-			case "blackhole":
-				toxic = toxi.Blackhole("upstream")
-			case "reset":
-				toxic = toxi.ResetPeer("upstream", rng.IntN(20))
-			}
-			for _, c := range hit {
-				for _, v := range victims {
-					if err := links[c][v].Add(kind, toxic); err != nil {
-						t.Fatal(err)
-					}
-				}
-			}
-			time.Sleep(hold)
-			for _, c := range hit {
-				for _, v := range victims {
-					if kind == "blackhole" {
-						if err := links[c][v].Cut(kind); err != nil {
-							t.Fatal(err)
-						}
-					} else {
-						links[c][v].Remove(kind)
-					}
-				}
-			}
-		}
-		if kind == "latency" || kind == "blackhole" || kind == "reset" {
-			timeline = append(timeline, fmt.Sprintf("%v-%v %s: servers %v, clients %v", from.Round(time.Millisecond), time.Since(start).Round(time.Millisecond), kind, victims, hit))
-		} else {
-			timeline = append(timeline, fmt.Sprintf("%v-%v %s: servers %v", from.Round(time.Millisecond), time.Since(start).Round(time.Millisecond), kind, victims))
-		}
-		if episode%4 == 3 {
-			c := rng.IntN(chaosClients)
-			stall[c].Store(true)
-			timeline = append(timeline, fmt.Sprintf("%v client %d to stall", time.Since(start).Round(time.Millisecond), c))
-		}
+	faults, timeline := runFaults(t, s, servers, links, stall, start, duration, func(d time.Duration) {
 		before := messages.Load()
-		time.Sleep(s.quiet(rng))
+		time.Sleep(d)
 		quietMessages = append(quietMessages, messages.Load()-before)
-	}
+	})
 	stop()
 	wg.Wait()
 	elapsed := time.Since(start)
@@ -410,6 +338,95 @@ func runChaos(t *testing.T, s chaosSetup) {
 	if s.nodes == 1 && messages.Load() == 0 {
 		t.Errorf("no acquisition came by a release's message: the grant path was not exercised")
 	}
+}
+
+// runFaults injects faults as TestChaos describes them, from the calling
+// (test) goroutine as redistest requires, until duration has passed since
+// start: each episode hits s.victims of servers, one kind at a time in
+// shuffled rounds, on the links of a random set of clients for the network
+// faults (links is [client][node]); every fourth episode sets the stall
+// flag of a random client, for it to take in its next critical section.
+// After each episode it calls quiet with the quiet time s.quiet picked,
+// which must sleep that long. It returns the servers hit by kind and the
+// timeline of the faults, for a report of violations.
+func runFaults(t *testing.T, s chaosSetup, servers []*redistest.Server, links [][]*toxi.Proxy, stall []atomic.Bool, start time.Time, duration time.Duration, quiet func(time.Duration)) (faults map[string]int, timeline []string) {
+	t.Helper()
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("faults from seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 5))
+	faults = map[string]int{}
+	clients := len(links)
+	kinds := []string{"pause", "kill", "latency", "blackhole", "reset"}
+	for episode := 0; time.Since(start) < duration; episode++ {
+		if episode%len(kinds) == 0 {
+			rng.Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
+		}
+		kind := kinds[episode%len(kinds)]
+		victims := s.victims(rng)
+		hit := rng.Perm(clients)[:1+rng.IntN(clients)] // the clients whose links a network fault hits
+		hold := time.Duration(50+rng.IntN(1500)) * time.Millisecond
+		faults[kind] += len(victims)
+		from := time.Since(start)
+		switch kind {
+		case "pause":
+			for _, v := range victims {
+				servers[v].Pause()
+			}
+			time.Sleep(hold)
+			for _, v := range victims {
+				servers[v].Resume()
+			}
+		case "kill":
+			for _, v := range victims {
+				servers[v].Kill()
+			}
+			time.Sleep(chaosExpiry + time.Duration(rng.IntN(500))*time.Millisecond)
+			for _, v := range victims {
+				servers[v].Restart()
+			}
+		case "latency", "blackhole", "reset":
+			var toxic toxi.Toxic
+			switch kind {
+			case "latency":
+				toxic = toxi.Latency("upstream", 20+rng.IntN(280), rng.IntN(50))
+			case "blackhole":
+				toxic = toxi.Blackhole("upstream")
+			case "reset":
+				toxic = toxi.ResetPeer("upstream", rng.IntN(20))
+			}
+			for _, c := range hit {
+				for _, v := range victims {
+					if err := links[c][v].Add(kind, toxic); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			time.Sleep(hold)
+			for _, c := range hit {
+				for _, v := range victims {
+					if kind == "blackhole" {
+						if err := links[c][v].Cut(kind); err != nil {
+							t.Fatal(err)
+						}
+					} else {
+						links[c][v].Remove(kind)
+					}
+				}
+			}
+		}
+		if kind == "latency" || kind == "blackhole" || kind == "reset" {
+			timeline = append(timeline, fmt.Sprintf("%v-%v %s: servers %v, clients %v", from.Round(time.Millisecond), time.Since(start).Round(time.Millisecond), kind, victims, hit))
+		} else {
+			timeline = append(timeline, fmt.Sprintf("%v-%v %s: servers %v", from.Round(time.Millisecond), time.Since(start).Round(time.Millisecond), kind, victims))
+		}
+		if episode%4 == 3 {
+			c := rng.IntN(clients)
+			stall[c].Store(true)
+			timeline = append(timeline, fmt.Sprintf("%v client %d to stall", time.Since(start).Round(time.Millisecond), c))
+		}
+		quiet(s.quiet(rng))
+	}
+	return faults, timeline
 }
 
 // checkStranded looks at the lock key on every server, every client

@@ -17,6 +17,10 @@
 //
 //	NETLOCK_REQUIRE_REDIS=1 go test -race ./...
 //
+// TestChaos and TestChaosSingle lock a NetMutex; TestChaosRW and
+// TestChaosRWSingle run readers and writers on a NetRWMutex under the same
+// faults, checked by checkRWHistory.
+//
 // NETLOCK_SOAK=10m runs each chaos test for ten minutes instead of 20s (add
 // -timeout 30m); NETLOCK_REPORT names a file to which the tests append their
 // figures.

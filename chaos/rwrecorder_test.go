@@ -1,0 +1,221 @@
+package chaos
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/netlock-go/netlock"
+)
+
+// An rwRecorder is a recorder (see recorder) for one NetRWMutex: a Backend
+// wrapper on each of its nodes (wrap) sees every rw_acquire call, and an
+// Observer (observer) sees how each acquire ended and every extend round,
+// of the write lock (token above 0) and of the process's read lease (token
+// 0). From them it computes, by DESIGN §4, the local deadline of each write
+// hold and of each read lease: the start of the round that made or
+// extended it plus its validity, expiry − elapsed − (expiry·drift + 2ms).
+//
+// It decodes the scripts' arguments and replies as lua/rw_acquire.lua
+// documents them: ARGV[1] "<mode>:<value>:...", reply {1, token, w} when
+// the node granted.
+type rwRecorder struct {
+	expiry, driftTerm time.Duration
+
+	mu        sync.Mutex
+	rounds    map[string]*round // acquire rounds, by their value (fresh every round)
+	byToken   map[uint64]*round // the round in which a node granted each writer's token
+	readRound *round            // the latest reader round in which a node granted
+	writers   map[uint64]*leaseTiming
+	lease     *leaseTiming // the read lease the process holds or held last
+}
+
+// leaseTiming is what an rwRecorder knows of one write hold or read lease.
+type leaseTiming struct {
+	mu          sync.Mutex
+	until, ext  time.Time // the deadline the acquire gave it; the latest an extend gave it
+	explained   bool      // a granting round the recorder saw explains it
+	handedOvers int       // times the lease went to another local acquire without a round trip
+}
+
+// deadline returns the hold's local deadline, as its acquire and its
+// successful extends so far set it.
+func (l *leaseTiming) deadline() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ext.After(l.until) {
+		return l.ext
+	}
+	return l.until
+}
+
+func newRWRecorder(expiry time.Duration, drift float64) *rwRecorder {
+	return &rwRecorder{
+		expiry:    expiry,
+		driftTerm: time.Duration(float64(expiry)*drift) + 2*time.Millisecond,
+		rounds:    map[string]*round{},
+		byToken:   map[uint64]*round{},
+		writers:   map[uint64]*leaseTiming{},
+	}
+}
+
+// wrap returns b, watched by r.
+func (r *rwRecorder) wrap(b netlock.Backend) netlock.Backend { return &rwSpyBackend{Backend: b, r: r} }
+
+// observer returns the Observer to give the NetRWMutex with WithObserver.
+func (r *rwRecorder) observer() netlock.Observer {
+	return netlock.Observer{Acquire: r.acquire, Extend: r.extended}
+}
+
+// validity returns the local deadline a hold made in rd gets.
+func (r *rwRecorder) validity(rd *round) time.Time {
+	return rd.first.Add(r.expiry - rd.last.Sub(rd.first) - r.driftTerm)
+}
+
+// acquire is the Observer's Acquire: as an acquire that succeeded returns,
+// it records the hold's deadline: a writer's from the round that granted
+// its token; a new read lease's from the latest reader round that granted
+// (the process runs one reader acquire at a time, and its lease must end
+// before the next begins); a lease handed over, from the one it was.
+func (r *rwRecorder) acquire(ctx context.Context, _ netlock.AcquireStart) (context.Context, func(netlock.AcquireDone)) {
+	return ctx, func(d netlock.AcquireDone) {
+		if !d.Acquired {
+			return
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if d.Token > 0 {
+			l := &leaseTiming{}
+			if rd := r.byToken[d.Token]; rd != nil {
+				l.until, l.explained = r.validity(rd), true
+			}
+			r.writers[d.Token] = l
+			r.prune()
+			return
+		}
+		if d.HandedOver && r.lease != nil {
+			r.lease.mu.Lock()
+			r.lease.handedOvers++
+			r.lease.mu.Unlock()
+			return
+		}
+		l := &leaseTiming{}
+		if rd := r.readRound; rd != nil {
+			l.until, l.explained = r.validity(rd), true
+		}
+		r.readRound = nil
+		r.lease = l
+		r.prune()
+	}
+}
+
+// prune forgets the rounds that ended long ago. The caller holds r.mu.
+func (r *rwRecorder) prune() {
+	old := time.Now().Add(-10 * r.expiry)
+	for v, rd := range r.rounds {
+		if rd.last.Before(old) {
+			delete(r.rounds, v)
+		}
+	}
+	for t, rd := range r.byToken {
+		if rd.last.Before(old) {
+			delete(r.byToken, t)
+		}
+	}
+}
+
+// writer returns the timing of the write hold with token; nil if no
+// acquire of it returned.
+func (r *rwRecorder) writer(token uint64) *leaseTiming {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.writers[token]
+}
+
+// currentLease returns the timing of the read lease the process holds (or
+// held last).
+func (r *rwRecorder) currentLease() *leaseTiming {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lease
+}
+
+// extended is the Observer's Extend: a successful round moves the hold's
+// deadline to the round's start plus its validity.
+func (r *rwRecorder) extended(_ context.Context, d netlock.ExtendDone) {
+	if d.Err != nil {
+		return
+	}
+	start := time.Now().Add(-d.Took)
+	until := start.Add(r.expiry - d.Took - r.driftTerm)
+	r.mu.Lock()
+	l := r.lease
+	if d.Token > 0 {
+		l = r.writers[d.Token]
+	}
+	r.mu.Unlock()
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	if until.After(l.ext) {
+		l.ext = until
+	}
+	l.mu.Unlock()
+}
+
+// rwSpyBackend is one client's Backend on one node as its rwRecorder sees
+// it; it forwards everything, as spyBackend does.
+type rwSpyBackend struct {
+	netlock.Backend
+	r *rwRecorder
+}
+
+func (b *rwSpyBackend) Eval(ctx context.Context, s *netlock.Script, keys, args []string) ([]int64, error) {
+	start := time.Now()
+	vals, err := b.Backend.Eval(ctx, s, keys, args)
+	end := time.Now()
+	if s.Name() != "rw_acquire" || len(args) != 1 {
+		return vals, err
+	}
+	f := strings.Split(args[0], ":")
+	if len(f) < 2 {
+		return vals, err
+	}
+	r := b.r
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rd := r.rounds[f[1]]
+	if rd == nil {
+		rd = &round{first: start}
+		r.rounds[f[1]] = rd
+	}
+	if start.Before(rd.first) {
+		rd.first = start
+	}
+	if end.After(rd.last) {
+		rd.last = end
+	}
+	if err == nil && len(vals) >= 2 && vals[0] == 1 {
+		if f[0] == "w" {
+			r.byToken[uint64(vals[1])] = rd
+		} else {
+			r.readRound = rd
+		}
+	}
+	return vals, err
+}
+
+// Hub and Final forward the optional interfaces of the wrapped Backend.
+func (b *rwSpyBackend) Hub() *netlock.Hub {
+	if s, ok := b.Backend.(netlock.Subscriber); ok {
+		return s.Hub()
+	}
+	return nil
+}
+
+func (b *rwSpyBackend) Final(err error) bool {
+	f, ok := b.Backend.(netlock.ErrorClassifier)
+	return ok && f.Final(err)
+}
