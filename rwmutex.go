@@ -99,7 +99,9 @@ func (rw *NetRWMutex) newLeaseWatch() *leaseWatch {
 			continue
 		}
 		if wt := h.join(rw.joined, lw.wake); wt != nil {
+			lw.mu.Lock() // a node's subscription made in the background appends too
 			lw.watches = append(lw.watches, wt)
+			lw.mu.Unlock()
 			continue
 		}
 		go func() {
