@@ -539,9 +539,27 @@ func pauseClient(t *testing.T, links []*toxi.Proxy, d time.Duration) {
 	}
 	time.Sleep(d)
 	for _, p := range links {
-		p.Remove("stall") // what was held back is delivered now, late
+		// What was held back is delivered now, late. Removing a toxic
+		// waits for toxiproxy's link to take the interrupt, which once in
+		// a while takes tens of seconds or more (a RW chaos run saw a
+		// client held past two minutes): the stall ends for the client
+		// after removalWait at the latest, the removal finishing behind it.
+		removed := make(chan struct{})
+		go func() {
+			defer close(removed)
+			p.Remove("stall")
+		}()
+		select {
+		case <-removed:
+		case <-time.After(removalWait):
+			t.Logf("toxiproxy: removing a stall still blocked after %v; going on", removalWait)
+		}
 	}
 }
+
+// removalWait bounds how long a client waits for the end of its stall to
+// be taken by toxiproxy (see pauseClient).
+const removalWait = 5 * time.Second
 
 // waitNetlockDone waits until no goroutine runs code of package netlock,
 // failing the test if one still does after d: once their clients are
