@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -128,6 +129,8 @@ func TestRWQuorum(t *testing.T) {
 func TestRWQuorumMinorityDown(t *testing.T) {
 	for _, client := range testClients() {
 		t.Run(client, func(t *testing.T) {
+			// Runs after the clients are closed (cleanups run last first).
+			t.Cleanup(func() { waitGoRedisRedials(t) })
 			servers := startServers(t, 3)
 			opts := []Option{WithNodeTimeout(200 * time.Millisecond)}
 			var rws []*NetRWMutex
@@ -417,5 +420,27 @@ func TestRWSyncReplicas(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// waitGoRedisRedials waits (at most 5s) until the goroutines that a
+// go-redis pool starts to dial a server that refused it again and again
+// have ended: each looks once a second whether its pool was closed
+// (go-redis v9.17.3, internal/pool, tryDial), so that goleak in TestMain
+// does not report them.
+func waitGoRedisRedials(t testing.TB) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if !strings.Contains(string(buf[:n]), "go-redis/v9/internal/pool.(*ConnPool).tryDial") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Logf("go-redis's redial goroutines still running after 5s; goleak will report them")
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
