@@ -118,7 +118,11 @@ func TestMemoryFullNoeviction(t *testing.T) {
 	forEachEnv(t, realOnly, func(t *testing.T, e *env) {
 		const expiry = 1500 * time.Millisecond
 		holder := e.newMutex(t, "full", WithExpiry(expiry), WithLogger(slog.New(slog.DiscardHandler)))
-		other := e.newMutex(t, "full", WithExpiry(expiry), WithLogger(slog.New(slog.DiscardHandler)))
+		// other's LockCtx must listen to join the queue (the write that is
+		// refused): a node timeout of its own, not the expiry's tenth
+		// (150ms), so that a loaded machine (CI, -race, packages in
+		// parallel) does not make its subscription time out and it poll.
+		other := e.newMutex(t, "full", WithExpiry(expiry), WithNodeTimeout(time.Second), WithLogger(slog.New(slog.DiscardHandler)))
 		mustLock(t, holder)
 		n, err := fillMemory(t, e, "noeviction", func() bool { return false })
 		if err == nil || !strings.Contains(err.Error(), "OOM") {
