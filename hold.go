@@ -110,7 +110,14 @@ func (h *hold) tick() {
 	if h.expire(now) || !h.m.cfg.autoExtend || now.Before(next) {
 		return // lost; or woken early, until having moved (ExtendCtx)
 	}
-	switch err := h.m.extendRound(ctx, h); {
+	// While the extend runs no timer is armed: one at the deadline keeps
+	// Lost() on time even if the call comes back late (a frozen
+	// connection whose client library is slow to honour its deadline).
+	until, _ := h.deadline()
+	late := time.AfterFunc(time.Until(until), func() { h.expire(time.Now()) })
+	err := h.m.extendRound(ctx, h)
+	late.Stop()
+	switch {
 	case err == nil:
 		next = h.m.nextExtend(now)
 	case errors.Is(err, ErrLockLost):

@@ -255,3 +255,42 @@ func connectedClients(s *redistest.Server) int64 {
 	}
 	return -1
 }
+
+// stuckExtends is a Backend whose extends return only after stuck, whatever
+// their context says: a client library slow to honour a deadline on a
+// frozen connection.
+type stuckExtends struct {
+	Backend
+	stuck time.Duration
+}
+
+func (b stuckExtends) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
+	if s.op == opExtend {
+		time.Sleep(b.stuck)
+		return nil, context.DeadlineExceeded
+	}
+	return b.Backend.Eval(ctx, s, keys, args)
+}
+
+// TestLostOnTimeWithExtendStuck: Lost() closes at the hold's local
+// deadline even while an extend is stuck past it.
+func TestLostOnTimeWithExtendStuck(t *testing.T) {
+	forEachEnv(t, miniOnly, func(t *testing.T, e *env) {
+		const expiry = 300 * time.Millisecond
+		m, err := New("stuck", []Backend{stuckExtends{e.backend(t), 3 * time.Second}}, WithExpiry(expiry))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustLock(t, m)
+		start := time.Now()
+		select {
+		case <-m.Lost():
+			if d := time.Since(start); d > 2*expiry {
+				t.Errorf("Lost() closed %v after the lock, its expiry %v", d, expiry)
+			}
+		case <-time.After(2 * time.Second):
+			t.Fatal("Lost() not closed while the extend was stuck past the deadline")
+		}
+		m.UnlockCtx(context.Background()) // waits for the stuck extend
+	})
+}
