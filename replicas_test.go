@@ -267,7 +267,7 @@ func TestSyncReplicasCluster(t *testing.T) {
 	b := NewRueidis(c)
 	for i := range 6 {
 		name := fmt.Sprintf("sync-cluster-%d", i)
-		m, err := New(name, []Backend{b}, WithSyncReplicas(1), WithNodeTimeout(time.Second)) // WAIT 750ms: room for a loaded machine
+		m, err := New(name, []Backend{b}, WithSyncReplicas(1), WithNodeTimeout(2*time.Second)) // WAIT 1.5s, 500ms for its reply: room for a loaded machine
 		if err != nil {
 			t.Fatal(err)
 		}
