@@ -233,7 +233,13 @@ func TestObserver(t *testing.T) {
 		// A waiter that waits for the other client.
 		done := make(chan error, 1)
 		go func() { done <- m.LockCtx(context.Background()) }()
-		waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(starts) == 3 })
+		// Released only once the waiter is queued in Redis: it has been
+		// refused, so its acquire is contended however slow the machine.
+		look := []Backend{e.backend(t)}
+		waitFor(t, func() bool {
+			info, err := Inspect(context.Background(), "seen", look)
+			return err == nil && info.Nodes[0].Waiters == 1
+		})
 		mustUnlock(t, other)
 		if err := <-done; err != nil {
 			t.Fatal(err)
