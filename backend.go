@@ -105,6 +105,17 @@ var (
 	//go:embed lua/rw_wake.lua
 	rwWakeLua string
 
+	//go:embed lua/sem_acquire.lua
+	semAcquireLua string
+	//go:embed lua/sem_release.lua
+	semReleaseLua string
+	//go:embed lua/sem_extend.lua
+	semExtendLua string
+	//go:embed lua/sem_leave.lua
+	semLeaveLua string
+	//go:embed lua/sem_wake.lua
+	semWakeLua string
+
 	acquireScript = newScript("acquire", acquireLua).withOp(opAcquire)
 	releaseScript = newTelling("release", handOnLua+releaseLua)
 	extendScript  = newScript("extend", extendLua).withOp(opExtend)
@@ -116,4 +127,10 @@ var (
 	rwReleaseScript = newTelling("rw_release", rwWakeLua+rwReleaseLua)
 	rwExtendScript  = newScript("rw_extend", rwExtendLua).withOp(opExtend)
 	rwLeaveScript   = newTelling("rw_leave", rwWakeLua+rwLeaveLua)
+
+	// Semaphore's (see semaphore.go).
+	semAcquireScript = newTelling("sem_acquire", semWakeLua+semAcquireLua).withOp(opAcquire)
+	semReleaseScript = newTelling("sem_release", semWakeLua+semReleaseLua)
+	semExtendScript  = newTelling("sem_extend", semWakeLua+semExtendLua).withOp(opExtend)
+	semLeaveScript   = newTelling("sem_leave", semWakeLua+semLeaveLua)
 )

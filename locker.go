@@ -71,6 +71,9 @@ type NetMutex struct {
 	rw       byte
 	rwk      rwKeys
 	markerMS string
+	// semKeys: rw is 's' for a Semaphore's lease, whose keys these are
+	// (see lua/sem_acquire.lua).
+	semKeys []string
 
 	mu sync.Mutex
 	// The local queue. A goroutine owns m in this process from the moment

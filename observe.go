@@ -41,14 +41,14 @@ type Observer struct {
 // AcquireStart describes a LockCtx or TryLockCtx that begins.
 type AcquireStart struct {
 	Name string // the lock's name
-	Kind Kind   // what the lock is: a NetMutex, or a NetRWMutex's read lease or write lock
+	Kind Kind   // what the lock is: a NetMutex, a NetRWMutex's read lease or write lock, or a Semaphore's lease
 	Try  bool   // TryLockCtx (TryLock): one attempt, no waiting
 }
 
 // AcquireDone describes how a LockCtx or TryLockCtx ended.
 type AcquireDone struct {
 	Name     string
-	Kind     Kind // what the lock is: a NetMutex, or a NetRWMutex's read lease or write lock
+	Kind     Kind // what the lock is: a NetMutex, a NetRWMutex's read lease or write lock, or a Semaphore's lease
 	Try      bool
 	Acquired bool          // m is held
 	Token    uint64        // the hold's fencing token, if acquired (0 with fencing off)
@@ -67,7 +67,7 @@ type AcquireDone struct {
 // UnlockDone describes an UnlockCtx of a hold.
 type UnlockDone struct {
 	Name  string
-	Kind  Kind // what the lock is: a NetMutex, or a NetRWMutex's read lease or write lock
+	Kind  Kind // what the lock is: a NetMutex, a NetRWMutex's read lease or write lock, or a Semaphore's lease
 	Token uint64
 	Held  time.Duration // from the acquire's return to the unlock
 	// HandedOver: the hold went to a goroutine of this process waiting
@@ -82,7 +82,7 @@ type UnlockDone struct {
 // ExtendDone describes one extend round of a hold.
 type ExtendDone struct {
 	Name  string
-	Kind  Kind // what the lock is: a NetMutex, or a NetRWMutex's read lease or write lock
+	Kind  Kind // what the lock is: a NetMutex, a NetRWMutex's read lease or write lock, or a Semaphore's lease
 	Token uint64
 	Took  time.Duration
 	// Err is nil when the hold's local deadline moved; ErrLockLost when its
@@ -94,7 +94,7 @@ type ExtendDone struct {
 // LostHold describes a hold that was lost.
 type LostHold struct {
 	Name   string
-	Kind   Kind // what the lock is: a NetMutex, or a NetRWMutex's read lease or write lock
+	Kind   Kind // what the lock is: a NetMutex, a NetRWMutex's read lease or write lock, or a Semaphore's lease
 	Token  uint64
 	Reason LostReason
 }
@@ -221,6 +221,9 @@ const (
 	KindMutex Kind = "mutex" // a NetMutex
 	KindRead  Kind = "read"  // a NetRWMutex's read lease
 	KindWrite Kind = "write" // a NetRWMutex's write lock
+	// KindSemaphore: a Semaphore's lease (its process's permits); its
+	// acquires and extends, and its loss.
+	KindSemaphore Kind = "semaphore"
 )
 
 func (m *NetMutex) kind() Kind {
@@ -229,6 +232,8 @@ func (m *NetMutex) kind() Kind {
 		return KindRead
 	case 'w':
 		return KindWrite
+	case 's':
+		return KindSemaphore
 	}
 	return KindMutex
 }

@@ -347,6 +347,9 @@ func (m *NetMutex) releaseCall(value string) (*Script, []string, []string) {
 // extendCall returns the extend script of m's kind of lock, with its keys
 // and arguments, for value.
 func (m *NetMutex) extendCall(value string) (*Script, []string, []string) {
+	if m.rw == 's' {
+		return m.semExtendCall(value)
+	}
 	if m.rw != 0 {
 		return m.rwExtendCall(value)
 	}

@@ -12,7 +12,7 @@
 //	p{t}:fence            the fence counter of the lock key's hash slot
 //
 // A NetRWMutex of the same name uses keys of its own, under p{name}:rw (see
-// RW).
+// RW); a Semaphore, under p{name}:sem (see Sem).
 //
 // The braces are a Redis Cluster hash tag. Fence counters are kept per hash
 // slot, not per name: t is a short tag chosen so that the counter lands in
@@ -63,6 +63,21 @@ func RW(prefix, name string, fencing bool) RWKeys {
 	w := k.Lock + ":rw"
 	return RWKeys{Writer: w, Writers: w + ":writers", Readers: w + ":readers", Leases: w + ":leases",
 		Channel: w + ":released", Joined: w + ":joined", Fence: k.Fence}
+}
+
+// SemKeys are the Redis names of one Semaphore.
+type SemKeys struct {
+	Leases  string // p{name}:sem, the processes' leases by deadline; waiter <id> is woken on p{name}:sem:wake:<id>
+	Permits string // p{name}:sem:permits, each lease's permits, and the size
+	Queue   string // p{name}:sem:queue, waiters by arrival
+	Places  string // p{name}:sem:places, waiters' place deadlines
+	Wants   string // p{name}:sem:wants, the permits each waiter asks for
+}
+
+// Sem returns the names of the Semaphore name under prefix.
+func Sem(prefix, name string) SemKeys {
+	s := New(prefix, name, false).Lock + ":sem"
+	return SemKeys{Leases: s, Permits: s + ":permits", Queue: s + ":queue", Places: s + ":places", Wants: s + ":wants"}
 }
 
 // Tomb returns the tombstone key of value for the lock key lock:

@@ -1,0 +1,626 @@
+package netlock
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/netlock-go/netlock/internal/keyspace"
+)
+
+// A Semaphore is a weighted semaphore shared across processes and machines
+// through Redis: at most size permits are out at once among every client of
+// the name. Its methods are golang.org/x/sync/semaphore.Weighted's
+// (Acquire, TryAcquire, Release), with ReleaseCtx, which returns errors
+// instead of panicking, and Lost.
+//
+// The rule is x/sync's, across processes: n permits are granted when they
+// are free and no waiter came before, so a large request is not starved by
+// a stream of small ones; waiters are served in order of arrival (the
+// clients' clocks order the arrivals of different processes: skew makes the
+// order less fair, never stuck). A waiter whose process died keeps its place
+// for at most three expiries.
+//
+// The permits of one process are held on one lease in Redis, shared by its
+// goroutines: a thousand goroutines holding permits cost one lease and one
+// extend per interval. Each Acquire and Release is one round trip (the
+// permits change in Redis, where other processes count them). The lease
+// expires when its process dies and is extended while it lives
+// (WithAutoExtend); if it lapses, every permit of the process is gone at
+// once, which Lost tells by the local clock.
+//
+// A Semaphore runs on one Backend: one Redis server (with its replicas,
+// Sentinel) or a Redis Cluster. Not on a quorum of independent deployments:
+// a majority vote keeps one holder, but not k. With size 2 and three nodes,
+// leases granted on nodes {1,2}, {2,3} and {1,3} are each within the size on
+// every node, yet three are out; bounding k holders takes every k+1
+// quorums to meet on one node, which for k ≥ 2 needs nearly all nodes (all
+// five of five for k = 4), so a node down would stop the semaphore.
+// NewSemaphore refuses several backends for that reason.
+//
+// Permits carry no fencing token: up to size holders are in at once by
+// design, so a resource cannot tell a stale holder from a current one by the
+// highest token, as it does behind a NetMutex. A holder checks Lost, or
+// bounds its work by the lease's deadline.
+//
+// A Semaphore must be created with NewSemaphore and must not be copied
+// after first use.
+type Semaphore struct {
+	m       *NetMutex // the engine: the node, options, limiter, pub/sub, and the lease's watchdog
+	size    int64
+	keys    []string // see lua/sem_acquire.lua
+	channel string   // where we are told to look again: p{name}:sem:wake:<waiter id>
+
+	// op orders this process's calls that change its lease in Redis: each
+	// sends the lease's whole count (not a difference), so that a call whose
+	// reply was lost can be repeated, and the last call sent says what
+	// Redis holds.
+	op sync.Mutex
+
+	mu sync.Mutex
+	// value is the lease's value; "" when the process has none in Redis.
+	value string
+	// lease is value's watchdog; nil when the process holds no permits
+	// (value may still be set: a call whose reply was lost left it
+	// uncertain, see dirty).
+	lease *hold
+	held  int64 // permits this process's goroutines hold on the lease
+	// stale counts the permits of goroutines whose lease was lost: Release
+	// gives them back here, without a round trip.
+	stale int64
+	// dirty: a call's reply was lost, so Redis may hold for value a count
+	// other than held; the next call, or fix, sends it again.
+	dirty  bool
+	fixing bool // fix runs
+	// queue holds this process's waiting Acquire calls in order of
+	// arrival; the first one talks to Redis.
+	queue []*semWaiter
+}
+
+type semWaiter struct {
+	n       int64
+	arrival int64         // µs, the client's clock: its place among every process's waiters
+	turn    chan struct{} // closed when it becomes the first of queue
+}
+
+// ErrSizeMismatch means the processes using a Semaphore's name disagree on
+// its size: the holders and waiters in Redis use another size than this
+// Semaphore's. Nothing was taken. A semaphore's size can change once no
+// process holds or waits for its permits.
+var ErrSizeMismatch = errors.New("netlock: semaphore size mismatch")
+
+// NewSemaphore returns a Semaphore of size permits for the name on one
+// Backend, with the options of New (WithFencing and WithLocalHandoffs do not
+// apply). It validates its input as New does and does not contact Redis. A
+// Semaphore, a NetMutex and a NetRWMutex of one name are different locks.
+func NewSemaphore(name string, size int64, backends []Backend, opts ...Option) (*Semaphore, error) {
+	if size < 1 {
+		return nil, fmt.Errorf("netlock: semaphore %q: size %d, want at least 1", name, size)
+	}
+	m, err := New(name, backends, opts...)
+	if err != nil {
+		return nil, err
+	}
+	if len(backends) != 1 {
+		return nil, fmt.Errorf("netlock: semaphore %q: %d backends; a Semaphore runs on one (a server, with its replicas, or a Cluster): a quorum of independent deployments cannot bound k > 1 holders without nearly every node answering (see Semaphore)", name, len(backends))
+	}
+	k := keyspace.Sem(m.cfg.prefix, name)
+	m.rw = 's'
+	m.grants = false
+	m.cfg.handoffs = 0
+	m.markerMS = strconv.FormatInt(placeExpiries*m.cfg.expiry.Milliseconds(), 10)
+	m.semKeys = []string{k.Leases, k.Permits, k.Queue, k.Places, k.Wants}
+	return &Semaphore{m: m, size: size, keys: m.semKeys, channel: k.Leases + ":wake:" + m.waiterID}, nil
+}
+
+// semExtendCall is the extend of a Semaphore's lease (lua/sem_extend.lua).
+func (m *NetMutex) semExtendCall(value string) (*Script, []string, []string) {
+	return semExtendScript, m.semKeys, []string{value + ":" + m.expiryMS + ":" + m.markerMS}
+}
+
+// errZeroSemaphore is returned by a Semaphore not made by NewSemaphore.
+var errZeroSemaphore = errors.New("netlock: Semaphore not created by NewSemaphore (the zero value is not usable)")
+
+// Name returns the semaphore's name, as given to NewSemaphore.
+func (s *Semaphore) Name() string {
+	if s == nil || s.m == nil {
+		return ""
+	}
+	return s.m.name
+}
+
+// Size returns the semaphore's size, as given to NewSemaphore.
+func (s *Semaphore) Size() int64 {
+	if s == nil {
+		return 0
+	}
+	return s.size
+}
+
+func (s *Semaphore) check(n int64, what string) error {
+	if s == nil || s.m == nil {
+		return errZeroSemaphore
+	}
+	if n < 0 {
+		return fmt.Errorf("netlock: semaphore %q: %s of %d permits, want 0 or more", s.m.name, what, n)
+	}
+	if n > s.size && what != "Release" {
+		return fmt.Errorf("netlock: semaphore %q: %s of %d permits, more than its size %d: it could never be granted", s.m.name, what, n, s.size)
+	}
+	return nil
+}
+
+// Acquire acquires n permits, waiting until they are free and every waiter
+// that came before has been served, or until ctx ends. On success it
+// returns nil. If ctx ends first, it returns an error matching
+// ErrNotObtained and ctx's error, leaving nothing held or queued. Unlike
+// x/sync's, an Acquire of more than size permits fails at once, since no
+// wait could grant it. Other errors: ErrSizeMismatch; an error matching
+// ErrQuorum once Redis has not answered for the outage window
+// (WithOutageWindow), or at once for an answer that retrying cannot change
+// (a key of another type, a missing permission). Acquire(ctx, 0) returns
+// nil at once.
+func (s *Semaphore) Acquire(ctx context.Context, n int64) (err error) {
+	if err := s.check(n, "Acquire"); err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		return notObtained(context.Cause(ctx))
+	}
+	if n == 0 {
+		return nil
+	}
+	ctx, done := s.m.startAcquire(ctx, false)
+	contended := false
+	if done != nil {
+		defer func() { done(err == nil, contended, false, err) }()
+	}
+	w := &semWaiter{n: n, arrival: time.Now().UnixMicro(), turn: make(chan struct{})}
+	s.mu.Lock()
+	s.queue = append(s.queue, w)
+	first := len(s.queue) == 1
+	s.mu.Unlock()
+	defer s.dequeue(w)
+	if !first {
+		contended = true
+		select {
+		case <-w.turn:
+		case <-ctx.Done():
+			return notObtained(context.Cause(ctx))
+		}
+	}
+	c, err := s.wait(ctx, w)
+	contended = contended || c
+	return err
+}
+
+// dequeue takes w off the local queue; the next waiter, if w was first,
+// gets its turn to talk to Redis.
+func (s *Semaphore) dequeue(w *semWaiter) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, q := range s.queue {
+		if q != w {
+			continue
+		}
+		s.queue = append(s.queue[:i], s.queue[i+1:]...)
+		if i == 0 && len(s.queue) > 0 {
+			close(s.queue[0].turn)
+		}
+		return
+	}
+}
+
+// TryAcquire acquires n permits without waiting and reports whether it
+// did: false when they are not free or a waiter (of any process) came
+// first, as x/sync's. It panics with the error if Redis could not be asked
+// or n is out of range; TryAcquireCtx returns it.
+func (s *Semaphore) TryAcquire(n int64) bool {
+	ok, err := s.TryAcquireCtx(context.Background(), n)
+	if err != nil {
+		panic(err)
+	}
+	return ok
+}
+
+// TryAcquireCtx acquires n permits without waiting. It returns (false, nil)
+// when they are not free or a waiter came first, and (false, err) when
+// Redis could not be asked (or ErrSizeMismatch, or n is out of range).
+func (s *Semaphore) TryAcquireCtx(ctx context.Context, n int64) (ok bool, err error) {
+	if err := s.check(n, "TryAcquire"); err != nil {
+		return false, err
+	}
+	if ctx.Err() != nil {
+		return false, notObtained(context.Cause(ctx))
+	}
+	if n == 0 {
+		return true, nil
+	}
+	ctx, done := s.m.startAcquire(ctx, true)
+	if done != nil {
+		defer func() { done(ok, !ok && err == nil, false, err) }()
+	}
+	s.mu.Lock()
+	waiting := len(s.queue) > 0
+	s.mu.Unlock()
+	if waiting {
+		return false, nil
+	}
+	for {
+		r := s.attempt(ctx, n, nil)
+		switch r.kind {
+		case semGranted:
+			return true, nil
+		case semRefused:
+			return false, nil
+		case semRetry:
+			continue // our lease was found lost: with a new one
+		}
+		return false, r.err
+	}
+}
+
+// wait is Acquire for w, the first of the local queue: it attempts, and
+// while refused keeps its place in Redis and waits to be told to look again
+// (or for the first lease to end, or, without pub/sub, a retry delay). It
+// reports whether it was refused at least once.
+func (s *Semaphore) wait(ctx context.Context, w *semWaiter) (contended bool, err error) {
+	m := s.m
+	var wake chan string
+	var wt *watch
+	defer func() {
+		if wt != nil {
+			wt.stop()
+		}
+	}()
+	queued := false
+	leave := func() {
+		if queued {
+			m.fanout(context.WithoutCancel(ctx), semLeaveScript, s.keys, []string{m.waiterID}, nil)
+		}
+	}
+	var down time.Time // when Redis stopped answering, zero while it answers
+	bo := backoff{min: m.cfg.minRetryDelay, max: m.cfg.maxRetryDelay}
+	for {
+		r := s.attempt(ctx, w.n, w)
+		var look time.Duration
+		switch r.kind {
+		case semGranted:
+			return contended, nil
+		case semRetry:
+			continue
+		case semRefused:
+			contended, queued, down = true, true, time.Time{}
+			look = r.look
+			if wt == nil && m.hubs[0] != nil {
+				wake = make(chan string, 1)
+				if wt = m.hubs[0].join(s.channel, wake); wt == nil {
+					wt = m.watchChannel(ctx, 0, s.channel, wake)
+				}
+				if wt != nil {
+					continue // a wake-up sent before we listened is not lost: look again now
+				}
+			}
+			if wt == nil || wt.dead() {
+				look = min(look, bo.next(look))
+			}
+		case semFailed:
+			if ctxEnded(ctx) != nil {
+				leave()
+				return contended, notObtained(context.Cause(ctx))
+			}
+			if r.permanent {
+				leave()
+				return contended, r.err
+			}
+			now := time.Now()
+			if down.IsZero() {
+				down = now
+			}
+			if now.Sub(down) >= m.cfg.outage {
+				leave()
+				return contended, r.err
+			}
+			look = bo.next(-1)
+		}
+		timer := time.NewTimer(look)
+		select {
+		case <-wake:
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+			leave()
+			return contended, notObtained(context.Cause(ctx))
+		}
+		timer.Stop()
+	}
+}
+
+// What one attempt came to.
+type semResult struct {
+	kind      semKind
+	look      time.Duration // semRefused: when to look again at the latest
+	err       error         // semFailed
+	permanent bool          // semFailed: retrying cannot change the answer
+}
+
+type semKind int
+
+const (
+	semGranted semKind = iota
+	semRefused
+	semRetry  // our lease was found lost; attempt again, for a new lease
+	semFailed // no answer, or an error
+)
+
+// attempt asks Redis once for n more permits on the process's lease (a new
+// lease if it holds none), as waiter w (nil for TryAcquire).
+func (s *Semaphore) attempt(ctx context.Context, n int64, w *semWaiter) semResult {
+	m := s.m
+	s.op.Lock()
+	defer s.op.Unlock()
+	s.mu.Lock()
+	s.retireLostLocked()
+	if s.value == "" {
+		s.value = rand.Text() // 128 random bits
+	}
+	value, grow, total := s.value, s.lease != nil, s.held+n
+	s.mu.Unlock()
+
+	member, arrival, flags := "", int64(0), ""
+	if w != nil {
+		member, arrival = m.waiterID, w.arrival
+	}
+	if grow {
+		flags = "g"
+	}
+	start := time.Now()
+	args := []string{value + ":" + strconv.FormatInt(total, 10) + ":" + strconv.FormatInt(n, 10) + ":" + strconv.FormatInt(s.size, 10) + ":" +
+		m.expiryMS + ":" + member + ":" + flags + ":" + m.markerMS + ":" + strconv.FormatInt(arrival, 10)}
+	r := m.fanout(ctx, semAcquireScript, s.keys, args, nil)[0]
+	took := time.Since(start)
+	if r.err != nil {
+		if !r.unsent && !r.permanent && !finalErr(m.nodes[0], r.err) {
+			s.mu.Lock()
+			s.dirty = true // it may have been granted
+			s.fixLaterLocked()
+			s.mu.Unlock()
+		}
+		return semResult{kind: semFailed, err: r.err, permanent: r.permanent}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.dirty = false // the count Redis holds is the one we sent, or the one before
+	switch r.vals[0] {
+	case statusOK:
+	case statusGone:
+		// Our lease expired in Redis: its permits are gone.
+		if s.lease != nil {
+			lease := s.lease
+			s.mu.Unlock()
+			lease.lose()
+			s.mu.Lock()
+			s.retireLostLocked()
+		}
+		return semResult{kind: semRetry}
+	case statusSize:
+		return semResult{kind: semFailed, permanent: true, err: &wrapError{
+			msg: fmt.Sprintf("netlock: semaphore %q: size %d here, but its holders and waiters in Redis use %d", m.name, s.size, r.vals[1]),
+			err: ErrSizeMismatch}}
+	default:
+		look := time.Duration(r.vals[2]) * time.Millisecond
+		if look <= 0 || look > m.cfg.expiry {
+			look = m.cfg.expiry
+		}
+		return semResult{kind: semRefused, look: look}
+	}
+	until := start.Add(m.cfg.expiry - took - m.driftTerm)
+	if s.lease == nil {
+		s.lease = newHold(m, grant{value: value, start: start, until: until})
+		s.held = n
+		return semResult{kind: semGranted}
+	}
+	if !s.lease.moveUntil(until) {
+		// Lost here as the grant came back: the lease's permits, the new
+		// ones too, are given up (the lease is no longer extended).
+		s.held += n
+		s.retireLostLocked()
+		s.stale -= n
+		return semResult{kind: semRetry}
+	}
+	s.held += n
+	return semResult{kind: semGranted}
+}
+
+// Reply status of lua/sem_acquire.lua: the holders use another size.
+const statusSize = -4
+
+// retireLostLocked retires the lease if it was lost: its permits become
+// stale (given back by Release without a round trip), and the next acquire
+// takes a new lease. The caller holds s.mu.
+func (s *Semaphore) retireLostLocked() {
+	if s.lease == nil {
+		return
+	}
+	if _, held := s.lease.deadline(); held {
+		return
+	}
+	// A lost hold's watchdog is stopped already (see hold.expire, lose).
+	s.stale += s.held
+	s.held, s.lease, s.value, s.dirty = 0, nil, "", false
+}
+
+// Release releases n permits, as x/sync's: it panics if n is more than this
+// process holds. Whatever Redis does, it returns with the permits given
+// back in this process; a count Redis could not be told is sent again in
+// the background (see ReleaseCtx).
+func (s *Semaphore) Release(n int64) {
+	err := s.ReleaseCtx(context.Background(), n)
+	switch {
+	case errors.Is(err, ErrNotHeld), errors.Is(err, errZeroSemaphore):
+		panic(err)
+	case err != nil && !errors.Is(err, ErrLockLost) && !errors.Is(err, ErrQuorum):
+		panic(err) // n < 0
+	}
+}
+
+// ReleaseCtx releases n permits of this process. Permits are not tied to
+// the goroutine that acquired them (x/sync's rule): any n of the process's
+// are given back. It returns an error matching ErrNotHeld if the process
+// holds fewer than n; ErrLockLost if permits given back were on a lease that
+// was lost (given back here, without a round trip); an error matching
+// ErrQuorum if Redis could not be told: the count is then sent again in the
+// background until Redis answers or the lease ends (an extend of the lease
+// sends nothing but its deadline, so permits not given back stay out until
+// then). The permits are given back in this process whatever it returns.
+func (s *Semaphore) ReleaseCtx(ctx context.Context, n int64) error {
+	if err := s.check(n, "Release"); err != nil {
+		return err
+	}
+	s.op.Lock()
+	defer s.op.Unlock()
+	s.mu.Lock()
+	s.retireLostLocked()
+	if n > s.held+s.stale {
+		held := s.held + s.stale
+		s.mu.Unlock()
+		return &wrapError{msg: fmt.Sprintf("netlock: semaphore %q: released %d permits, more than the %d held", s.m.name, n, held), err: ErrNotHeld}
+	}
+	if n == 0 {
+		s.mu.Unlock()
+		return nil
+	}
+	fromStale := min(n, s.stale)
+	s.stale -= fromStale
+	n -= fromStale
+	if n == 0 {
+		s.mu.Unlock()
+		return ErrLockLost
+	}
+	s.held -= n
+	value, total, lease := s.value, s.held, s.lease
+	if total == 0 {
+		s.lease = nil
+	}
+	s.mu.Unlock()
+	if total == 0 && lease.end() {
+		// Lost just now: its permits came back in Redis as it expired.
+		s.mu.Lock()
+		if s.value == value {
+			s.value, s.dirty = "", false
+		}
+		s.mu.Unlock()
+		return ErrLockLost
+	}
+	err := s.send(ctx, value, total, lease)
+	if fromStale > 0 && err == nil {
+		err = ErrLockLost
+	}
+	return err
+}
+
+// send tells Redis that the lease value holds total permits now (0 ends
+// it). The caller holds s.op. lease is value's hold (ended when total is 0).
+func (s *Semaphore) send(ctx context.Context, value string, total int64, lease *hold) error {
+	m := s.m
+	r := m.fanout(context.WithoutCancel(ctx), semReleaseScript, s.keys, []string{value + ":" + strconv.FormatInt(total, 10)}, nil)[0]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r.err != nil {
+		// Sent again in the background, unless nothing could take it: a
+		// closed client, a server gone, an error reply (a count the
+		// lease keeps expires with it).
+		if s.value == value && !r.unsent && !finalErr(m.nodes[0], r.err) {
+			s.dirty = true
+			s.fixLaterLocked()
+		}
+		return &quorumError{nodes: 1, answered: 0, need: 1, errs: []error{r.err}}
+	}
+	if s.value == value {
+		s.dirty = false
+		if total == 0 {
+			s.value = ""
+		}
+	}
+	if r.vals[0] != statusOK && total > 0 {
+		// Gone: the lease expired in Redis.
+		s.mu.Unlock()
+		lease.lose()
+		s.mu.Lock()
+		s.retireLostLocked()
+		return ErrLockLost
+	}
+	return nil
+}
+
+// fixLaterLocked starts fix unless it runs. The caller holds s.mu.
+func (s *Semaphore) fixLaterLocked() {
+	if !s.fixing {
+		s.fixing = true
+		go s.fix()
+	}
+}
+
+// fix sends the lease's count again while a call's reply was lost (dirty),
+// with the retry delay between tries, until Redis answers, the lease ends,
+// an error says it never will (a closed client), or ten expiries have
+// passed (a lease held all that time whose count Redis could not be told
+// keeps a few permits too many out until it ends).
+func (s *Semaphore) fix() {
+	m := s.m
+	bo := backoff{min: m.cfg.minRetryDelay, max: max(m.cfg.maxRetryDelay, m.cfg.expiry/extendsPerExpiry/failedExtendRetries)}
+	giveUp := time.Now().Add(tombstoneExpiries * m.cfg.expiry)
+	for {
+		time.Sleep(bo.next(-1))
+		s.op.Lock()
+		s.mu.Lock()
+		s.retireLostLocked()
+		if !s.dirty || s.value == "" || time.Now().After(giveUp) {
+			s.dirty, s.fixing = false, false
+			s.mu.Unlock()
+			s.op.Unlock()
+			return
+		}
+		value, total, lease := s.value, s.held, s.lease
+		s.mu.Unlock()
+		if lease == nil {
+			total = 0
+		}
+		s.send(context.Background(), value, total, lease)
+		s.op.Unlock()
+	}
+}
+
+// Lost returns a channel closed when this process's lease ends without its
+// say: its local deadline passed without a successful extend, or Redis no
+// longer had it. Every permit of the process is then gone at once: the
+// goroutines holding them should stop. Call it after Acquire; it is also
+// closed when the process gives back its last permit, and a closed channel
+// when the process holds none.
+func (s *Semaphore) Lost() <-chan struct{} {
+	if s == nil || s.m == nil {
+		return closedChan
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lease == nil {
+		return closedChan
+	}
+	return s.lease.ended
+}
+
+// Held returns the permits this process holds, on its lease (those of a lost
+// lease not counted).
+func (s *Semaphore) Held() int64 {
+	if s == nil || s.m == nil {
+		return 0
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.retireLostLocked()
+	return s.held
+}

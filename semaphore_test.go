@@ -1,0 +1,356 @@
+package netlock
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gomodule/redigo/redis"
+)
+
+// newSem returns a Semaphore on a backend of its own, as another process
+// would have.
+func (e *env) newSem(t testing.TB, name string, size int64, opts ...Option) *Semaphore {
+	t.Helper()
+	s, err := NewSemaphore(name, size, []Backend{e.backend(t)}, opts...)
+	if err != nil {
+		t.Fatalf("NewSemaphore(%q, %d): %v", name, size, err)
+	}
+	return s
+}
+
+func mustAcquire(t testing.TB, s *Semaphore, n int64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.Acquire(ctx, n); err != nil {
+		t.Fatalf("Acquire(%d): %v", n, err)
+	}
+}
+
+// semOut returns the permits out in Redis, by the leases' counts.
+func semOut(t testing.TB, e *env, name string) int64 {
+	t.Helper()
+	leases, err := redis.Strings(e.do(t, "ZRANGE", "netlock:{"+name+"}:sem", 0, -1), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out int64
+	for _, v := range leases {
+		n, _ := redis.Int64(e.do(t, "HGET", "netlock:{"+name+"}:sem:permits", v), nil)
+		out += n
+	}
+	return out
+}
+
+// Permits are counted across processes: TryAcquire succeeds while they fit,
+// Release gives them back, and the last one leaves nothing in Redis.
+func TestSemaphoreBasic(t *testing.T) {
+	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
+		a := e.newSem(t, "sem", 3)
+		b := e.newSem(t, "sem", 3)
+		mustAcquire(t, a, 2)
+		if b.TryAcquire(2) {
+			t.Fatal("TryAcquire(2) with 2 of 3 out elsewhere: got true")
+		}
+		if !b.TryAcquire(1) {
+			t.Fatal("TryAcquire(1) with 2 of 3 out: got false")
+		}
+		if got := semOut(t, e, "sem"); got != 3 {
+			t.Fatalf("permits out in Redis: %d, want 3", got)
+		}
+		if a.Held() != 2 || b.Held() != 1 {
+			t.Fatalf("Held: %d and %d, want 2 and 1", a.Held(), b.Held())
+		}
+		select {
+		case <-a.Lost():
+			t.Fatal("Lost() closed while held")
+		default:
+		}
+		mustAcquire(t, a, 0) // nothing to wait for
+		a.Release(1)
+		if !b.TryAcquire(1) {
+			t.Fatal("TryAcquire(1) after a Release(1): got false")
+		}
+		a.Release(1)
+		b.Release(2)
+		if a.Held() != 0 || b.Held() != 0 {
+			t.Fatalf("Held after releasing all: %d and %d", a.Held(), b.Held())
+		}
+		select {
+		case <-a.Lost():
+		default:
+			t.Fatal("Lost() with nothing held: want a closed channel")
+		}
+		for _, k := range []string{"", ":permits", ":queue", ":places", ":wants"} {
+			if e.exists(t, "netlock:{sem}:sem"+k) {
+				t.Errorf("key netlock:{sem}:sem%s left after every permit came back", k)
+			}
+		}
+	})
+}
+
+// A waiter is told when permits come back (no polling: its retry delay is
+// an hour), and in order: a request for 1 that came after a request for 3
+// waits, though 1 is free, and both get in when the permits come back.
+func TestSemaphoreWaitFIFO(t *testing.T) {
+	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
+		holder := e.newSem(t, "fifo", 4)
+		big := e.newSem(t, "fifo", 4, WithRetryDelay(time.Hour, time.Hour))
+		small := e.newSem(t, "fifo", 4, WithRetryDelay(time.Hour, time.Hour))
+		mustAcquire(t, holder, 2)
+
+		done := make(chan error, 2)
+		go func() { done <- big.Acquire(context.Background(), 3) }()
+		waitFor(t, func() bool { n, _ := redis.Int(e.do(t, "ZCARD", "netlock:{fifo}:sem:queue"), nil); return n == 1 })
+		go func() { done <- small.Acquire(context.Background(), 1) }()
+		waitFor(t, func() bool { n, _ := redis.Int(e.do(t, "ZCARD", "netlock:{fifo}:sem:queue"), nil); return n == 2 })
+		if got := semOut(t, e, "fifo"); got != 2 || len(done) != 0 {
+			t.Fatalf("permits out while both wait: %d, want 2 (the small request must not pass the big one)", got)
+		}
+		holder.Release(2)
+		for range 2 {
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("waiters not woken within 10s of the release")
+			}
+		}
+		if got := semOut(t, e, "fifo"); got != 4 {
+			t.Fatalf("permits out: %d, want 4", got)
+		}
+		big.Release(3)
+		small.Release(1)
+	})
+}
+
+// A waiter whose ctx ends leaves nothing queued; if it was first, the
+// smaller requests behind it that fit are told at once.
+func TestSemaphoreCancelledHeadWakesNext(t *testing.T) {
+	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
+		holder := e.newSem(t, "cancel", 4)
+		big := e.newSem(t, "cancel", 4, WithRetryDelay(time.Hour, time.Hour))
+		small := e.newSem(t, "cancel", 4, WithRetryDelay(time.Hour, time.Hour))
+		mustAcquire(t, holder, 3)
+		ctx, cancel := context.WithCancel(context.Background())
+		bigDone := make(chan error, 1)
+		go func() { bigDone <- big.Acquire(ctx, 4) }()
+		waitFor(t, func() bool { n, _ := redis.Int(e.do(t, "ZCARD", "netlock:{cancel}:sem:queue"), nil); return n == 1 })
+		smallDone := make(chan error, 1)
+		go func() { smallDone <- small.Acquire(context.Background(), 1) }()
+		waitFor(t, func() bool { n, _ := redis.Int(e.do(t, "ZCARD", "netlock:{cancel}:sem:queue"), nil); return n == 2 })
+		cancel()
+		if err := <-bigDone; !errors.Is(err, ErrNotObtained) || !errors.Is(err, context.Canceled) {
+			t.Fatalf("cancelled Acquire: %v, want ErrNotObtained and context.Canceled", err)
+		}
+		select {
+		case err := <-smallDone:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the small waiter was not told when the big one ahead of it gave up")
+		}
+		if big.Held() != 0 {
+			t.Fatalf("cancelled waiter holds %d", big.Held())
+		}
+		if n, _ := redis.Int(e.do(t, "ZCARD", "netlock:{cancel}:sem:queue"), nil); n != 0 {
+			t.Fatalf("%d waiters left queued", n)
+		}
+		holder.Release(3)
+		small.Release(1)
+	})
+}
+
+// The permits out never exceed the size, with goroutines of several
+// processes acquiring and releasing random weights; every waiter gets in.
+func TestSemaphoreBoundConcurrent(t *testing.T) {
+	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
+		const size, procs, goroutines = 4, 4, 3
+		var in, most atomic.Int64
+		var acquired atomic.Int64
+		var wg sync.WaitGroup
+		deadline := time.Now().Add(time.Second)
+		for p := range procs {
+			s := e.newSem(t, "bound", size)
+			for g := range goroutines {
+				wg.Go(func() {
+					for i := 0; time.Now().Before(deadline); i++ {
+						n := int64(1 + (p+g+i)%3)
+						ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+						err := s.Acquire(ctx, n)
+						cancel()
+						if err != nil {
+							t.Errorf("Acquire(%d): %v", n, err)
+							return
+						}
+						acquired.Add(1)
+						now := in.Add(n)
+						for {
+							m := most.Load()
+							if now <= m || most.CompareAndSwap(m, now) {
+								break
+							}
+						}
+						time.Sleep(time.Millisecond)
+						in.Add(-n)
+						s.Release(n)
+					}
+				})
+			}
+		}
+		wg.Wait()
+		if most.Load() > size {
+			t.Fatalf("%d permits held at once, size %d", most.Load(), size)
+		}
+		if got := semOut(t, e, "bound"); got != 0 {
+			t.Fatalf("permits out after all released: %d", got)
+		}
+		t.Logf("%d acquisitions, at most %d permits held at once", acquired.Load(), most.Load())
+	})
+}
+
+// Every bad input gets an error naming what was wrong, before any work.
+func TestSemaphoreBadInput(t *testing.T) {
+	b := &fuzzBackend{}
+	for _, tc := range []struct {
+		size     int64
+		backends []Backend
+		want     string
+	}{
+		{0, []Backend{b}, "size 0, want at least 1"},
+		{-1, []Backend{b}, "size -1, want at least 1"},
+		{2, []Backend{b, &fuzzBackend{}, &fuzzBackend{}}, "3 backends; a Semaphore runs on one"},
+		{2, nil, "netlock: "},
+	} {
+		s, err := NewSemaphore("bad", tc.size, tc.backends)
+		if s != nil || err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("NewSemaphore(size %d, %d backends): %v, %v; want an error containing %q", tc.size, len(tc.backends), s, err, tc.want)
+		}
+	}
+	s, err := NewSemaphore("bad", 2, []Backend{b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := s.Acquire(ctx, 3); err == nil || !strings.Contains(err.Error(), "Acquire of 3 permits, more than its size 2") {
+		t.Errorf("Acquire(3) of 2: %v", err)
+	}
+	if err := s.Acquire(ctx, -1); err == nil || !strings.Contains(err.Error(), "Acquire of -1 permits") {
+		t.Errorf("Acquire(-1): %v", err)
+	}
+	if _, err := s.TryAcquireCtx(ctx, 3); err == nil || !strings.Contains(err.Error(), "more than its size") {
+		t.Errorf("TryAcquireCtx(3) of 2: %v", err)
+	}
+	if err := s.ReleaseCtx(ctx, 1); !errors.Is(err, ErrNotHeld) || !strings.Contains(err.Error(), "released 1 permits, more than the 0 held") {
+		t.Errorf("ReleaseCtx(1) holding none: %v", err)
+	}
+	if err := s.ReleaseCtx(ctx, -1); err == nil || errors.Is(err, ErrNotHeld) {
+		t.Errorf("ReleaseCtx(-1): %v", err)
+	}
+	func() {
+		defer func() {
+			if r, _ := recover().(error); !errors.Is(r, ErrNotHeld) {
+				t.Errorf("Release(1) holding none: panic %v, want one matching ErrNotHeld", r)
+			}
+		}()
+		s.Release(1)
+	}()
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := s.Acquire(cancelled, 1); !errors.Is(err, ErrNotObtained) || !errors.Is(err, context.Canceled) {
+		t.Errorf("Acquire with an ended ctx: %v", err)
+	}
+	var zero Semaphore
+	if err := zero.Acquire(ctx, 1); !errors.Is(err, errZeroSemaphore) {
+		t.Errorf("zero Semaphore: %v", err)
+	}
+	if zero.Name() != "" || zero.Held() != 0 {
+		t.Error("zero Semaphore: Name or Held not empty")
+	}
+}
+
+// Every process must agree on the size: a mismatch is an error, nothing is
+// taken, and it names both sizes.
+func TestSemaphoreSizeMismatch(t *testing.T) {
+	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
+		a := e.newSem(t, "size", 3)
+		b := e.newSem(t, "size", 5)
+		mustAcquire(t, a, 1)
+		ok, err := b.TryAcquireCtx(context.Background(), 1)
+		if ok || !errors.Is(err, ErrSizeMismatch) || !strings.Contains(err.Error(), "size 5 here, but its holders and waiters in Redis use 3") {
+			t.Fatalf("TryAcquireCtx with another size: %v, %v", ok, err)
+		}
+		if err := b.Acquire(context.Background(), 1); !errors.Is(err, ErrSizeMismatch) {
+			t.Fatalf("Acquire with another size: %v", err)
+		}
+		if got := semOut(t, e, "size"); got != 1 {
+			t.Fatalf("permits out: %d, want 1", got)
+		}
+		a.Release(1)
+		// Nothing held or waiting: the size may change.
+		mustAcquire(t, b, 5)
+		b.Release(5)
+	})
+}
+
+// A key of another type under the semaphore's name is a clear error, and
+// nothing is changed.
+func TestSemaphoreWrongType(t *testing.T) {
+	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
+		e.do(t, "SET", "netlock:{wt}:sem:permits", "x")
+		s := e.newSem(t, "wt", 2)
+		_, err := s.TryAcquireCtx(context.Background(), 1)
+		if err == nil || !strings.Contains(err.Error(), "another type") {
+			t.Fatalf("TryAcquireCtx over a string key: %v", err)
+		}
+		if err := s.Acquire(context.Background(), 1); err == nil || !strings.Contains(err.Error(), "another type") {
+			t.Fatalf("Acquire over a string key: %v", err)
+		}
+		if s.Held() != 0 {
+			t.Fatalf("Held: %d", s.Held())
+		}
+		if got, _ := redis.String(e.do(t, "GET", "netlock:{wt}:sem:permits"), nil); got != "x" {
+			t.Fatalf("the foreign key was changed: %q", got)
+		}
+	})
+}
+
+// A lease that is not extended lapses: Lost() closes by the local clock,
+// the permits come back in Redis for others, and Release gives the lost
+// permits back without a panic, with ErrLockLost from ReleaseCtx.
+func TestSemaphoreLeaseLost(t *testing.T) {
+	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
+		const expiry = 300 * time.Millisecond
+		a := e.newSem(t, "lost", 2, WithExpiry(expiry), WithAutoExtend(false))
+		b := e.newSem(t, "lost", 2, WithExpiry(expiry))
+		mustAcquire(t, a, 2)
+		select {
+		case <-a.Lost():
+		case <-time.After(10 * time.Second):
+			t.Fatal("Lost() not closed after the lease's expiry")
+		}
+		if e.mini != nil {
+			e.mini.FastForward(expiry)
+		}
+		mustAcquire(t, b, 2) // the lapsed permits came back
+		if a.Held() != 0 {
+			t.Fatalf("Held after the lease was lost: %d", a.Held())
+		}
+		if err := a.ReleaseCtx(context.Background(), 1); !errors.Is(err, ErrLockLost) {
+			t.Fatalf("ReleaseCtx of a lost permit: %v, want ErrLockLost", err)
+		}
+		a.Release(1) // no panic
+		if err := a.ReleaseCtx(context.Background(), 1); !errors.Is(err, ErrNotHeld) {
+			t.Fatalf("ReleaseCtx after every lost permit was given back: %v", err)
+		}
+		b.Release(2)
+	})
+}
