@@ -384,13 +384,21 @@ func (s *Semaphore) attempt(ctx context.Context, n int64, w *semWaiter) semResul
 	r := m.fanout(ctx, semAcquireScript, s.keys, args, nil)[0]
 	took := time.Since(start)
 	if r.err != nil {
-		if !r.unsent && !r.permanent && !finalErr(m.nodes[0], r.err) {
+		switch {
+		case errors.Is(r.err, ErrNotReplicated):
+			// Granted on the node, not on enough of its replicas: undone
+			// at once (a new lease ended, a grown one back to its count).
+			s.mu.Lock()
+			lease, total := s.lease, s.held
+			s.mu.Unlock()
+			s.send(ctx, value, total, lease)
+		case !r.unsent && !r.permanent && !finalErr(m.nodes[0], r.err):
 			s.mu.Lock()
 			s.dirty = true // it may have been granted
 			s.fixLaterLocked()
 			s.mu.Unlock()
 		}
-		return semResult{kind: semFailed, err: r.err, permanent: r.permanent}
+		return semResult{kind: semFailed, err: &quorumError{nodes: 1, need: 1, errs: []error{r.err}}, permanent: r.permanent}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -538,7 +546,7 @@ func (s *Semaphore) send(ctx context.Context, value string, total int64, lease *
 			s.dirty = true
 			s.fixLaterLocked()
 		}
-		return &quorumError{nodes: 1, answered: 0, need: 1, errs: []error{r.err}}
+		return &quorumError{nodes: 1, need: 1, errs: []error{r.err}}
 	}
 	if s.value == value {
 		s.dirty = false
@@ -572,10 +580,14 @@ func (s *Semaphore) fixLaterLocked() {
 // keeps a few permits too many out until it ends).
 func (s *Semaphore) fix() {
 	m := s.m
-	bo := backoff{min: m.cfg.minRetryDelay, max: max(m.cfg.maxRetryDelay, m.cfg.expiry/extendsPerExpiry/failedExtendRetries)}
+	// The retry delay of a failed extend: often enough that a lease's
+	// extends are not what keeps the count right.
+	bo := backoff{min: time.Millisecond, max: max(m.cfg.expiry/extendsPerExpiry/failedExtendRetries, time.Millisecond)}
 	giveUp := time.Now().Add(tombstoneExpiries * m.cfg.expiry)
-	for {
-		time.Sleep(bo.next(-1))
+	for first := true; ; first = false {
+		if !first {
+			time.Sleep(bo.next(-1))
+		}
 		s.op.Lock()
 		s.mu.Lock()
 		s.retireLostLocked()

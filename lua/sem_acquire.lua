@@ -97,9 +97,11 @@ if member ~= '' then
   -- when less than half of its time is left (every other attempt).
   local dl = redis.call('ZSCORE', K.places, member)
   if not dl or tonumber(dl) - now < placeMS / 2 then
-    redis.call('ZADD', K.places, now + placeMS, member)
-    redis.call('ZADD', K.queue, 'NX', arrival, member)
+    -- wants first, then the queue: a key of another type fails before
+    -- our place is taken (places was read above).
     redis.call('HSET', K.wants, member, need)
+    redis.call('ZADD', K.queue, 'NX', arrival, member)
+    redis.call('ZADD', K.places, now + placeMS, member)
     redis.call('HSET', K.permits, '#size', size)
     keep(K.places, placeMS)
     keep(K.queue, placeMS)
