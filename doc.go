@@ -48,6 +48,15 @@
 // one read lease in Redis. Its ctx layer, errors and panics are NetMutex's;
 // RLost is the read lease's Lost.
 //
+// # Bounded concurrency
+//
+// Semaphore (NewSemaphore) is golang.org/x/sync/semaphore.Weighted across
+// processes: at most size permits out among every client of the name,
+// weighted, waiters served in order of arrival. The permits of one process
+// are held on one lease in Redis, extended while it lives; Lost tells when
+// it lapsed. It runs on one Backend (a server or a Cluster), not on a
+// quorum: majorities intersect pairwise, which bounds one holder, not k.
+//
 // # Waiting
 //
 // An uncontended Lock and Unlock are one round trip each. A LockCtx that
