@@ -296,6 +296,11 @@ func (s *Semaphore) wait(ctx context.Context, w *semWaiter) (contended bool, err
 		case semRefused:
 			contended, queued, down = true, true, time.Time{}
 			look = r.look
+			if wt != nil && wt.dead() {
+				// Its connection failed: listen again (a new one).
+				wt.stop()
+				wt = nil
+			}
 			if wt == nil && m.hubs[0] != nil {
 				wake = make(chan string, 1)
 				if wt = m.hubs[0].join(s.channel, wake); wt == nil {
@@ -305,8 +310,8 @@ func (s *Semaphore) wait(ctx context.Context, w *semWaiter) (contended bool, err
 					continue // a wake-up sent before we listened is not lost: look again now
 				}
 			}
-			if wt == nil || wt.dead() {
-				look = min(look, bo.next(look))
+			if wt == nil {
+				look = min(look, bo.next(look)) // poll
 			}
 		case semFailed:
 			if ctxEnded(ctx) != nil {
