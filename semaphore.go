@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -76,6 +77,10 @@ type Semaphore struct {
 	// other than held; the next call, or fix, sends it again.
 	dirty  bool
 	fixing bool // fix runs
+	// seq numbers the calls that set the lease's count, so that one that
+	// reaches Redis after a later one changes nothing (see
+	// lua/sem_acquire.lua). Under op.
+	seq int64
 	// queue holds this process's waiting Acquire calls in order of
 	// arrival; the first one talks to Redis.
 	queue []*semWaiter
@@ -84,7 +89,10 @@ type Semaphore struct {
 type semWaiter struct {
 	n       int64
 	arrival int64         // µs, the client's clock: its place among every process's waiters
-	turn    chan struct{} // closed when it becomes the first of queue
+	turn    chan struct{} // closed when it becomes the first of queue, or is granted
+	// granted: the first waiter's call took this waiter's permits too (see
+	// attempt); set, under s.mu, before turn is closed.
+	granted bool
 }
 
 // ErrSizeMismatch means the processes using a Semaphore's name disagree on
@@ -184,25 +192,42 @@ func (s *Semaphore) Acquire(ctx context.Context, n int64) (err error) {
 	s.queue = append(s.queue, w)
 	first := len(s.queue) == 1
 	s.mu.Unlock()
-	defer s.dequeue(w)
 	if !first {
 		contended = true
 		select {
 		case <-w.turn:
 		case <-ctx.Done():
+		}
+		s.mu.Lock()
+		granted := w.granted
+		if !granted && ctx.Err() != nil {
+			s.dequeueLocked(w)
+			s.mu.Unlock()
 			return notObtained(context.Cause(ctx))
+		}
+		s.mu.Unlock()
+		if granted {
+			// The first waiter's call took our permits too.
+			if ctx.Err() != nil {
+				// A caller whose ctx has ended never holds.
+				s.ReleaseCtx(context.WithoutCancel(ctx), n)
+				return notObtained(context.Cause(ctx))
+			}
+			return nil
 		}
 	}
 	c, err := s.wait(ctx, w)
 	contended = contended || c
+	s.mu.Lock()
+	s.dequeueLocked(w)
+	s.mu.Unlock()
 	return err
 }
 
-// dequeue takes w off the local queue; the next waiter, if w was first,
-// gets its turn to talk to Redis.
-func (s *Semaphore) dequeue(w *semWaiter) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// dequeueLocked takes w off the local queue, if it is there; the next
+// waiter, if w was first, gets its turn to talk to Redis. The caller holds
+// s.mu.
+func (s *Semaphore) dequeueLocked(w *semWaiter) {
 	for i, q := range s.queue {
 		if q != w {
 			continue
@@ -251,7 +276,7 @@ func (s *Semaphore) TryAcquireCtx(ctx context.Context, n int64) (ok bool, err er
 		return false, nil
 	}
 	for {
-		r := s.attempt(ctx, n, nil)
+		r := s.attempt(ctx, &semWaiter{n: n}, true)
 		switch r.kind {
 		case semGranted:
 			return true, nil
@@ -286,7 +311,7 @@ func (s *Semaphore) wait(ctx context.Context, w *semWaiter) (contended bool, err
 	var down time.Time // when Redis stopped answering, zero while it answers
 	bo := backoff{min: m.cfg.minRetryDelay, max: m.cfg.maxRetryDelay}
 	for {
-		r := s.attempt(ctx, w.n, w)
+		r := s.attempt(ctx, w, false)
 		var look time.Duration
 		switch r.kind {
 		case semGranted:
@@ -362,9 +387,16 @@ const (
 	semFailed // no answer, or an error
 )
 
-// attempt asks Redis once for n more permits on the process's lease (a new
-// lease if it holds none), as waiter w (nil for TryAcquire).
-func (s *Semaphore) attempt(ctx context.Context, n int64, w *semWaiter) semResult {
+// maxBatch bounds the waiters of a process one call asks for (see
+// lua/sem_acquire.lua).
+const maxBatch = 8
+
+// attempt asks Redis once for w's permits on the process's lease (a new
+// lease if it holds none), and for those of the waiters after w in the
+// local queue, which get in with it when they fit and came before every
+// other process's waiter. w is the first of the local queue, or, for
+// TryAcquire (try), a waiter of its own, not queued and without a place.
+func (s *Semaphore) attempt(ctx context.Context, w *semWaiter, try bool) semResult {
 	m := s.m
 	s.op.Lock()
 	defer s.op.Unlock()
@@ -373,20 +405,39 @@ func (s *Semaphore) attempt(ctx context.Context, n int64, w *semWaiter) semResul
 	if s.value == "" {
 		s.value = rand.Text() // 128 random bits
 	}
-	value, grow, total := s.value, s.lease != nil, s.held+n
+	s.seq++
+	value, grow, base, seq := s.value, s.lease != nil, s.held, s.seq
+	batch := []*semWaiter{w}
+	if !try {
+		for _, q := range s.queue {
+			if len(batch) == maxBatch {
+				break
+			}
+			if q != w {
+				batch = append(batch, q)
+			}
+		}
+	}
 	s.mu.Unlock()
 
-	member, arrival, flags := "", int64(0), ""
-	if w != nil {
-		member, arrival = m.waiterID, w.arrival
+	member, flags := m.waiterID, ""
+	if try {
+		member = ""
 	}
 	if grow {
 		flags = "g"
 	}
+	var b strings.Builder
+	b.WriteString(value + ":" + strconv.FormatInt(base, 10) + ":" + strconv.FormatInt(seq, 10) + ":" + strconv.FormatInt(s.size, 10) + ":" +
+		m.expiryMS + ":" + member + ":" + flags + ":" + m.markerMS + ":")
+	for i, q := range batch {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatInt(q.n, 10) + "@" + strconv.FormatInt(q.arrival, 10))
+	}
 	start := time.Now()
-	args := []string{value + ":" + strconv.FormatInt(total, 10) + ":" + strconv.FormatInt(n, 10) + ":" + strconv.FormatInt(s.size, 10) + ":" +
-		m.expiryMS + ":" + member + ":" + flags + ":" + m.markerMS + ":" + strconv.FormatInt(arrival, 10)}
-	r := m.fanout(ctx, semAcquireScript, s.keys, args, nil)[0]
+	r := m.fanout(ctx, semAcquireScript, s.keys, []string{b.String()}, nil)[0]
 	took := time.Since(start)
 	if r.err != nil {
 		switch {
@@ -406,47 +457,83 @@ func (s *Semaphore) attempt(ctx context.Context, n int64, w *semWaiter) semResul
 		return semResult{kind: semFailed, err: &quorumError{nodes: 1, need: 1, errs: []error{r.err}}, permanent: r.permanent}
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.dirty = false // the count Redis holds is the one we sent, or the one before
+	s.dirty = false // the count Redis holds is one we sent
 	switch r.vals[0] {
 	case statusOK:
 	case statusGone:
 		// Our lease expired in Redis: its permits are gone.
-		if s.lease != nil {
-			lease := s.lease
-			s.mu.Unlock()
+		lease := s.lease
+		s.mu.Unlock()
+		if lease != nil {
 			lease.lose()
 			s.mu.Lock()
 			s.retireLostLocked()
+			s.mu.Unlock()
 		}
 		return semResult{kind: semRetry}
 	case statusSize:
+		s.mu.Unlock()
 		return semResult{kind: semFailed, permanent: true, err: &wrapError{
 			msg: fmt.Sprintf("netlock: semaphore %q: size %d here, but its holders and waiters in Redis use %d", m.name, s.size, r.vals[1]),
 			err: ErrSizeMismatch}}
+	case statusFenced: // a later call was applied: not this one's reply
+		s.mu.Unlock()
+		return semResult{kind: semRetry}
 	default:
+		s.mu.Unlock()
 		look := time.Duration(r.vals[2]) * time.Millisecond
 		if look <= 0 || look > m.cfg.expiry {
 			look = m.cfg.expiry
 		}
 		return semResult{kind: semRefused, look: look}
 	}
-	until := start.Add(m.cfg.expiry - took - m.driftTerm)
-	if s.lease == nil {
-		s.lease = newHold(m, grant{value: value, start: start, until: until})
-		s.held = n
-		return semResult{kind: semGranted}
+	k := min(int(r.vals[1]), len(batch))
+	var sum int64
+	for _, q := range batch[:k] {
+		sum += q.n
 	}
-	if !s.lease.moveUntil(until) {
+	until := start.Add(m.cfg.expiry - took - m.driftTerm)
+	lease := s.lease
+	switch {
+	case lease == nil:
+		lease = newHold(m, grant{value: value, start: start, until: until})
+		s.lease = lease
+	case !lease.moveUntil(until):
 		// Lost here as the grant came back: the lease's permits, the new
 		// ones too, are given up (the lease is no longer extended).
-		s.held += n
 		s.retireLostLocked()
-		s.stale -= n
+		s.mu.Unlock()
 		return semResult{kind: semRetry}
 	}
-	s.held += n
+	// The waiters after w that the call took in: theirs, unless they gave
+	// up meanwhile; what they asked for is then given back.
+	var surplus int64
+	for _, q := range batch[1:k] {
+		if s.queued(q) {
+			q.granted = true
+			s.dequeueLocked(q)
+			close(q.turn)
+		} else {
+			surplus += q.n
+		}
+	}
+	s.held += sum - surplus
+	total := s.held
+	s.mu.Unlock()
+	if surplus > 0 {
+		s.send(ctx, value, total, lease)
+	}
 	return semResult{kind: semGranted}
+}
+
+// queued reports whether q is in the local queue. The caller holds s.mu.
+func (s *Semaphore) queued(q *semWaiter) bool {
+	for _, x := range s.queue {
+		if x == q {
+			return true
+		}
+	}
+	return false
 }
 
 // Reply status of lua/sem_acquire.lua: the holders use another size.
@@ -540,7 +627,11 @@ func (s *Semaphore) ReleaseCtx(ctx context.Context, n int64) error {
 // it). The caller holds s.op. lease is value's hold (ended when total is 0).
 func (s *Semaphore) send(ctx context.Context, value string, total int64, lease *hold) error {
 	m := s.m
-	r := m.fanout(context.WithoutCancel(ctx), semReleaseScript, s.keys, []string{value + ":" + strconv.FormatInt(total, 10)}, nil)[0]
+	s.mu.Lock()
+	s.seq++
+	seq := s.seq
+	s.mu.Unlock()
+	r := m.fanout(context.WithoutCancel(ctx), semReleaseScript, s.keys, []string{value + ":" + strconv.FormatInt(total, 10) + ":" + strconv.FormatInt(seq, 10)}, nil)[0]
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if r.err != nil {
@@ -559,8 +650,9 @@ func (s *Semaphore) send(ctx context.Context, value string, total int64, lease *
 			s.value = ""
 		}
 	}
-	if r.vals[0] != statusOK && total > 0 {
-		// Gone: the lease expired in Redis.
+	if r.vals[0] == statusAbsent && total > 0 {
+		// Gone: the lease expired in Redis. (statusFenced: a later call
+		// was applied, this one's reply is not news.)
 		s.mu.Unlock()
 		lease.lose()
 		s.mu.Lock()

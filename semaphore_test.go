@@ -3,6 +3,7 @@ package netlock
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -352,5 +353,127 @@ func TestSemaphoreLeaseLost(t *testing.T) {
 			t.Fatalf("ReleaseCtx after every lost permit was given back: %v", err)
 		}
 		b.Release(2)
+	})
+}
+
+// Waiters of one process get in together, in one call, as far as they fit
+// and came before every waiter of another process: a waiter of another
+// process that arrived between two of them keeps the second out.
+func TestSemaphoreBatchInOrder(t *testing.T) {
+	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
+		holder := e.newSem(t, "batch", 4)
+		local := e.newSem(t, "batch", 4, WithRetryDelay(time.Hour, time.Hour))
+		other := e.newSem(t, "batch", 4, WithRetryDelay(time.Hour, time.Hour))
+		mustAcquire(t, holder, 4)
+		queue := "netlock:{batch}:sem:queue"
+		done := make(chan string, 4)
+		acquire := func(s *Semaphore, n int64, name string) {
+			go func() {
+				if err := s.Acquire(context.Background(), n); err != nil {
+					t.Errorf("%s: %v", name, err)
+				}
+				done <- name
+			}()
+		}
+		acquire(local, 1, "local1")
+		waitFor(t, func() bool { n, _ := redis.Int(e.do(t, "ZCARD", queue), nil); return n == 1 })
+		acquire(local, 1, "local2")
+		waitFor(t, func() bool { local.mu.Lock(); defer local.mu.Unlock(); return len(local.queue) == 2 })
+		acquire(other, 2, "other")
+		waitFor(t, func() bool { n, _ := redis.Int(e.do(t, "ZCARD", queue), nil); return n == 2 })
+		acquire(local, 1, "local3") // after other
+		waitFor(t, func() bool { local.mu.Lock(); defer local.mu.Unlock(); return len(local.queue) == 3 })
+
+		// Room for three: local1 and local2 (in one call); other needs 2,
+		// and local3, which would fit, came after it.
+		holder.Release(3)
+		got := map[string]bool{}
+		for range 2 {
+			select {
+			case name := <-done:
+				got[name] = true
+			case <-time.After(10 * time.Second):
+				t.Fatalf("only %v got in after a release of 3", got)
+			}
+		}
+		if !got["local1"] || !got["local2"] {
+			t.Fatalf("got in: %v, want local1 and local2", got)
+		}
+		select {
+		case name := <-done:
+			t.Fatalf("%s got in with one permit free and other (2) waiting first", name)
+		case <-time.After(100 * time.Millisecond):
+		}
+		holder.Release(1)
+		if name := <-done; name != "other" {
+			t.Fatalf("got %s, want other", name)
+		}
+		if local.Held() != 2 || other.Held() != 2 {
+			t.Fatalf("Held: local %d, other %d; want 2 and 2", local.Held(), other.Held())
+		}
+		local.Release(2)
+		if name := <-done; name != "local3" {
+			t.Fatalf("got %s, want local3", name)
+		}
+		local.Release(1)
+		other.Release(2)
+		if got := semOut(t, e, "batch"); got != 0 {
+			t.Fatalf("permits out: %d", got)
+		}
+	})
+}
+
+// A call sent again after its reply was lost finds what its first sending
+// was granted; a call that reaches Redis after a later one changes nothing.
+func TestSemaphoreCallsSentAgainOrLate(t *testing.T) {
+	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
+		s := e.newSem(t, "again", 5)
+		node := s.m.nodes[0]
+		call := func(script *Script, arg string) []int64 {
+			t.Helper()
+			vals, err := node.Eval(context.Background(), script, s.keys, []string{arg})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return vals
+		}
+		acq := func(base, seq int, batch string) []int64 {
+			return call(semAcquireScript, "v:"+strconv.Itoa(base)+":"+strconv.Itoa(seq)+":5:"+s.m.expiryMS+":me::"+s.m.markerMS+":"+batch)
+		}
+		if got := acq(0, 1, "2@1,1@2"); got[0] != 1 || got[1] != 2 {
+			t.Fatalf("first sending: %v, want both granted", got)
+		}
+		if got := semOut(t, e, "again"); got != 3 {
+			t.Fatalf("out: %d", got)
+		}
+		// Sent again (same batch, a new sequence number): the count says
+		// both were granted; nothing more is taken.
+		if got := acq(0, 2, "2@1,1@2"); got[0] != 1 || got[1] != 2 {
+			t.Fatalf("sent again: %v, want both granted", got)
+		}
+		if got := semOut(t, e, "again"); got != 3 {
+			t.Fatalf("out after sending again: %d, want 3", got)
+		}
+		// Late: sequence 1 again, after 2 was applied.
+		if got := call(semReleaseScript, "v:0:1"); got[0] != statusFenced {
+			t.Fatalf("a late release: %v, want %d", got, statusFenced)
+		}
+		if got := semOut(t, e, "again"); got != 3 {
+			t.Fatalf("out after a late release: %d, want 3", got)
+		}
+		// The batch changed (the first waiter gave up): a count that no
+		// prefix explains is set back to base, then granted anew.
+		if got := acq(0, 3, "1@2"); got[0] != 1 || got[1] != 1 {
+			t.Fatalf("another batch: %v, want granted", got)
+		}
+		if got := semOut(t, e, "again"); got != 1 {
+			t.Fatalf("out: %d, want 1", got)
+		}
+		if got := call(semReleaseScript, "v:0:4"); got[0] != 1 {
+			t.Fatalf("release: %v", got)
+		}
+		if got := semOut(t, e, "again"); got != 0 {
+			t.Fatalf("out: %d, want 0", got)
+		}
 	})
 }

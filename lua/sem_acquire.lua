@@ -1,44 +1,66 @@
 -- sem_acquire: take permits of a Semaphore for a process's lease (a new
--- lease, or more permits on the one it holds); or, for a waiter, keep its
--- place in the queue.
+-- lease, or more permits on the one it holds), for the first waiters of
+-- the process at once; or, for a waiter, keep its place in the queue.
 --
 -- KEYS[1]  leases, p{name}:sem: a sorted set of the processes' leases
 --          (member: the lease's value, score: its deadline in server ms)
 -- KEYS[2]  permits, p{name}:sem:permits: a hash of each lease's permits
---          (field: its value), and the semaphore's size (field "#size")
+--          (field: its value), of the sequence number of the last call
+--          that set them (field: "<value>#s"), and of the semaphore's size
+--          (field "#size")
 -- KEYS[3]  queue, p{name}:sem:queue: waiter ids by arrival
 -- KEYS[4]  places, p{name}:sem:places: each waiter's place deadline (server
 --          ms), so that a waiter whose process died stops keeping others out
 -- KEYS[5]  wants, p{name}:sem:wants: the permits each waiter asks for
--- ARGV[1]  "<value>:<total>:<n>:<size>:<expiry ms>:<member>:<flags>:<place ms>:<arrival>":
---          the lease's value; the permits the lease is to hold if granted
---          (the whole count, not a difference: a call whose reply was lost
---          can be sent again, and finds itself granted already); the
---          permits asked for (total less what the process holds); the size every
+-- ARGV[1]  "<value>:<base>:<seq>:<size>:<expiry ms>:<member>:<flags>:<place ms>:<batch>":
+--          the lease's value; the permits the process holds on it (0 for
+--          a new lease); the call's sequence number, which increases with
+--          every call of the process that sets a count; the size every
 --          process must agree on; the lease's expiry; our waiter id (""
 --          for TryAcquire); flags "g" if the lease exists already (more
 --          permits on it: if it is gone, it was lost), else ""; how long a
---          waiter's place lasts without an attempt renewing it; when the
---          waiter's call began (µs, its own clock), its place in the queue.
---          One argument: Redis refuses more than 10 words from a client
---          not yet authenticated, and a clear NOAUTH is worth keeping.
+--          waiter's place lasts without an attempt renewing it; the
+--          process's first waiters, "<n>@<arrival>,...", each asking for n
+--          permits, in their order, with when its call began (µs, the
+--          process's clock): the first's arrival is the process's place in
+--          the queue. One argument: Redis refuses more than 10 words from
+--          a client not yet authenticated, and a clear NOAUTH is worth
+--          keeping.
 --
 -- (The line that sets publish, PUBLISH or SPUBLISH, and lua/sem_wake.lua
 -- are put before this one: see backend.go.)
 --
 -- The rule is golang.org/x/sync/semaphore's, across every client of the
 -- name: n permits are granted when they are free and no waiter came before
--- us (a caller without a place, TryAcquire, comes after every one).
+-- (a caller without a place, TryAcquire, comes after every one). The first
+-- waiter of the batch is granted by it, and each next one while it fits and
+-- no other process's waiter arrived before it: the process's waiters get in
+-- together, in one call, in the order of every waiter's arrival.
+--
+-- The count set is the whole count (base and the permits granted), never a
+-- difference, and a call whose sequence number is not above the last one
+-- applied changes nothing: a call sent again after its reply was lost finds
+-- what its first sending was granted (the first k of the batch, told by
+-- the count), and a call that arrives after a later one cannot undo it.
 --
 -- Reply:
---   { 1, out, 0}   granted: out permits are out now, ours included
---   {-1, out, t}   not now; t: when to look again at the latest (ms): when
+--   { 1, k, 0}     granted to the first k of the batch (k >= 1)
+--   {-1, 0, t}     not now; t: when to look again at the latest (ms): when
 --                  the first lease ends, capped at the expiry. A waiter is
 --                  queued (or its place kept)
+--   {-2, 0, 0}     a later call of the process was applied: this one is late
 --   {-3, 0, 0}     "g", and our lease is gone: it was lost
 --   {-4, size, 0}  the semaphore's holders and waiters use another size
-local value, total, _, size, exp, member, flags, placeMS, arrival = string.match(ARGV[1], '^([^:]+):(%d+):(%d+):(%d+):(%d+):([^:]*):([^:]*):(%d+):(%d+)$')
-total, size, exp, placeMS, arrival = tonumber(total), tonumber(size), tonumber(exp), tonumber(placeMS), tonumber(arrival)
+local value, base, seq, size, exp, member, flags, placeMS, batch = string.match(ARGV[1], '^([^:]+):(%d+):(%d+):(%d+):(%d+):([^:]*):([^:]*):(%d+):([%d@,]+)$')
+if not value then
+  return redis.error_reply('ERR netlock sem_acquire: malformed argument ' .. ARGV[1])
+end
+base, seq, size, exp, placeMS = tonumber(base), tonumber(seq), tonumber(size), tonumber(exp), tonumber(placeMS)
+local ns, arrivals = {}, {}
+for n, a in string.gmatch(batch, '(%d+)@(%d+)') do
+  ns[#ns + 1] = tonumber(n)
+  arrivals[#arrivals + 1] = tonumber(a)
+end
 
 -- Keys of another type fail here, before anything is written.
 local have = redis.call('HGET', K.permits, '#size')
@@ -47,39 +69,82 @@ if have and tonumber(have) ~= size then
 end
 local now = servertime()
 purge(K, now)
-local mine = 0
+local mine = -1 -- no lease
 if redis.call('ZSCORE', K.leases, value) then
-  mine = tonumber(redis.call('HGET', K.permits, value) or '0')
+  local f = redis.call('HMGET', K.permits, value, value .. '#s')
+  if tonumber(f[2] or '0') >= seq then
+    return {-2, 0, 0}
+  end
+  mine = tonumber(f[1] or '0')
 elseif string.find(flags, 'g', 1, true) then
   return {-3, 0, 0}
 end
 local out = used(K)
--- A call sent again whose first sending was granted: need is 0.
-local need = math.max(0, total - mine)
 
--- ahead reports whether a live waiter came before us, taking off the queue
--- the waiters at its head whose places were not renewed in time.
+-- k of the batch granted already: a call sent again whose first sending
+-- was granted to the first k. A count that no prefix of this batch
+-- explains (the batch changed since) is set back to base first.
+local k, sum = 0, 0
+if mine > base then
+  local s = 0
+  for i, n in ipairs(ns) do
+    s = s + n
+    if s == mine - base then
+      k, sum = i, s
+      break
+    end
+  end
+  if k == 0 then
+    out = out - (mine - base)
+  end
+elseif mine >= 0 and mine < base then
+  -- Fewer than the process holds: cannot be, as no call undoes a later
+  -- one; counted at base from here.
+  out = out + (base - mine)
+end
+
+-- ahead returns the arrival of the first live waiter of another process,
+-- or nil; the waiters at the head whose places were not renewed in time
+-- are taken off the queue on the way.
 local function ahead()
   while true do
-    local h = redis.call('ZRANGE', K.queue, 0, 0, 'WITHSCORES')
-    if not h[1] or h[1] == member then
-      return false
+    local h = redis.call('ZRANGE', K.queue, 0, 1, 'WITHSCORES')
+    local id, score = h[1], h[2]
+    if id == member then
+      id, score = h[3], h[4]
     end
-    local dl = redis.call('ZSCORE', K.places, h[1])
+    if not id then
+      return nil
+    end
+    local dl = redis.call('ZSCORE', K.places, id)
     if dl and tonumber(dl) > now then
-      -- An earlier arrival, or the same with a smaller id (the order of
-      -- a sorted set).
-      local score = tonumber(h[2])
-      return member == '' or score < arrival or (score == arrival and h[1] < member)
+      return tonumber(score), id
     end
-    redis.call('ZREM', K.queue, h[1])
-    redis.call('ZREM', K.places, h[1])
-    redis.call('HDEL', K.wants, h[1])
+    redis.call('ZREM', K.queue, id)
+    redis.call('ZREM', K.places, id)
+    redis.call('HDEL', K.wants, id)
   end
 end
 
-if need == 0 or (out + need <= size and not ahead()) then
-  redis.call('HSET', K.permits, value, total, '#size', size)
+-- first: whether one of ours comes first. A caller without a place comes
+-- after every waiter; else an earlier arrival (the same with a smaller id,
+-- the order of a sorted set) comes first.
+local first
+if k == 0 then
+  local a, id = ahead()
+  first = not a or (member ~= '' and (arrivals[1] < a or (arrivals[1] == a and member < id)))
+  if first and out + ns[1] <= size then
+    k, sum, out = 1, ns[1], out + ns[1]
+  end
+end
+if k > 0 then
+  -- The next of ours, while they fit and came before every other waiter.
+  local a, id = ahead()
+  while k < #ns and out + ns[k + 1] <= size and (not a or arrivals[k + 1] < a) do
+    k = k + 1
+    sum, out = sum + ns[k], out + ns[k]
+  end
+  redis.call('HSET', K.permits, value, base + sum, value .. '#s', seq, '#size', size)
   redis.call('ZADD', K.leases, now + exp, value)
   keep(K.leases, placeMS)
   keep(K.permits, placeMS)
@@ -87,20 +152,29 @@ if need == 0 or (out + need <= size and not ahead()) then
     redis.call('ZREM', K.places, member)
     redis.call('HDEL', K.wants, member)
     -- The next in line may fit in what is left.
-    wake(K, now, size - out - need)
+    wake(K, now, size - out)
   end
-  return {1, out + need, 0}
+  return {1, k, 0}
 end
 
+if mine >= 0 and mine ~= base then
+  -- Set to base, as this call found it (see above).
+  redis.call('HSET', K.permits, value, base, value .. '#s', seq)
+  if base == 0 then
+    redis.call('HDEL', K.permits, value, value .. '#s')
+    redis.call('ZREM', K.leases, value)
+  end
+  wake(K, now, size - out)
+end
 if member ~= '' then
   -- A waiter attempts about once per expiry: its place is renewed only
-  -- when less than half of its time is left (every other attempt).
+  -- when less than half of its time is left (every other attempt). wants
+  -- first, then the queue: a key of another type fails before our place
+  -- is taken (places was read by ahead).
   local dl = redis.call('ZSCORE', K.places, member)
   if not dl or tonumber(dl) - now < placeMS / 2 then
-    -- wants first, then the queue: a key of another type fails before
-    -- our place is taken (places was read above).
-    redis.call('HSET', K.wants, member, need)
-    redis.call('ZADD', K.queue, 'NX', arrival, member)
+    redis.call('HSET', K.wants, member, ns[1])
+    redis.call('ZADD', K.queue, 'NX', arrivals[1], member)
     redis.call('ZADD', K.places, now + placeMS, member)
     redis.call('HSET', K.permits, '#size', size)
     keep(K.places, placeMS)
@@ -110,8 +184,8 @@ if member ~= '' then
   end
 end
 local t = exp
-local first = redis.call('ZRANGE', K.leases, 0, 0, 'WITHSCORES')
-if first[2] then
-  t = math.max(1, math.min(exp, tonumber(first[2]) - now))
+local f = redis.call('ZRANGE', K.leases, 0, 0, 'WITHSCORES')
+if f[2] then
+  t = math.max(1, math.min(exp, tonumber(f[2]) - now))
 end
-return {-1, out, t}
+return {-1, 0, t}

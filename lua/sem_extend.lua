@@ -9,6 +9,9 @@
 -- Reply: {1} extended; {0} the lease is gone (expired: its permits came back,
 -- and the waiters that now fit are told).
 local value, exp, placeMS = string.match(ARGV[1], '^([^:]+):(%d+):(%d+)$')
+if not value then
+  return redis.error_reply('ERR netlock sem_extend: malformed argument ' .. ARGV[1])
+end
 exp, placeMS = tonumber(exp), tonumber(placeMS)
 
 local now = servertime()

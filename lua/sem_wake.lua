@@ -37,7 +37,7 @@ end
 local function purge(K, now)
   local dead = redis.call('ZRANGEBYSCORE', K.leases, '-inf', now)
   for _, v in ipairs(dead) do
-    redis.call('HDEL', K.permits, v)
+    redis.call('HDEL', K.permits, v, v .. '#s')
     redis.call('ZREM', K.leases, v)
   end
 end
