@@ -81,6 +81,21 @@ type Semaphore struct {
 	// reaches Redis after a later one changes nothing (see
 	// lua/sem_acquire.lua). Under op.
 	seq int64
+	// grants: a release may grant our waiters their permits in its own
+	// script (see lua/sem_wake.lua): we can be told (a Hub), and no
+	// WithSyncReplicas (a script cannot wait for replicas).
+	grants bool
+	// nonce names the waiting call of the first local waiter, under which
+	// a release may grant it, while it waits; joined is when its first
+	// attempt began, before any grant under nonce. fold is the nonce of a
+	// grant taken in (counted in held), until a call folds it into the
+	// lease's count in Redis. Under op.
+	nonce  string
+	joined time.Time
+	fold   string
+	// entry is what our waiter's entry in Redis says, as its last refused
+	// attempt left it ("" when unknown). Under op.
+	entry string
 	// queue holds this process's waiting Acquire calls in order of
 	// arrival; the first one talks to Redis.
 	queue []*semWaiter
@@ -93,6 +108,10 @@ type semWaiter struct {
 	// granted: the first waiter's call took this waiter's permits too (see
 	// attempt); set, under s.mu, before turn is closed.
 	granted bool
+	// poke tells the first waiter that a second one arrived: its entry in
+	// Redis must say so, or a release's grants could pass the second over
+	// (see lua/sem_wake.lua).
+	poke chan struct{}
 }
 
 // ErrSizeMismatch means the processes using a Semaphore's name disagree on
@@ -122,7 +141,8 @@ func NewSemaphore(name string, size int64, backends []Backend, opts ...Option) (
 	m.cfg.handoffs = 0
 	m.markerMS = strconv.FormatInt(placeExpiries*m.cfg.expiry.Milliseconds(), 10)
 	m.semKeys = []string{k.Leases, k.Permits, k.Queue, k.Places, k.Wants}
-	return &Semaphore{m: m, size: size, keys: m.semKeys, channel: k.Leases + ":wake:" + m.waiterID}, nil
+	return &Semaphore{m: m, size: size, keys: m.semKeys, channel: k.Leases + ":wake:" + m.waiterID,
+		grants: m.hubs[0] != nil && m.cfg.replicas == 0}, nil
 }
 
 // semExtendCall is the extend of a Semaphore's lease (lua/sem_extend.lua).
@@ -187,10 +207,16 @@ func (s *Semaphore) Acquire(ctx context.Context, n int64) (err error) {
 	if done != nil {
 		defer func() { done(err == nil, contended, false, err) }()
 	}
-	w := &semWaiter{n: n, arrival: time.Now().UnixMicro(), turn: make(chan struct{})}
+	w := &semWaiter{n: n, arrival: time.Now().UnixMicro(), turn: make(chan struct{}), poke: make(chan struct{}, 1)}
 	s.mu.Lock()
 	s.queue = append(s.queue, w)
 	first := len(s.queue) == 1
+	if len(s.queue) == 2 && s.grants {
+		select {
+		case s.queue[0].poke <- struct{}{}:
+		default:
+		}
+	}
 	s.mu.Unlock()
 	if !first {
 		contended = true
@@ -202,7 +228,13 @@ func (s *Semaphore) Acquire(ctx context.Context, n int64) (err error) {
 		granted := w.granted
 		if !granted && ctx.Err() != nil {
 			s.dequeueLocked(w)
+			idle := len(s.queue) == 0
 			s.mu.Unlock()
+			if idle {
+				// Our process's place may be kept for us (see
+				// lua/sem_wake.lua, holdPlace): given up.
+				s.leave(ctx)
+			}
 			return notObtained(context.Cause(ctx))
 		}
 		s.mu.Unlock()
@@ -302,16 +334,17 @@ func (s *Semaphore) wait(ctx context.Context, w *semWaiter) (contended bool, err
 			wt.stop()
 		}
 	}()
-	queued := false
+	attempted := false
 	leave := func() {
-		if queued {
-			m.fanout(context.WithoutCancel(ctx), semLeaveScript, s.keys, []string{m.waiterID}, nil)
+		if attempted {
+			s.leave(ctx)
 		}
 	}
 	var down time.Time // when Redis stopped answering, zero while it answers
 	bo := backoff{min: m.cfg.minRetryDelay, max: m.cfg.maxRetryDelay}
 	for {
 		r := s.attempt(ctx, w, false)
+		attempted = true
 		var look time.Duration
 		switch r.kind {
 		case semGranted:
@@ -319,7 +352,7 @@ func (s *Semaphore) wait(ctx context.Context, w *semWaiter) (contended bool, err
 		case semRetry:
 			continue
 		case semRefused:
-			contended, queued, down = true, true, time.Time{}
+			contended, down = true, time.Time{}
 			look = r.look
 			if wt != nil && wt.dead() {
 				// Its connection failed: listen again (a new one).
@@ -339,9 +372,9 @@ func (s *Semaphore) wait(ctx context.Context, w *semWaiter) (contended bool, err
 				look = min(look, bo.next(look)) // poll
 			}
 		case semFailed:
-			if ctxEnded(ctx) != nil {
+			if cause := ctxEnded(ctx); cause != nil {
 				leave()
-				return contended, notObtained(context.Cause(ctx))
+				return contended, notObtained(cause)
 			}
 			if r.permanent {
 				leave()
@@ -359,7 +392,12 @@ func (s *Semaphore) wait(ctx context.Context, w *semWaiter) (contended bool, err
 		}
 		timer := time.NewTimer(look)
 		select {
-		case <-wake:
+		case p := <-wake:
+			if s.adopt(w, p) {
+				timer.Stop()
+				return contended, nil
+			}
+		case <-w.poke:
 		case <-timer.C:
 		case <-ctx.Done():
 			timer.Stop()
@@ -368,6 +406,68 @@ func (s *Semaphore) wait(ctx context.Context, w *semWaiter) (contended bool, err
 		}
 		timer.Stop()
 	}
+}
+
+// leave takes our waiter off the queue in Redis, and takes back a grant
+// made to its call that it did not take in, under a context detached from
+// ctx's cancellation. Best effort: a place left behind expires, and a grant
+// left behind is dropped by the process's next call (see
+// lua/sem_acquire.lua).
+func (s *Semaphore) leave(ctx context.Context) {
+	m := s.m
+	s.op.Lock()
+	defer s.op.Unlock()
+	s.mu.Lock()
+	if len(s.queue) > 1 {
+		// Another waiter of ours is first now, or about to be: it keeps
+		// the place (and takes over the grant, if any, at its attempt).
+		s.nonce = ""
+		s.mu.Unlock()
+		return
+	}
+	value, nonce := s.value, s.nonce
+	s.nonce, s.entry = "", ""
+	s.mu.Unlock()
+	if nonce == "" {
+		value = ""
+	}
+	m.fanout(context.WithoutCancel(ctx), semLeaveScript, s.keys, []string{m.waiterID + ":" + value + ":" + nonce + ":" + m.expiryMS}, nil)
+}
+
+// adopt takes in the permits a release granted w, from its message
+// "g:<nonce>:<value>", and reports whether it did. The grant was made after
+// w's first attempt under the nonce began (s.joined), so a new lease is
+// valid from then. It is not taken in (the next attempt finds it in Redis,
+// under the nonce, and takes it with a deadline of its own) when the
+// process's lease is no longer the one the grant went to, when Redis may
+// hold a count we do not know (dirty), or when a new lease would leave
+// less than an extend interval.
+func (s *Semaphore) adopt(w *semWaiter, payload string) bool {
+	rest, ok := strings.CutPrefix(payload, "g:")
+	if !ok {
+		return false
+	}
+	nonce, value, _ := strings.Cut(rest, ":")
+	m := s.m
+	s.op.Lock()
+	defer s.op.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.entry = "" // a grant changed our entry (see lua/sem_wake.lua, holdPlace)
+	s.retireLostLocked()
+	if nonce == "" || nonce != s.nonce || value != s.value || s.dirty || s.fold != "" {
+		return false
+	}
+	if s.lease == nil {
+		until := s.joined.Add(m.cfg.expiry - m.driftTerm)
+		if time.Until(until) < m.cfg.expiry/extendsPerExpiry {
+			return false
+		}
+		s.lease = newHold(m, grant{value: value, start: s.joined, until: until})
+	}
+	s.held += w.n
+	s.fold, s.nonce = nonce, ""
+	return true
 }
 
 // What one attempt came to.
@@ -406,7 +506,10 @@ func (s *Semaphore) attempt(ctx context.Context, w *semWaiter, try bool) semResu
 		s.value = rand.Text() // 128 random bits
 	}
 	s.seq++
-	value, grow, base, seq := s.value, s.lease != nil, s.held, s.seq
+	if !try && s.grants && s.nonce == "" {
+		s.nonce, s.joined = rand.Text(), time.Now()
+	}
+	value, grow, base, seq, fold, nonce := s.value, s.lease != nil, s.held, s.seq, s.fold, s.nonce
 	batch := []*semWaiter{w}
 	if !try {
 		for _, q := range s.queue {
@@ -427,9 +530,24 @@ func (s *Semaphore) attempt(ctx context.Context, w *semWaiter, try bool) semResu
 	if grow {
 		flags = "g"
 	}
+	// The waiter's entry in Redis is written when it changed (see
+	// lua/sem_acquire.lua); entry is what it says.
+	var entry string
+	if !try {
+		next := int64(0)
+		if len(batch) > 1 {
+			next = batch[1].arrival
+		}
+		entry = fmt.Sprint(w.n, value, nonce, grow, next, w.arrival)
+		s.mu.Lock()
+		if entry != s.entry {
+			flags += "w"
+		}
+		s.mu.Unlock()
+	}
 	var b strings.Builder
 	b.WriteString(value + ":" + strconv.FormatInt(base, 10) + ":" + strconv.FormatInt(seq, 10) + ":" + strconv.FormatInt(s.size, 10) + ":" +
-		m.expiryMS + ":" + member + ":" + flags + ":" + m.markerMS + ":")
+		m.expiryMS + ":" + member + ":" + flags + ":" + m.markerMS + ":" + fold + ":" + nonce + ":")
 	for i, q := range batch {
 		if i > 0 {
 			b.WriteByte(',')
@@ -440,6 +558,9 @@ func (s *Semaphore) attempt(ctx context.Context, w *semWaiter, try bool) semResu
 	r := m.fanout(ctx, semAcquireScript, s.keys, []string{b.String()}, nil)[0]
 	took := time.Since(start)
 	if r.err != nil {
+		s.mu.Lock()
+		s.entry = ""
+		s.mu.Unlock()
 		switch {
 		case errors.Is(r.err, ErrNotReplicated):
 			// Granted on the node, not on enough of its replicas: undone
@@ -458,6 +579,9 @@ func (s *Semaphore) attempt(ctx context.Context, w *semWaiter, try bool) semResu
 	}
 	s.mu.Lock()
 	s.dirty = false // the count Redis holds is one we sent
+	if r.vals[0] != statusSize && s.fold == fold {
+		s.fold = "" // folded (or gone with the lease)
+	}
 	switch r.vals[0] {
 	case statusOK:
 	case statusGone:
@@ -480,6 +604,7 @@ func (s *Semaphore) attempt(ctx context.Context, w *semWaiter, try bool) semResu
 		s.mu.Unlock()
 		return semResult{kind: semRetry}
 	default:
+		s.entry = entry // written, or unchanged
 		s.mu.Unlock()
 		look := time.Duration(r.vals[2]) * time.Millisecond
 		if look <= 0 || look > m.cfg.expiry {
@@ -518,6 +643,9 @@ func (s *Semaphore) attempt(ctx context.Context, w *semWaiter, try bool) semResu
 		}
 	}
 	s.held += sum - surplus
+	if !try {
+		s.nonce, s.entry = "", "" // w's call is over
+	}
 	total := s.held
 	s.mu.Unlock()
 	if surplus > 0 {
@@ -551,7 +679,7 @@ func (s *Semaphore) retireLostLocked() {
 	}
 	// A lost hold's watchdog is stopped already (see hold.expire, lose).
 	s.stale += s.held
-	s.held, s.lease, s.value, s.dirty = 0, nil, "", false
+	s.held, s.lease, s.value, s.dirty, s.fold = 0, nil, "", false, ""
 }
 
 // Release releases n permits, as x/sync's: it panics if n is more than this
@@ -629,23 +757,31 @@ func (s *Semaphore) send(ctx context.Context, value string, total int64, lease *
 	m := s.m
 	s.mu.Lock()
 	s.seq++
-	seq := s.seq
+	seq, fold, nonce := s.seq, s.fold, s.nonce
 	s.mu.Unlock()
-	r := m.fanout(context.WithoutCancel(ctx), semReleaseScript, s.keys, []string{value + ":" + strconv.FormatInt(total, 10) + ":" + strconv.FormatInt(seq, 10)}, nil)[0]
+	arg := value + ":" + strconv.FormatInt(total, 10) + ":" + strconv.FormatInt(seq, 10) + ":" + fold + ":" + nonce + ":" + m.expiryMS
+	r := m.fanout(context.WithoutCancel(ctx), semReleaseScript, s.keys, []string{arg}, nil)[0]
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if r.err != nil {
 		// Sent again in the background, unless nothing could take it: a
 		// closed client, a server gone, an error reply (a count the
 		// lease keeps expires with it).
-		if s.value == value && !r.unsent && !finalErr(m.nodes[0], r.err) {
-			s.dirty = true
-			s.fixLaterLocked()
+		if s.value == value && !r.unsent {
+			if finalErr(m.nodes[0], r.err) {
+				s.dirty = false // nothing will take it: fix stops
+			} else {
+				s.dirty = true
+				s.fixLaterLocked()
+			}
 		}
 		return &quorumError{nodes: 1, need: 1, errs: []error{r.err}}
 	}
 	if s.value == value {
 		s.dirty = false
+		if s.fold == fold {
+			s.fold = "" // folded (or gone with the lease)
+		}
 		if total == 0 {
 			s.value = ""
 		}

@@ -33,7 +33,8 @@ func mustAcquire(t testing.TB, s *Semaphore, n int64) {
 	}
 }
 
-// semOut returns the permits out in Redis, by the leases' counts.
+// semOut returns the permits out in Redis, by the leases' counts and
+// grants.
 func semOut(t testing.TB, e *env, name string) int64 {
 	t.Helper()
 	leases, err := redis.Strings(e.do(t, "ZRANGE", "netlock:{"+name+"}:sem", 0, -1), nil)
@@ -44,6 +45,12 @@ func semOut(t testing.TB, e *env, name string) int64 {
 	for _, v := range leases {
 		n, _ := redis.Int64(e.do(t, "HGET", "netlock:{"+name+"}:sem:permits", v), nil)
 		out += n
+		// A grant not yet folded into the count: "<nonce>:<n>".
+		if g, err := redis.String(e.do(t, "HGET", "netlock:{"+name+"}:sem:permits", v+"#g"), nil); err == nil {
+			_, c, _ := strings.Cut(g, ":")
+			n, _ := strconv.ParseInt(c, 10, 64)
+			out += n
+		}
 	}
 	return out
 }
@@ -378,7 +385,12 @@ func TestSemaphoreBatchInOrder(t *testing.T) {
 		acquire(local, 1, "local1")
 		waitFor(t, func() bool { n, _ := redis.Int(e.do(t, "ZCARD", queue), nil); return n == 1 })
 		acquire(local, 1, "local2")
-		waitFor(t, func() bool { local.mu.Lock(); defer local.mu.Unlock(); return len(local.queue) == 2 })
+		// Redis knows local2 waits behind local1 once local's entry names
+		// its arrival (local1's process tells it as local2 arrives).
+		waitFor(t, func() bool {
+			w, _ := redis.String(e.do(t, "HGET", "netlock:{batch}:sem:wants", local.m.waiterID), nil)
+			return w != "" && !strings.HasSuffix(w, ":0")
+		})
 		acquire(other, 2, "other")
 		waitFor(t, func() bool { n, _ := redis.Int(e.do(t, "ZCARD", queue), nil); return n == 2 })
 		acquire(local, 1, "local3") // after other
@@ -438,7 +450,7 @@ func TestSemaphoreCallsSentAgainOrLate(t *testing.T) {
 			return vals
 		}
 		acq := func(base, seq int, batch string) []int64 {
-			return call(semAcquireScript, "v:"+strconv.Itoa(base)+":"+strconv.Itoa(seq)+":5:"+s.m.expiryMS+":me::"+s.m.markerMS+":"+batch)
+			return call(semAcquireScript, "v:"+strconv.Itoa(base)+":"+strconv.Itoa(seq)+":5:"+s.m.expiryMS+":me::"+s.m.markerMS+":::"+batch)
 		}
 		if got := acq(0, 1, "2@1,1@2"); got[0] != 1 || got[1] != 2 {
 			t.Fatalf("first sending: %v, want both granted", got)
@@ -455,7 +467,7 @@ func TestSemaphoreCallsSentAgainOrLate(t *testing.T) {
 			t.Fatalf("out after sending again: %d, want 3", got)
 		}
 		// Late: sequence 1 again, after 2 was applied.
-		if got := call(semReleaseScript, "v:0:1"); got[0] != statusFenced {
+		if got := call(semReleaseScript, "v:0:1:::"+s.m.expiryMS); got[0] != statusFenced {
 			t.Fatalf("a late release: %v, want %d", got, statusFenced)
 		}
 		if got := semOut(t, e, "again"); got != 3 {
@@ -469,7 +481,7 @@ func TestSemaphoreCallsSentAgainOrLate(t *testing.T) {
 		if got := semOut(t, e, "again"); got != 1 {
 			t.Fatalf("out: %d, want 1", got)
 		}
-		if got := call(semReleaseScript, "v:0:4"); got[0] != 1 {
+		if got := call(semReleaseScript, "v:0:4:::"+s.m.expiryMS); got[0] != 1 {
 			t.Fatalf("release: %v", got)
 		}
 		if got := semOut(t, e, "again"); got != 0 {

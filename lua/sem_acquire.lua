@@ -12,20 +12,24 @@
 -- KEYS[4]  places, p{name}:sem:places: each waiter's place deadline (server
 --          ms), so that a waiter whose process died stops keeping others out
 -- KEYS[5]  wants, p{name}:sem:wants: the permits each waiter asks for
--- ARGV[1]  "<value>:<base>:<seq>:<size>:<expiry ms>:<member>:<flags>:<place ms>:<batch>":
+-- ARGV[1]  "<value>:<base>:<seq>:<size>:<expiry ms>:<member>:<flags>:<place ms>:<fold>:<nonce>:<batch>":
 --          the lease's value; the permits the process holds on it (0 for
 --          a new lease); the call's sequence number, which increases with
 --          every call of the process that sets a count; the size every
 --          process must agree on; the lease's expiry; our waiter id (""
---          for TryAcquire); flags "g" if the lease exists already (more
---          permits on it: if it is gone, it was lost), else ""; how long a
---          waiter's place lasts without an attempt renewing it; the
---          process's first waiters, "<n>@<arrival>,...", each asking for n
---          permits, in their order, with when its call began (µs, the
---          process's clock): the first's arrival is the process's place in
---          the queue. One argument: Redis refuses more than 10 words from
---          a client not yet authenticated, and a clear NOAUTH is worth
---          keeping.
+--          for TryAcquire); flags: "g" if the lease exists already (more
+--          permits on it: if it is gone, it was lost), "w" if the waiter's
+--          entry changed since its last attempt (see below); how long a
+--          waiter's place lasts without an attempt renewing it; the nonce
+--          of a grant the process has taken in (adopted: counted in base),
+--          to fold into the count, or ""; the nonce of this waiter's call,
+--          under which a release may grant it (see sem_wake.lua), or ""
+--          when none may; the process's first waiters, "<n>@<arrival>,...",
+--          each asking for n permits, in their order, with when its call
+--          began (µs, the process's clock): the first's arrival is the
+--          process's place in the queue. One argument: Redis refuses more
+--          than 10 words from a client not yet authenticated, and a clear
+--          NOAUTH is worth keeping.
 --
 -- (The line that sets publish, PUBLISH or SPUBLISH, and lua/sem_wake.lua
 -- are put before this one: see backend.go.)
@@ -51,7 +55,7 @@
 --   {-2, 0, 0}     a later call of the process was applied: this one is late
 --   {-3, 0, 0}     "g", and our lease is gone: it was lost
 --   {-4, size, 0}  the semaphore's holders and waiters use another size
-local value, base, seq, size, exp, member, flags, placeMS, batch = string.match(ARGV[1], '^([^:]+):(%d+):(%d+):(%d+):(%d+):([^:]*):([^:]*):(%d+):([%d@,]+)$')
+local value, base, seq, size, exp, member, flags, placeMS, fold, nonce, batch = string.match(ARGV[1], '^([^:]+):(%d+):(%d+):(%d+):(%d+):([^:]*):([^:]*):(%d+):([^:]*):([^:]*):([%d@,]+)$')
 if not value then
   return redis.error_reply('ERR netlock sem_acquire: malformed argument ' .. ARGV[1])
 end
@@ -62,24 +66,40 @@ for n, a in string.gmatch(batch, '(%d+)@(%d+)') do
   arrivals[#arrivals + 1] = tonumber(a)
 end
 
--- Keys of another type fail here, before anything is written.
-local have = redis.call('HGET', K.permits, '#size')
-if have and tonumber(have) ~= size then
-  return {-4, tonumber(have), 0}
-end
+-- Keys of another type fail in survey, before anything is written.
 local now = servertime()
-purge(K, now)
+local S = survey(K, now, value)
+if S.size and S.size ~= size then
+  return {-4, S.size, 0}
+end
+local out = S.out
 local mine = -1 -- no lease
-if redis.call('ZSCORE', K.leases, value) then
-  local f = redis.call('HMGET', K.permits, value, value .. '#s')
-  if tonumber(f[2] or '0') >= seq then
+-- granted: the first waiter was granted by a release, under its nonce,
+-- and the permits wait beside the count (see sem_wake.lua). dropped: a
+-- grant to a call that gave up, whose leave did not reach us.
+local granted, dropped = false, false
+if S.live then
+  if S.seq >= seq then
     return {-2, 0, 0}
   end
-  mine = tonumber(f[1] or '0')
+  mine = S.mine
+  if S.g then
+    -- Folded into the count set below (base counts a grant adopted); or
+    -- the first waiter's; or dropped.
+    redis.call('HDEL', K.permits, value .. '#g')
+    out = out - S.gn
+    granted = S.g == nonce and S.g ~= fold
+    dropped = S.g ~= nonce and S.g ~= fold
+  end
 elseif string.find(flags, 'g', 1, true) then
   return {-3, 0, 0}
 end
-local out = used(K)
+if granted then
+  -- The first waiter's permits, counted below with the count set to
+  -- base.
+  out = out + (base - mine)
+  mine = base
+end
 
 -- k of the batch granted already: a call sent again whose first sending
 -- was granted to the first k. A count that no prefix of this batch
@@ -130,7 +150,9 @@ end
 -- after every waiter; else an earlier arrival (the same with a smaller id,
 -- the order of a sorted set) comes first.
 local first
-if k == 0 then
+if granted then
+  k, sum, out = 1, ns[1], out + ns[1]
+elseif k == 0 and out + ns[1] <= size then
   local a, id = ahead()
   first = not a or (member ~= '' and (arrivals[1] < a or (arrivals[1] == a and member < id)))
   if first and out + ns[1] <= size then
@@ -148,12 +170,21 @@ if k > 0 then
   redis.call('ZADD', K.leases, now + exp, value)
   keep(K.leases, placeMS)
   keep(K.permits, placeMS)
-  if member ~= '' and redis.call('ZREM', K.queue, member) == 1 then
-    redis.call('ZREM', K.places, member)
-    redis.call('HDEL', K.wants, member)
-    -- The next in line may fit in what is left.
-    wake(K, now, size - out)
+  if member ~= '' then
+    -- Our place: given up, or kept at the arrival of our next waiter that
+    -- did not get in (see holdPlace).
+    local next = arrivals[k + 1] or 0
+    if next > 0 then
+      redis.call('ZADD', K.places, now + placeMS, member)
+      keep(K.places, placeMS)
+      keep(K.queue, placeMS)
+      keep(K.wants, placeMS)
+    end
+    holdPlace(K, member, next)
   end
+  -- The next in line may fit in what is left (also when a grant let us in
+  -- first: see sem_wake.lua).
+  wake(K, now, size - out, exp)
   return {1, k, 0}
 end
 
@@ -164,28 +195,43 @@ if mine >= 0 and mine ~= base then
     redis.call('HDEL', K.permits, value, value .. '#s')
     redis.call('ZREM', K.leases, value)
   end
-  wake(K, now, size - out)
+end
+if dropped or (mine >= 0 and mine ~= base) then
+  wake(K, now, size - out, exp)
 end
 if member ~= '' then
-  -- A waiter attempts about once per expiry: its place is renewed only
-  -- when less than half of its time is left (every other attempt). wants
-  -- first, then the queue: a key of another type fails before our place
-  -- is taken (places was read by ahead).
+  -- A waiter attempts about once per expiry, so this path is kept short:
+  -- its place is renewed only when less than half of its time is left
+  -- (every other attempt), and its entry (what it asks for, where a
+  -- release may grant it, its arrival) written only then or when it
+  -- changed ("w"). The entry first: a key of another type fails before our
+  -- place is taken (places is read first).
   local dl = redis.call('ZSCORE', K.places, member)
-  if not dl or tonumber(dl) - now < placeMS / 2 then
-    redis.call('HSET', K.wants, member, ns[1])
-    redis.call('ZADD', K.queue, 'NX', arrivals[1], member)
+  local renew = not dl or tonumber(dl) - now < placeMS / 2
+  if renew or string.find(flags, 'w', 1, true) then
+    local grantTo, g = '', ''
+    if nonce ~= '' then
+      grantTo = value
+    end
+    if string.find(flags, 'g', 1, true) then
+      g = 'g'
+    end
+    redis.call('HSET', K.wants, member, ns[1] .. ':' .. grantTo .. ':' .. nonce .. ':' .. g .. ':' .. string.format('%d', arrivals[2] or 0))
+    -- The arrival of our first waiter, who may have changed (one that
+    -- gave up leaves its place to the next; see Semaphore.leave).
+    redis.call('ZADD', K.queue, arrivals[1], member)
+    keep(K.wants, placeMS)
+    keep(K.queue, placeMS)
+  end
+  if renew then
     redis.call('ZADD', K.places, now + placeMS, member)
     redis.call('HSET', K.permits, '#size', size)
     keep(K.places, placeMS)
-    keep(K.queue, placeMS)
-    keep(K.wants, placeMS)
     keep(K.permits, placeMS)
   end
 end
 local t = exp
-local f = redis.call('ZRANGE', K.leases, 0, 0, 'WITHSCORES')
-if f[2] then
-  t = math.max(1, math.min(exp, tonumber(f[2]) - now))
+if S.first then
+  t = math.max(1, math.min(exp, S.first - now))
 end
 return {-1, 0, t}

@@ -19,7 +19,7 @@ local dl = redis.call('ZSCORE', K.leases, value)
 if not dl or tonumber(dl) <= now then
   if dl then
     purge(K, now)
-    wake(K, now, tonumber(redis.call('HGET', K.permits, '#size') or '0') - used(K))
+    wake(K, now, tonumber(redis.call('HGET', K.permits, '#size') or '0') - used(K), exp)
     tidy(K)
   end
   return {0}
