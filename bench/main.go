@@ -7,6 +7,8 @@
 //	cd bench && go run . -only holds10k -out -    # 10,000 holds, about 3 minutes
 //	cd bench && go run . -only rwread -out -      # NetRWMutex against NetMutex, read-mostly, about 20 s
 //	cd bench && go run . -only rwwaiting40 -out - # NetRWMutex's waiting cost, about 1 minute
+//	cd bench && go run . -only sem4 -out -        # Semaphore against 4 NetMutex names, about 20 s
+//	cd bench && go run . -only semwaiting40 -out - # a full Semaphore's waiting cost, about 30 s
 //
 // It starts its own redis-server processes on free 127.0.0.1 ports (no
 // persistence), stops them by pid when it ends, also on error or ^C, and
@@ -16,7 +18,7 @@
 // from round to round, so that drift of a noisy machine falls on all rows
 // alike. The waiting scenarios measure each row once, for -window; the
 // holds scenario, for -holdfor. An overlap or a lost update in a scenario
-// of netlock alone (the NetRWMutex ones) ends the run with an error, after
+// of netlock alone (the NetRWMutex and Semaphore ones) ends the run with an error, after
 // the report is written.
 package main
 
@@ -58,7 +60,7 @@ func main() {
 	flag.DurationVar(&f.holdFor, "holdfor", time.Minute, fmt.Sprintf("how long each row of the holds scenario holds its %d locks", manyHolds))
 	flag.DurationVar(&rwSection, "rwsection", rwSection, fmt.Sprintf("critical section of the rwread scenario: a busy wait below %v, a sleep from it", rwSleepFrom))
 	flag.StringVar(&f.out, "out", "RESULTS.md", "Markdown report to write (- for standard output)")
-	flag.StringVar(&only, "only", "", "run only rows whose \"scenario/contender\" matches this regexp (scenarios: floor, uncontended, clients8, shared8, keys8, keys64, quorum5, waiting40, holds10k, rwread, rwwaiting40)")
+	flag.StringVar(&only, "only", "", "run only rows whose \"scenario/contender\" matches this regexp (scenarios: floor, uncontended, clients8, shared8, keys8, keys64, quorum5, waiting40, holds10k, rwread, rwwaiting40, sem4, semwaiting40)")
 	flag.StringVar(&f.note, "note", "", "a line to put at the top of the report")
 	flag.StringVar(&f.profile, "cpuprofile", "", "write a CPU profile of the whole run to this file (narrow it with -only)")
 	flag.Parse()
@@ -137,7 +139,7 @@ func run(f flags) error {
 	}
 	logf("wrote %s (%v)", f.out, time.Since(started).Round(time.Second))
 	if n := strictViolations.Load(); n > 0 {
-		return fmt.Errorf("%d overlapping critical sections or lost updates in the NetRWMutex scenarios (warm-ups included): netlock let in a holder it must exclude; see the report's Errors", n)
+		return fmt.Errorf("%d overlapping critical sections or lost updates in the NetRWMutex and Semaphore scenarios (warm-ups included): netlock let in a holder it must exclude; see the report's Errors", n)
 	}
 	return nil
 }
@@ -221,6 +223,11 @@ func runScenario(ctx context.Context, f flags, sc *scenario) error {
 			}
 			a.r.res.merge(res)
 			checkStrict(sc, a.r, &res, round)
+			if s := res.sem; s != nil {
+				logf("  %s round %d/%d %-24s %s acquisitions/s, wait p50 %s p99 %s; Jain's index %.3f (processes), %.3f (goroutines); %d overlaps, %d errors",
+					sc.id, round+1, f.rounds, a.r.name, fmtRate(res.rate()), fmtPct(&res, 0.5), fmtPct(&res, 0.99), jain(res.perWorker), jain(s.perGoroutine), res.overlaps, res.errs)
+				continue
+			}
 			if rw := res.rw; rw != nil {
 				logf("  %s round %d/%d %-24s %s reads/s, %s writes/s; %s commands, %s scripts per section; %d overlaps, %d lost writes, %d errors",
 					sc.id, round+1, f.rounds, a.r.name, fmtRate(res.readRate()), fmtRate(res.writeRate()), rw.perOp(rw.commands), rw.perOp(rw.scripts), res.overlaps, res.lost, res.errs)

@@ -49,6 +49,8 @@ func report(f flags, scs []*scenario, started time.Time, took time.Duration) str
 			writeHoldsTable(p, sc)
 		case shapeRW:
 			writeRWTable(p, sc)
+		case shapeSem:
+			writeSemTable(p, sc)
 		}
 		p("\n")
 	}

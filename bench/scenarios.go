@@ -23,6 +23,7 @@ const (
 	shapeWaiting                // waiters behind a holder: Redis commands per waiter-second, once per row
 	shapeHolds                  // one process holding many locks: lost holds, connections, extends/s, once per row
 	shapeRW                     // readers and writers on one NetRWMutex (or NetMutex): reads/s, writes/s, commands per section
+	shapeSem                    // goroutines of several processes on one Semaphore (or NetMutexes): acquisitions/s, fairness
 )
 
 // waitingID is the waiting scenario's id.
@@ -55,7 +56,7 @@ type row struct {
 
 func buildScenarios(cs []contender, addrs []string) []*scenario {
 	one := addrs[:1]
-	var floor, uncontended, clients, shared, quorum, waiting, holds, rwread, rwwaiting scenario
+	var floor, uncontended, clients, shared, quorum, waiting, holds, rwread, rwwaiting, sem, semwaiting scenario
 	keys := make([]scenario, len(independentKeys))
 
 	floor = scenario{
@@ -170,6 +171,29 @@ func buildScenarios(cs []contender, addrs []string) []*scenario {
 		shape:  shapeWaiting,
 		strict: true,
 	}
+	sem = scenario{
+		id: semID, title: fmt.Sprintf("11. Semaphore: %d processes × %d goroutines on %d permits, against %d NetMutex names", semProcesses, semGoroutines, semSize, semSize),
+		what: fmt.Sprintf("%d clients, each its own client object and connections (like separate processes), each with %d goroutines (%d in all). "+
+			"Semaphore rows: one *Semaphore of size %d per process, shared by its goroutines; each goroutine loops Acquire(ctx, 1), the critical section, Release(1). "+
+			"NetMutex×%d rows, the comparison: the same %d permits as %d NetMutex names; each process has one *NetMutex per name, and goroutine g of each process loops LockCtx … UnlockCtx on name g mod %d (so %d processes, one goroutine each, contend for each name, and no goroutine ever waits for a name while another is free). "+
+			"The critical section is %s (`-rwsection`). "+
+			"Acquisitions/s: sections whose acquire returned before the round's deadline; × NetMutex×%d's: against that row of the same client. "+
+			"Acquire wait: from Acquire (or LockCtx) called to its return, p50/p99. "+
+			"Fairness: the fewest and most acquisitions of one process, and Jain's index ((Σx)²/(n·Σx²): 1 when all get as many, 1/n when one gets all) over the processes and over the goroutines. "+
+			"Commands and scripts per acquisition as in scenario 9. "+
+			"Overlaps: sections that found more holders inside than permits (Semaphore: more than %d; NetMutex: two on one name); must be 0, else the row is marked FAILED and the run exits with an error.",
+			semProcesses, semGoroutines, semProcesses*semGoroutines, semSize, semSize, semSize, semSize, semSize, semProcesses, sectionHow(rwSection), semSize, semSize),
+		shape:  shapeSem,
+		strict: true,
+	}
+	semwaiting = scenario{
+		id: semWaitingID, title: fmt.Sprintf("12. Waiting cost of a Semaphore: %d waiters behind a full one", waitingClients),
+		what: fmt.Sprintf("As scenario 7, with a Semaphore of size %d: one client Acquires all %d permits and holds them (its watchdog extends its lease), %d others, each its own client and connections (like separate processes), wait in Acquire(ctx, 1). "+
+			"After the release they get in, up to %d at a time. Commands per waiter-second and the other columns as in scenario 7; overlaps: a waiter let in while the holder held its permits. The goal is ≤ 1 command per waiter-second.",
+			semSize, semSize, waitingClients, semSize),
+		shape:  shapeWaiting,
+		strict: true,
+	}
 
 	for i := range cs {
 		c := &cs[i]
@@ -197,13 +221,15 @@ func buildScenarios(cs []contender, addrs []string) []*scenario {
 			holds.rows = append(holds.rows, holdsRow(c, one[0]))
 			rwread.rows = append(rwread.rows, rwReadRows(c, one[0])...)
 			rwwaiting.rows = append(rwwaiting.rows, rwWaitingRows(c, one[0])...)
+			sem.rows = append(sem.rows, semRows(c, one[0])...)
+			semwaiting.rows = append(semwaiting.rows, semWaitingRow(c, one[0]))
 		}
 	}
 	out := []*scenario{&floor, &uncontended, &clients, &shared}
 	for i := range keys {
 		out = append(out, &keys[i])
 	}
-	return append(out, &quorum, &waiting, &holds, &rwread, &rwwaiting)
+	return append(out, &quorum, &waiting, &holds, &rwread, &rwwaiting, &sem, &semwaiting)
 }
 
 // lockName is a fresh lock name for one round of one row.

@@ -33,6 +33,8 @@ type result struct {
 	holds *holdsResult
 	// The read-mostly scenario only, summed over rounds.
 	rw *rwResult
+	// The sem4 scenario only, summed over rounds.
+	sem *semStats
 }
 
 func (r *result) addErr(err error) {
@@ -90,6 +92,12 @@ func (r *result) merge(o result) {
 			r.rw = &rwResult{}
 		}
 		r.rw.add(o.rw)
+	}
+	if o.sem != nil {
+		if r.sem == nil {
+			r.sem = &semStats{}
+		}
+		r.sem.add(o.sem)
 	}
 }
 
