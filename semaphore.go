@@ -28,11 +28,15 @@ import (
 //
 // The permits of one process are held on one lease in Redis, shared by its
 // goroutines: a thousand goroutines holding permits cost one lease and one
-// extend per interval. Each Acquire and Release is one round trip (the
-// permits change in Redis, where other processes count them). The lease
-// expires when its process dies and is extended while it lives
-// (WithAutoExtend); if it lapses, every permit of the process is gone at
-// once, which Lost tells by the local clock.
+// extend per interval. An uncontended Acquire and a Release are one round
+// trip each (the permits change in Redis, where other processes count
+// them); the goroutines of a process that wait get in together, with one
+// call, as far as they fit and came before every other process's waiter;
+// and a waiter is woken by a message that grants it its permits, set aside
+// for it by the release's script, so that it holds without a round trip of
+// its own. The lease expires when its process dies and is extended while it
+// lives (WithAutoExtend); if it lapses, every permit of the process is gone
+// at once, which Lost tells by the local clock.
 //
 // A Semaphore runs on one Backend: one Redis server (with its replicas,
 // Sentinel) or a Redis Cluster. Not on a quorum of independent deployments:
