@@ -177,9 +177,10 @@ func (r *recorder) appendLockName(attrs []attribute.KeyValue, name string, kind 
 }
 
 // appendKind appends netlock.lock.kind ("read" or "write") for a
-// NetRWMutex's events; a NetMutex's carry none.
+// NetRWMutex's events, "semaphore" for a Semaphore's; a NetMutex's carry
+// none.
 func appendKind(attrs []attribute.KeyValue, kind netlock.Kind) []attribute.KeyValue {
-	if kind == netlock.KindRead || kind == netlock.KindWrite {
+	if kind != "" && kind != netlock.KindMutex {
 		attrs = append(attrs, lockKindKey.String(string(kind)))
 	}
 	return attrs

@@ -608,3 +608,25 @@ func TestMetricLockName(t *testing.T) {
 		})
 	}
 }
+
+// A Semaphore's acquire span carries netlock.lock.kind "semaphore".
+func TestSemaphoreKind(t *testing.T) {
+	mini := miniredis.RunT(t)
+	tel := newTelemetry(t)
+	pool := &redis.Pool{MaxIdle: 4, DialContext: func(ctx context.Context) (redis.Conn, error) {
+		return redis.DialContext(ctx, "tcp", mini.Addr())
+	}}
+	t.Cleanup(func() { pool.Close() })
+	sem, err := netlock.NewSemaphore("slots", 2, []netlock.Backend{netlock.NewRedigo(pool)}, netlock.WithObserver(tel.obs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sem.Acquire(context.Background(), 1); err != nil {
+		t.Fatal(err)
+	}
+	sem.Release(1)
+	got := spanAttrs(tel.acquireSpan(t))
+	if got["netlock.lock.kind"] != "semaphore" || got["netlock.lock.name"] != "slots" {
+		t.Fatalf("span attributes: %v, want netlock.lock.kind semaphore and the name", got)
+	}
+}
