@@ -352,6 +352,12 @@ func (s *Semaphore) wait(ctx context.Context, w *semWaiter) (contended bool, err
 		var look time.Duration
 		switch r.kind {
 		case semGranted:
+			if ctx.Err() != nil {
+				// Granted as ctx ended: a caller whose ctx has ended never
+				// holds.
+				s.ReleaseCtx(context.WithoutCancel(ctx), w.n)
+				return contended, notObtained(context.Cause(ctx))
+			}
 			return contended, nil
 		case semRetry:
 			continue
@@ -399,6 +405,11 @@ func (s *Semaphore) wait(ctx context.Context, w *semWaiter) (contended bool, err
 		case p := <-wake:
 			if s.adopt(w, p) {
 				timer.Stop()
+				if ctx.Err() != nil {
+					// As above: a caller whose ctx has ended never holds.
+					s.ReleaseCtx(context.WithoutCancel(ctx), w.n)
+					return contended, notObtained(context.Cause(ctx))
+				}
 				return contended, nil
 			}
 		case <-w.poke:
@@ -558,8 +569,16 @@ func (s *Semaphore) attempt(ctx context.Context, w *semWaiter, try bool) semResu
 		}
 		b.WriteString(strconv.FormatInt(q.n, 10) + "@" + strconv.FormatInt(q.arrival, 10))
 	}
+	callCtx := ctx
+	if !try {
+		// A waiter's call is not cut short by its ctx (the node timeout
+		// bounds it): one cut short may still reach Redis after the leave
+		// that follows it and queue a place nobody keeps. wait looks at
+		// ctx once it returns.
+		callCtx = context.WithoutCancel(ctx)
+	}
 	start := time.Now()
-	r := m.fanout(ctx, semAcquireScript, s.keys, []string{b.String()}, nil)[0]
+	r := m.fanout(callCtx, semAcquireScript, s.keys, []string{b.String()}, nil)[0]
 	took := time.Since(start)
 	if r.err != nil {
 		s.mu.Lock()
@@ -790,13 +809,15 @@ func (s *Semaphore) send(ctx context.Context, value string, total int64, lease *
 			s.value = ""
 		}
 	}
-	if r.vals[0] == statusAbsent && total > 0 {
+	if r.vals[0] == statusAbsent {
 		// Gone: the lease expired in Redis. (statusFenced: a later call
 		// was applied, this one's reply is not news.)
-		s.mu.Unlock()
-		lease.lose()
-		s.mu.Lock()
-		s.retireLostLocked()
+		if total > 0 {
+			s.mu.Unlock()
+			lease.lose()
+			s.mu.Lock()
+			s.retireLostLocked()
+		}
 		return ErrLockLost
 	}
 	return nil
