@@ -97,6 +97,12 @@ type Semaphore struct {
 	nonce  string
 	joined time.Time
 	fold   string
+	// left is the nonce of a first waiter's call that gave up while
+	// another waiter of ours was queued; owed: a waiter gave up while
+	// another was queued, so the process's place in Redis may be left
+	// behind if the last of them ends without a call (see leave). Under mu.
+	left string
+	owed bool
 	// entry is what our waiter's entry in Redis says, as its last refused
 	// attempt left it ("" when unknown). Under op.
 	entry string
@@ -233,11 +239,14 @@ func (s *Semaphore) Acquire(ctx context.Context, n int64) (err error) {
 		if !granted && ctx.Err() != nil {
 			s.dequeueLocked(w)
 			idle := len(s.queue) == 0
+			if !idle {
+				s.owed = true // the last of ours leaves
+			}
 			s.mu.Unlock()
 			if idle {
 				// Our process's place may be kept for us (see
 				// lua/sem_wake.lua, holdPlace): given up.
-				s.leave(ctx)
+				s.leave(ctx, false)
 			}
 			return notObtained(context.Cause(ctx))
 		}
@@ -256,7 +265,13 @@ func (s *Semaphore) Acquire(ctx context.Context, n int64) (err error) {
 	contended = contended || c
 	s.mu.Lock()
 	s.dequeueLocked(w)
+	owed := s.owed && len(s.queue) == 0
 	s.mu.Unlock()
+	if owed {
+		// A waiter of ours gave up while we were queued, without a
+		// leave: our place may be kept for it.
+		s.leave(ctx, true)
+	}
 	return err
 }
 
@@ -341,7 +356,7 @@ func (s *Semaphore) wait(ctx context.Context, w *semWaiter) (contended bool, err
 	attempted := false
 	leave := func() {
 		if attempted {
-			s.leave(ctx)
+			s.leave(ctx, false)
 		}
 	}
 	var down time.Time // when Redis stopped answering, zero while it answers
@@ -428,20 +443,35 @@ func (s *Semaphore) wait(ctx context.Context, w *semWaiter) (contended bool, err
 // ctx's cancellation. Best effort: a place left behind expires, and a grant
 // left behind is dropped by the process's next call (see
 // lua/sem_acquire.lua).
-func (s *Semaphore) leave(ctx context.Context) {
+//
+// owed: only the leave owed after waiters gave up while another was queued
+// (see Semaphore.owed), if no waiter of ours is queued now (one that is
+// takes the place over).
+func (s *Semaphore) leave(ctx context.Context, owed bool) {
 	m := s.m
 	s.op.Lock()
 	defer s.op.Unlock()
 	s.mu.Lock()
+	if owed && (!s.owed || len(s.queue) > 0) {
+		s.mu.Unlock()
+		return
+	}
 	if len(s.queue) > 1 {
 		// Another waiter of ours is first now, or about to be: it keeps
-		// the place (and takes over the grant, if any, at its attempt).
-		s.nonce = ""
+		// the place (its attempt drops the grant, if any). If it gives up
+		// too, the last of ours leaves, with our nonce.
+		if s.nonce != "" {
+			s.left = s.nonce
+		}
+		s.nonce, s.owed = "", true
 		s.mu.Unlock()
 		return
 	}
 	value, nonce := s.value, s.nonce
-	s.nonce, s.entry = "", ""
+	if nonce == "" {
+		nonce = s.left
+	}
+	s.nonce, s.entry, s.left, s.owed = "", "", "", false
 	s.mu.Unlock()
 	if nonce == "" {
 		value = ""
@@ -516,6 +546,13 @@ func (s *Semaphore) attempt(ctx context.Context, w *semWaiter, try bool) semResu
 	s.op.Lock()
 	defer s.op.Unlock()
 	s.mu.Lock()
+	if try && s.nonce != "" {
+		// A waiter of ours came meanwhile (TryAcquire fails while one
+		// waits): the call would carry its nonce and could take the
+		// permits a release set aside for it.
+		s.mu.Unlock()
+		return semResult{kind: semRefused}
+	}
 	s.retireLostLocked()
 	if s.value == "" {
 		s.value = rand.Text() // 128 random bits

@@ -3,6 +3,7 @@ package netlock
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -192,4 +193,65 @@ func (b *heldBackBackend) Eval(ctx context.Context, s *Script, keys, args []stri
 		b.Backend.Eval(context.Background(), s, keys, args)
 	})
 	return nil, errors.New("i/o timeout (held back)")
+}
+
+// Found by chaos.TestChaosSem (a lease holding only a grant, live 750ms
+// after every client stopped): two waiters of a process give up together
+// (one ctx), as a release of another process comes. Whatever the order in
+// which they leave, the process's place in Redis is given up, and a grant
+// made to the first one's call, which nobody takes in, is taken back.
+// Neither may stay behind for an expiry (the place would keep the other
+// processes' waiters out, the grant its permits). Before the fix, the
+// first waiter left its place to the second without a call, and the
+// second, giving up, either sent no leave (the first was still queued) or
+// one without the first's nonce.
+func TestSemaphoreWaitersGiveUpTogether(t *testing.T) {
+	forEachEnv(t, realOnly, func(t *testing.T, e *env) {
+		holder := e.newSem(t, "together", 1)
+		for i := range 30 {
+			p := e.newSem(t, "together", 1, WithRetryDelay(time.Hour, time.Hour))
+			mustAcquire(t, holder, 1)
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 2)
+			for range 2 {
+				go func() { done <- p.Acquire(ctx, 1) }()
+			}
+			// Queued, and the first waiter's attempt that tells Redis of
+			// the second (see semWaiter.poke) has run: an attempt still on
+			// its way when the waiters give up may reach Redis after their
+			// leave, which is another matter.
+			waitFor(t, func() bool {
+				p.mu.Lock()
+				queued := len(p.queue)
+				p.mu.Unlock()
+				w, _ := redis.String(e.do(t, "HGET", "netlock:{together}:sem:wants", p.m.waiterID), nil)
+				f := strings.Split(w, ":")
+				return queued == 2 && len(f) == 5 && f[4] != "0"
+			})
+			go func() {
+				time.Sleep(time.Duration(i%4) * 200 * time.Microsecond)
+				holder.Release(1)
+			}()
+			time.Sleep(time.Duration(i%3) * 200 * time.Microsecond)
+			cancel()
+			for range 2 {
+				if err := <-done; err == nil {
+					p.Release(1) // granted before it gave up
+				}
+			}
+			deadline := time.Now().Add(time.Second) // the expiry is DefaultExpiry
+			for {
+				queued, _ := redis.Int(e.do(t, "ZCARD", "netlock:{together}:sem:queue"), nil)
+				out := semOut(t, e, "together")
+				if queued == 0 && out == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					permits, _ := redis.Strings(e.do(t, "HGETALL", "netlock:{together}:sem:permits"), nil)
+					t.Fatalf("round %d: both waiters gave up, the holder released: %d waiters still queued, %d permits out (%q) a second later", i, queued, out, permits)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}
+	})
 }
