@@ -237,10 +237,21 @@ func (s *Semaphore) Acquire(ctx context.Context, n int64) (err error) {
 		s.mu.Lock()
 		granted := w.granted
 		if !granted && ctx.Err() != nil {
+			second := len(s.queue) > 1 && s.queue[1] == w
 			s.dequeueLocked(w)
 			idle := len(s.queue) == 0
 			if !idle {
 				s.owed = true // the last of ours leaves
+			}
+			if second && !idle && s.grants {
+				// The first waiter's entry in Redis names our arrival as its
+				// next: it must say another's (or none), or a grant would
+				// keep our process's place for us (see lua/sem_wake.lua,
+				// holdPlace), keeping every later waiter out.
+				select {
+				case s.queue[0].poke <- struct{}{}:
+				default:
+				}
 			}
 			s.mu.Unlock()
 			if idle {

@@ -201,3 +201,94 @@ func TestSemRegressSecondLocalWaiterKeepsOrder(t *testing.T) {
 	}
 	q.Release(1)
 }
+
+// A process's second waiter that gives up leaves no place behind: the first
+// waiter's entry in Redis, which named the second's arrival as its next, is
+// rewritten at once, so a release that grants the first does not keep the
+// process's place (flagged "-") for a waiter that is gone, keeping every
+// later waiter out for three expiries (found by TestSemProperty).
+func TestSemRegressCancelledSecondWaiterKeepsNoPlace(t *testing.T) {
+	srv := miniredis.RunT(t)
+	opts := []Option{WithExpiry(5 * time.Second)}
+	h, _ := newSemRegress(t, srv, "second", 1, opts...)
+	p, _ := newSemRegress(t, srv, "second", 1, opts...)
+	q, _ := newSemRegress(t, srv, "second", 1, opts...)
+	if !h.TryAcquire(1) {
+		t.Fatal("TryAcquire(1): false")
+	}
+	ctx := context.Background()
+	aDone, bDone, cDone := make(chan error, 1), make(chan error, 1), make(chan error, 1)
+	go func() { aDone <- p.Acquire(ctx, 1) }()
+	waitFor(t, func() bool { return semQueued(t, srv, "second") == 1 })
+	bctx, cancel := context.WithCancel(ctx)
+	go func() { bDone <- p.Acquire(bctx, 1) }()
+	wants := "netlock:{second}:sem:wants"
+	waitFor(t, func() bool { return !strings.HasSuffix(srv.HGet(wants, p.m.waiterID), ":0") }) // names B
+	cancel()
+	if err := <-bDone; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled Acquire: %v", err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	go func() { cDone <- q.Acquire(ctx, 1) }()
+	waitFor(t, func() bool { return semQueued(t, srv, "second") == 2 })
+	h.Release(1) // grants A
+	if err := <-aDone; err != nil {
+		t.Fatal(err)
+	}
+	p.Release(1)
+	select {
+	case err := <-cDone:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatalf("a waiter was kept out after every permit came back; queue %v, wants %v", semDump(srv, q.keys), hashOf(srv, wants))
+	}
+	q.Release(1)
+}
+
+// A process's first waiter at the head of the queue that gives up, while
+// another waiter of the process still waits, moves the process's place back
+// to that waiter's arrival: the waiters of other processes it kept out that
+// fit are told at once, as when a waiter at the head leaves (found by
+// TestSemProperty: they waited for their timers, up to an expiry).
+func TestSemRegressPlaceMovedBackWakes(t *testing.T) {
+	srv := miniredis.RunT(t)
+	opts := []Option{WithExpiry(5 * time.Second)}
+	h, _ := newSemRegress(t, srv, "moved", 3, opts...)
+	p, _ := newSemRegress(t, srv, "moved", 3, opts...)
+	q, _ := newSemRegress(t, srv, "moved", 3, opts...)
+	if !h.TryAcquire(1) {
+		t.Fatal("TryAcquire(1): false")
+	}
+	ctx := context.Background()
+	actx, cancel := context.WithCancel(ctx)
+	aDone, bDone, cDone := make(chan error, 1), make(chan error, 1), make(chan error, 1)
+	go func() { aDone <- p.Acquire(actx, 3) }()
+	waitFor(t, func() bool { return semQueued(t, srv, "moved") == 1 })
+	time.Sleep(time.Millisecond)
+	go func() { bDone <- q.Acquire(ctx, 2) }()
+	waitFor(t, func() bool { return semQueued(t, srv, "moved") == 2 })
+	time.Sleep(time.Millisecond)
+	go func() { cDone <- p.Acquire(ctx, 2) }()
+	waitFor(t, func() bool { p.mu.Lock(); defer p.mu.Unlock(); return len(p.queue) == 2 })
+	time.Sleep(20 * time.Millisecond)
+	cancel() // A gives up; P's place moves back behind B, who fits
+	if err := <-aDone; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled Acquire: %v", err)
+	}
+	select {
+	case err := <-bDone:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(1500 * time.Millisecond):
+		t.Fatalf("a waiter that fits and is first now was not told; %v", semDump(srv, q.keys))
+	}
+	q.Release(2)
+	h.Release(1)
+	if err := <-cDone; err != nil {
+		t.Fatal(err)
+	}
+	p.Release(2)
+}

@@ -199,6 +199,7 @@ end
 if dropped or (mine >= 0 and mine ~= base) then
   wake(K, now, size - out, exp)
 end
+local moved = false
 if member ~= '' then
   -- A waiter attempts about once per expiry, so this path is kept short:
   -- its place is renewed only when less than half of its time is left
@@ -219,6 +220,8 @@ if member ~= '' then
     redis.call('HSET', K.wants, member, ns[1] .. ':' .. grantTo .. ':' .. nonce .. ':' .. g .. ':' .. string.format('%d', arrivals[2] or 0))
     -- The arrival of our first waiter, who may have changed (one that
     -- gave up leaves its place to the next; see Semaphore.leave).
+    local was = redis.call('ZSCORE', K.queue, member)
+    moved = was and tonumber(was) < arrivals[1]
     redis.call('ZADD', K.queue, arrivals[1], member)
     keep(K.wants, placeMS)
     keep(K.queue, placeMS)
@@ -229,6 +232,11 @@ if member ~= '' then
     keep(K.places, placeMS)
     keep(K.permits, placeMS)
   end
+end
+if moved then
+  -- Our place moved back: the waiters it kept out may fit now, as when a
+  -- waiter at the head leaves (see sem_leave.lua).
+  wake(K, now, size - out, exp)
 end
 local t = exp
 if S.first then
