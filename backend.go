@@ -115,6 +115,8 @@ var (
 	semLeaveLua string
 	//go:embed lua/sem_wake.lua
 	semWakeLua string
+	//go:embed lua/sem_inspect.lua
+	semInspectLua string
 
 	acquireScript = newScript("acquire", acquireLua).withOp(opAcquire)
 	releaseScript = newTelling("release", handOnLua+releaseLua)
@@ -133,4 +135,5 @@ var (
 	semReleaseScript = newTelling("sem_release", semWakeLua+semReleaseLua)
 	semExtendScript  = newTelling("sem_extend", semWakeLua+semExtendLua).withOp(opExtend)
 	semLeaveScript   = newTelling("sem_leave", semWakeLua+semLeaveLua)
+	semInspectScript = newScript("sem_inspect", semInspectLua)
 )

@@ -489,3 +489,43 @@ func TestSemaphoreCallsSentAgainOrLate(t *testing.T) {
 		}
 	})
 }
+
+// Inspect reads the size, the permits out, the leases and the waiters,
+// across processes, and writes nothing.
+func TestSemaphoreInspect(t *testing.T) {
+	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
+		a := e.newSem(t, "insp", 3)
+		b := e.newSem(t, "insp", 3)
+		ctx := context.Background()
+		info, err := a.Inspect(ctx)
+		if err != nil || info != (SemaphoreInfo{}) {
+			t.Fatalf("Inspect of an unused semaphore: %+v, %v; want zero", info, err)
+		}
+		mustAcquire(t, a, 2)
+		mustAcquire(t, b, 1)
+		waited := make(chan error, 1)
+		go func() { waited <- b.Acquire(ctx, 2) }()
+		waitFor(t, func() bool { n, _ := redis.Int(e.do(t, "ZCARD", "netlock:{insp}:sem:queue"), nil); return n == 1 })
+		info, err = b.Inspect(ctx)
+		if want := (SemaphoreInfo{Size: 3, Out: 3, Leases: 2, Waiters: 1}); err != nil || info != want {
+			t.Fatalf("Inspect: %+v, %v; want %+v", info, err, want)
+		}
+		a.Release(2)
+		if err := <-waited; err != nil {
+			t.Fatal(err)
+		}
+		info, err = a.Inspect(ctx)
+		if want := (SemaphoreInfo{Size: 3, Out: 3, Leases: 1, Waiters: 0}); err != nil || info != want {
+			t.Fatalf("Inspect after the release: %+v, %v; want %+v", info, err, want)
+		}
+		b.Release(3)
+		e.do(t, "SET", "netlock:{insp}:sem:places", "x")
+		if _, err := a.Inspect(ctx); !errors.Is(err, ErrQuorum) || !strings.Contains(err.Error(), "another type") {
+			t.Fatalf("Inspect over a key of another type: %v", err)
+		}
+		var zero Semaphore
+		if _, err := zero.Inspect(ctx); !errors.Is(err, errZeroSemaphore) {
+			t.Fatalf("zero Semaphore: %v", err)
+		}
+	})
+}
