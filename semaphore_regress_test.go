@@ -105,18 +105,7 @@ func fixRuns(sem *Semaphore) bool {
 // held-back releases arrive: they delete the lease that holds the two
 // permits, and another process takes them.
 func TestSemaphoreLateCallAfterGrant(t *testing.T) {
-	s := redistest.Start(t)
-	late := &heldBackBackend{Backend: newBackend(t, "redigo", s.Addr()), script: "sem_release", go_: make(chan struct{})}
-	a, err := NewSemaphore("late", 2, []Backend{late}, WithExpiry(2*time.Second),
-		WithNodeTimeout(100*time.Millisecond), WithRetryDelay(time.Millisecond, 20*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := NewSemaphore("late", 2, []Backend{newBackend(t, "redigo", s.Addr())})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mustAcquire(t, a, 2)
+	a, b, late := lateSemPair(t)
 	late.hold.Store(true)
 	if err := a.ReleaseCtx(context.Background(), 2); !errors.Is(err, ErrQuorum) {
 		t.Fatalf("ReleaseCtx with its reply lost: got %v, want ErrQuorum", err)
@@ -137,18 +126,7 @@ func TestSemaphoreLateCallAfterGrant(t *testing.T) {
 // granted), then the late "V:1": the lease counts one permit in Redis while
 // its process holds two.
 func TestSemaphoreLateReleaseAfterGrow(t *testing.T) {
-	s := redistest.Start(t)
-	late := &heldBackBackend{Backend: newBackend(t, "redigo", s.Addr()), script: "sem_release", go_: make(chan struct{})}
-	a, err := NewSemaphore("late", 2, []Backend{late}, WithExpiry(2*time.Second),
-		WithNodeTimeout(100*time.Millisecond), WithRetryDelay(time.Millisecond, 20*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := NewSemaphore("late", 2, []Backend{newBackend(t, "redigo", s.Addr())})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mustAcquire(t, a, 2)
+	a, b, late := lateSemPair(t)
 	late.hold.Store(true)
 	if err := a.ReleaseCtx(context.Background(), 1); !errors.Is(err, ErrQuorum) {
 		t.Fatalf("ReleaseCtx with its reply lost: got %v, want ErrQuorum", err)
@@ -162,6 +140,25 @@ func TestSemaphoreLateReleaseAfterGrow(t *testing.T) {
 		t.Fatalf("TryAcquire(1) in another process while this one holds both permits (Held %d, Lost() open %v): granted", a.Held(), isOpenChan(a.Lost()))
 	}
 	a.Release(2)
+}
+
+// lateSemPair returns two processes of a semaphore "late" of 2, a holding
+// both permits, with its sem_release calls held back by late when told.
+func lateSemPair(t *testing.T) (a, b *Semaphore, late *heldBackBackend) {
+	t.Helper()
+	s := redistest.Start(t)
+	late = &heldBackBackend{Backend: newBackend(t, "redigo", s.Addr()), script: "sem_release", go_: make(chan struct{})}
+	a, err := NewSemaphore("late", 2, []Backend{late}, WithExpiry(2*time.Second),
+		WithNodeTimeout(100*time.Millisecond), WithRetryDelay(time.Millisecond, 20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err = NewSemaphore("late", 2, []Backend{newBackend(t, "redigo", s.Addr())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustAcquire(t, a, 2)
+	return a, b, late
 }
 
 func isOpenChan(c <-chan struct{}) bool {

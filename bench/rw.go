@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gomodule/redigo/redis"
 	"github.com/netlock-go/netlock"
 )
 
@@ -128,6 +129,21 @@ func rwReadRows(c *contender, addr string) []*row {
 	}
 }
 
+// probeAndConnect dials a probe connection (for INFO commandstats) and n
+// clients of c to addr, as n processes would have; cleanup closes them all.
+func probeAndConnect(c *contender, addr string, n int) (probe redis.Conn, cls []client, cleanup func(), err error) {
+	probe, err = dialProbe(addr)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cls, closeAll, err := connectN(c, []string{addr}, n)
+	if err != nil {
+		probe.Close()
+		return nil, nil, nil, err
+	}
+	return probe, cls, func() { closeAll(); probe.Close() }, nil
+}
+
 // rwRowName names a row of the NetRWMutex scenarios: the lock type (kind),
 // then the client library of netlock contender nl.
 func rwRowName(kind, nl string) string { return kind + "/" + clientOf(nl) }
@@ -135,16 +151,10 @@ func rwRowName(kind, nl string) string { return kind + "/" + clientOf(nl) }
 func rwReadRow(c *contender, addr, kind, note string, newLock func(name string, b []netlock.Backend) (rwLocker, error)) *row {
 	name := rwRowName(kind, c.name)
 	return &row{name: name, c: c, note: note, setup: func() (func(context.Context, time.Duration, int) result, func(), error) {
-		probe, err := dialProbe(addr)
+		probe, cls, cleanup, err := probeAndConnect(c, addr, rwProcesses)
 		if err != nil {
 			return nil, nil, err
 		}
-		cls, closeAll, err := connectN(c, []string{addr}, rwProcesses)
-		if err != nil {
-			probe.Close()
-			return nil, nil, err
-		}
-		cleanup := func() { closeAll(); probe.Close() }
 		return func(ctx context.Context, dur time.Duration, round int) result {
 			var res result
 			lname := lockName(rwReadID, name, round, 0)

@@ -115,16 +115,10 @@ func semRows(c *contender, addr string) []*row {
 func semRow(c *contender, addr, kind, note string, newSlots func(name string, b []netlock.Backend) ([]semSlot, error)) *row {
 	name := rwRowName(kind, c.name)
 	return &row{name: name, c: c, note: note, setup: func() (func(context.Context, time.Duration, int) result, func(), error) {
-		probe, err := dialProbe(addr)
+		probe, cls, cleanup, err := probeAndConnect(c, addr, semProcesses)
 		if err != nil {
 			return nil, nil, err
 		}
-		cls, closeAll, err := connectN(c, []string{addr}, semProcesses)
-		if err != nil {
-			probe.Close()
-			return nil, nil, err
-		}
-		cleanup := func() { closeAll(); probe.Close() }
 		return func(ctx context.Context, dur time.Duration, round int) result {
 			var res result
 			lname := lockName(semID, name, round, 0)
