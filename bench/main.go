@@ -36,6 +36,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/gomodule/redigo/redis"
 )
 
 type flags struct {
@@ -197,6 +199,14 @@ func runScenario(ctx context.Context, f flags, sc *scenario) error {
 		runOnce(ctx, f, sc, rows)
 		return nil
 	}
+	var probe redis.Conn
+	if sc.costOn != "" {
+		var err error
+		if probe, err = dialProbe(sc.costOn); err != nil {
+			return fmt.Errorf("%s: %w", sc.id, err)
+		}
+		defer probe.Close()
+	}
 	logf("%s: %d rows × %v", sc.id, len(rows), f.duration)
 	per := f.duration / time.Duration(f.rounds)
 	for _, a := range rows {
@@ -217,9 +227,25 @@ func runScenario(ctx context.Context, f flags, sc *scenario) error {
 			}
 			a := rows[j]
 			runtime.GC() // no row pays for the garbage of the one before
+			var c0 cost
+			if probe != nil {
+				var err error
+				if c0, err = takeCost(probe); err != nil {
+					return fmt.Errorf("%s: %w", sc.id, err)
+				}
+			}
 			res := a.phase(ctx, per, round)
 			if ctx.Err() != nil {
 				return nil
+			}
+			if probe != nil {
+				c1, err := takeCost(probe)
+				if err != nil {
+					return fmt.Errorf("%s: %w", sc.id, err)
+				}
+				res.costed = true
+				res.serverUsec = c1.stats.usecSince(c0.stats)
+				res.mallocs = c1.mallocs - c0.mallocs
 			}
 			a.r.res.merge(res)
 			checkStrict(sc, a.r, &res, round)
@@ -237,6 +263,20 @@ func runScenario(ctx context.Context, f flags, sc *scenario) error {
 		}
 	}
 	return nil
+}
+
+// A cost is a snapshot of the server's command counters and of the
+// process's heap allocations.
+type cost struct {
+	stats   commandStats
+	mallocs uint64
+}
+
+func takeCost(probe redis.Conn) (cost, error) {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	s, err := readCommandStats(probe)
+	return cost{s, ms.Mallocs}, err
 }
 
 // runOnce runs each row once, in order: a row of the waiting scenario (for

@@ -64,15 +64,37 @@ func report(f flags, scs []*scenario, started time.Time, took time.Duration) str
 type printer func(format string, args ...any)
 
 func writeOpsTable(p printer, sc *scenario) {
-	p("| contender | ops/s | p50 | p99 | gave up | errors | notes |\n|---|--:|--:|--:|--:|--:|---|\n")
+	if sc.costOn == "" {
+		p("| contender | ops/s | p50 | p99 | gave up | errors | notes |\n|---|--:|--:|--:|--:|--:|---|\n")
+	} else {
+		p("| contender | ops/s | p50 | p99 | server µs/op | allocs/op | gave up | errors | notes |\n|---|--:|--:|--:|--:|--:|--:|--:|---|\n")
+	}
 	for _, r := range sc.rows {
+		cost := ""
+		if sc.costOn != "" {
+			cost = " | |"
+		}
 		if status, ok := rowStatus(r); !ok {
-			p("| %s | %s | | | | | %s |\n", r.name, status, r.na)
+			p("| %s | %s | |%s | | | %s |\n", r.name, status, cost, r.na)
 			continue
 		}
-		p("| %s | %s | %s | %s | %d | %d | %s |\n", rowName(r), fmtRate(r.res.rate()), fmtPct(&r.res, 0.50), fmtPct(&r.res, 0.99),
+		if sc.costOn != "" {
+			cost = fmt.Sprintf(" %s | %s |", fmtCost(r.res.serverPerOp()), fmtCost(r.res.allocsPerOp()))
+		}
+		p("| %s | %s | %s | %s |%s %d | %d | %s |\n", rowName(r), fmtRate(r.res.rate()), fmtPct(&r.res, 0.50), fmtPct(&r.res, 0.99), cost,
 			r.res.busy, r.res.errs, r.note)
 	}
+}
+
+// fmtCost renders a per-operation cost, or nothing where not measured.
+func fmtCost(x float64, ok bool) string {
+	if !ok {
+		return ""
+	}
+	if x >= 100 {
+		return fmt.Sprintf("%.0f", x)
+	}
+	return fmt.Sprintf("%.1f", x)
 }
 
 func writeContendedTable(p printer, sc *scenario) {

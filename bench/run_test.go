@@ -86,8 +86,8 @@ func TestCommandStatsSince(t *testing.T) {
 		"cmdstat_get:calls=10,usec=1,usec_per_call=0.10,rejected_calls=0,failed_calls=0\r\n")
 	after := parse("# Stats\r\ntotal_commands_processed:161\r\n# Commandstats\r\n" +
 		"cmdstat_info:calls=5,usec=1,usec_per_call=0.20,rejected_calls=0,failed_calls=0\r\n" +
-		"cmdstat_get:calls=30,usec=1,usec_per_call=0.03,rejected_calls=0,failed_calls=0\r\n" +
-		"cmdstat_evalsha:calls=20,usec=1,usec_per_call=0.05,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_get:calls=30,usec=7,usec_per_call=0.23,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_evalsha:calls=20,usec=90,usec_per_call=4.50,rejected_calls=0,failed_calls=0\r\n" +
 		"cmdstat_client|tracking:calls=5,usec=1,usec_per_call=0.20,rejected_calls=0,failed_calls=0\r\n" +
 		"cmdstat_ping:calls=15,usec=1,usec_per_call=0.07,rejected_calls=0,failed_calls=0\r\n")
 	n, top := after.since(before)
@@ -102,6 +102,11 @@ func TestCommandStatsSince(t *testing.T) {
 	w := waitResult{waiters: 40, window: 2 * time.Second, commands: n}
 	if got := w.perWaiterSecond(); got != 0.75 {
 		t.Errorf("per waiter-second = %v, want 0.75", got)
+	}
+	// 6 µs of GET, 90 of EVALSHA, 1 of CLIENT|TRACKING, 1 of PING; INFO's
+	// time left out.
+	if us := after.usecSince(before); us != 98 {
+		t.Errorf("server µs = %d, want 98", us)
 	}
 	if _, err := parseCommandStats("# Commandstats\r\n"); err == nil {
 		t.Error("INFO without total_commands_processed: got no error")

@@ -39,6 +39,10 @@ type scenario struct {
 	// strict: its rows measure netlock only, so an overlap or a lost
 	// update is a failure of netlock: the run ends with an error.
 	strict bool
+	// costOn, for a scenario on one server: the server whose command time
+	// (INFO commandstats) each row's rounds are charged, with the
+	// allocations of the bench process, per operation.
+	costOn string
 }
 
 // A row is one contender (or one floor operation) in a scenario.
@@ -61,8 +65,9 @@ func buildScenarios(cs []contender, addrs []string) []*scenario {
 
 	floor = scenario{
 		id: "floor", title: "1. Floor: one client, one server",
-		what:  "PING, and the hand-written lock cycle (SET NX PX, then EVALSHA compare-and-delete), one goroutine in a loop. Latency is per PING or per whole cycle.",
-		shape: shapeOps,
+		what:   "PING, and the hand-written lock cycle (SET NX PX, then EVALSHA compare-and-delete), one goroutine in a loop. Latency is per PING or per whole cycle. Server µs/op and allocs/op as in scenario 2.",
+		shape:  shapeOps,
+		costOn: one[0],
 	}
 	floor.rows = append(floor.rows,
 		&row{name: "PING/redigo", setup: func() (func(context.Context, time.Duration, int) result, func(), error) {
@@ -93,8 +98,10 @@ func buildScenarios(cs []contender, addrs []string) []*scenario {
 
 	uncontended = scenario{
 		id: "uncontended", title: "2. Uncontended lock + unlock: one client, one goroutine",
-		what:  "One goroutine locks and unlocks one lock in a loop. Latency is per lock + unlock pair. The hand-written rows are the floor, not libraries.",
-		shape: shapeOps,
+		what: "One goroutine locks and unlocks one lock in a loop. Latency is per lock + unlock pair. The hand-written rows are the floor, not libraries. " +
+			"Server µs/op: the server time of the commands the row ran (`INFO commandstats` usec around each round, bench's INFO left out) per lock + unlock; allocs/op: heap allocations of the bench process (`runtime.MemStats.Mallocs` around each round, the harness's own included, the same for every row) per lock + unlock.",
+		shape:  shapeOps,
+		costOn: one[0],
 	}
 	clients = scenario{
 		id: "clients8", title: fmt.Sprintf("3. %d clients on one lock", contendingClients),
@@ -114,8 +121,9 @@ func buildScenarios(cs []contender, addrs []string) []*scenario {
 	for i, n := range independentKeys {
 		keys[i] = scenario{
 			id: fmt.Sprintf("keys%d", n), title: fmt.Sprintf("5%c. Independent keys, %d goroutines", 'a'+i, n),
-			what:  fmt.Sprintf("One client; %d goroutines, each looping lock + unlock on its own lock name: total ops/s, and latency per pair.", n),
-			shape: shapeOps,
+			what:   fmt.Sprintf("One client; %d goroutines, each looping lock + unlock on its own lock name: total ops/s, and latency per pair. Server µs/op and allocs/op as in scenario 2.", n),
+			shape:  shapeOps,
+			costOn: one[0],
 		}
 	}
 	quorum = scenario{

@@ -27,6 +27,12 @@ type result struct {
 	overlaps  int64   // entries into a critical section that another worker was in
 	lost      int64   // counter increments lost (acquisitions − final counter)
 
+	// Scenarios with costOn: server µs of the commands run and heap
+	// allocations of the process, over the measured rounds.
+	costed     bool
+	serverUsec int64
+	mallocs    uint64
+
 	// The waiting scenario only.
 	wait *waitResult
 	// The holds scenario only.
@@ -77,6 +83,9 @@ func (r *result) merge(o result) {
 	for i, n := range o.perWorker {
 		r.perWorker[i] += n
 	}
+	r.costed = r.costed || o.costed
+	r.serverUsec += o.serverUsec
+	r.mallocs += o.mallocs
 	r.changes += o.changes
 	r.selfs += o.selfs
 	r.overlaps += o.overlaps
@@ -107,6 +116,22 @@ func (r *result) rate() float64 {
 		return 0
 	}
 	return float64(r.ops) / r.elapsed.Seconds()
+}
+
+// serverPerOp is the server µs per operation, and allocsPerOp the
+// allocations; ok is false where they were not measured.
+func (r *result) serverPerOp() (float64, bool) {
+	if !r.costed || r.ops == 0 {
+		return 0, false
+	}
+	return float64(r.serverUsec) / float64(r.ops), true
+}
+
+func (r *result) allocsPerOp() (float64, bool) {
+	if !r.costed || r.ops == 0 {
+		return 0, false
+	}
+	return float64(r.mallocs) / float64(r.ops), true
 }
 
 // pct returns the q-quantile (0..1) of the latencies, nearest rank; ok is

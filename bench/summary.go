@@ -142,6 +142,22 @@ func writeSummary(p printer, scs []*scenario) {
 		}
 	}
 
+	// costVsHand gives a per-operation cost of the uncontended scenario,
+	// netlock's and the hand-written cycle's on the same client.
+	costVsHand := func(figure func(*result) (float64, bool)) func(string) (string, bool, bool) {
+		return func(nl string) (string, bool, bool) {
+			r, h := get("uncontended", nl), get("uncontended", "hand-written/"+clientOf(nl))
+			if r == nil || h == nil {
+				return "", false, false
+			}
+			a, ok1 := figure(r)
+			b, ok2 := figure(h)
+			if !ok1 || !ok2 {
+				return "", false, false
+			}
+			return fmt.Sprintf("%s (hand-written %s)", fmtCost(a, true), fmtCost(b, true)), true, true
+		}
+	}
 	// holdsValue gives a count of the holds scenario, met when it is at
 	// most most.
 	holdsValue := func(figure func(*holdsResult) int64, most int64) func(string) (string, bool, bool) {
@@ -188,6 +204,14 @@ func writeSummary(p printer, scs []*scenario) {
 		{
 			what: "uncontended p50 ÷ hand-written cycle p50, same client (same scenario)", threshold: "≤ 1.15",
 			value: p50Ratio("uncontended", "uncontended", "hand-written/", 1.15), ref: p50Refs("uncontended", "hand-written/"),
+		},
+		{
+			what: "uncontended: server µs per lock+unlock (`INFO commandstats`), next to the hand-written cycle's, same client", threshold: "–",
+			value: costVsHand((*result).serverPerOp), ref: func() string { return "" },
+		},
+		{
+			what: "uncontended: allocations per lock+unlock (the harness's included), next to the hand-written cycle's, same client", threshold: "–",
+			value: costVsHand((*result).allocsPerOp), ref: func() string { return "" },
 		},
 		{
 			what: "8 clients: CS/s ÷ fastest peer", threshold: "≥ 1.00",

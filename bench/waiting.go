@@ -371,6 +371,7 @@ func dialProbe(addr string) (redis.Conn, error) {
 type commandStats struct {
 	total int64            // total_commands_processed
 	calls map[string]int64 // calls per command, from INFO commandstats
+	usec  map[string]int64 // µs of server time per command, from INFO commandstats
 }
 
 // readCommandStats takes both counters in one INFO (Redis 7 takes several
@@ -384,7 +385,7 @@ func readCommandStats(probe redis.Conn) (commandStats, error) {
 }
 
 func parseCommandStats(info string) (commandStats, error) {
-	s := commandStats{total: -1, calls: map[string]int64{}}
+	s := commandStats{total: -1, calls: map[string]int64{}, usec: map[string]int64{}}
 	for line := range strings.SplitSeq(info, "\n") {
 		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
 		if !ok {
@@ -410,6 +411,13 @@ func parseCommandStats(info string) (commandStats, error) {
 					return s, fmt.Errorf("INFO: %s: %w", line, err)
 				}
 				s.calls[name] = calls
+			}
+			if n, ok := strings.CutPrefix(field, "usec="); ok {
+				usec, err := strconv.ParseInt(n, 10, 64)
+				if err != nil {
+					return s, fmt.Errorf("INFO: %s: %w", line, err)
+				}
+				s.usec[name] = usec
 			}
 		}
 	}
@@ -438,6 +446,18 @@ func (s commandStats) since(b commandStats) (commands int64, top []cmdCount) {
 		return cmp.Or(cmp.Compare(y.calls, x.calls), strings.Compare(x.name, y.name))
 	})
 	return s.total - b.total - ownInfo, top[:min(len(top), 3)]
+}
+
+// usecSince is the server time, in µs, the commands run between snapshot b
+// and s took, INFO left out (its own and bench's).
+func (s commandStats) usecSince(b commandStats) int64 {
+	var us int64
+	for name, n := range s.usec {
+		if name != "info" {
+			us += n - b.usec[name]
+		}
+	}
+	return us
 }
 
 // connectedClients is the server's connected_clients.
