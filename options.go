@@ -211,7 +211,8 @@ func WithObserver(o Observer) Option { return func(c *config) { c.observer = o }
 // primary (until the primary's next cron tick; with a diskless sync, until
 // the replica's first acknowledgement, up to a second). A
 // release no longer grants the lock to the next waiter in its own script
-// (that write would be acknowledged to nobody): the waiter is woken and
+// (nor a NetRWMutex's write lock or read leases: that write would be
+// acknowledged to nobody): the waiter is woken and
 // acquires itself, so a hand-over between processes takes one round trip
 // more. Release, and the hand-off between goroutines of one process, do not
 // wait.

@@ -205,7 +205,16 @@ func (m *NetMutex) acquireRound(ctx context.Context, q ask) outcome {
 		case statusOK:
 			granted[i], cleanup[i] = true, true
 			nGranted++
-			if n := r.vals[2]; n > 0 && q.nonce != "" && len(replies) == 1 {
+			n := r.vals[2]
+			if m.rw == 'r' {
+				// A reader's third integer says whether a writer waits;
+				// a fourth, that its lease was granted (lua/rw_acquire.lua).
+				n = 0
+				if len(r.vals) > 3 {
+					n = r.vals[3]
+				}
+			}
+			if n > 0 && q.nonce != "" && len(replies) == 1 {
 				// A release granted us the lock; this round found it
 				// and refreshed its TTL (after start): it is ours, under
 				// the value the release made.

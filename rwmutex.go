@@ -32,6 +32,16 @@ import (
 // a writer of another process can thus wait up to an extend interval, plus
 // the read sections under way, for the lease to end.
 //
+// Over one backend (as for NetMutex: see WithSyncReplicas), a release
+// lets the waiters in itself, in its script: the last read lease's release
+// (or a writer's leave) grants the first writer the write lock, and a
+// writer's release grants the processes whose readers wait ahead of the
+// next writer their leases; each is told by a message on a channel of its
+// own and holds without a round trip. A grant that nobody hears (its
+// process died) is undone at once; one heard but never taken up expires
+// with its lease, or is released when its waiter gives up. Over a quorum,
+// the waiters are told to attempt instead.
+//
 // Leases and the write lock expire when their process dies and are
 // extended while it lives (WithAutoExtend); a hold that lapses is told by
 // the local clock, on Lost (the writer) and RLost (the readers). The
@@ -175,11 +185,18 @@ func NewRW(name string, backends []Backend, opts ...Option) (*NetRWMutex, error)
 	k := keyspace.RW(w.cfg.prefix, name, w.cfg.fencing)
 	for _, m := range []*NetMutex{w, r} {
 		m.rwk = k
-		m.grants = false
 		m.markerMS = strconv.FormatInt(placeExpiries*m.cfg.expiry.Milliseconds(), 10)
 	}
-	// Readers are told together; a writer alone (lua/rw_wake.lua).
+	// A release grants a waiter its hold in its own script where New would
+	// let it grant a NetMutex's (m.grants: one backend, whose PUBLISH counts
+	// the listeners, without WithSyncReplicas), and tells the waiter alone:
+	// a writer, or a process's reader, on a channel of its own. Otherwise
+	// readers are told together, to attempt; a writer alone (see
+	// lua/rw_wake.lua).
 	r.waitChan = k.Channel + ":r"
+	if r.grants {
+		r.waitChan += ":" + r.waiterID
+	}
 	w.waitChan = k.Channel + ":w:" + w.waiterID
 	w.rw, r.rw = 'w', 'r'
 	// A writer's Unlock releases in Redis, where readers that were waiting
@@ -207,7 +224,11 @@ func (m *NetMutex) rwAcquireCall(value, proposal string, q ask) (*Script, []stri
 
 func (m *NetMutex) rwReleaseCall(value string) (*Script, []string, []string) {
 	k := m.rwk
-	return rwReleaseScript, []string{k.Writer, k.Writer + ":gone:" + value, k.Writers, k.Readers, k.Leases}, []string{string(m.rw) + ":" + value + ":" + m.tombMS}
+	keys := []string{k.Writer, k.Writer + ":gone:" + value, k.Writers, k.Readers, k.Leases}
+	if k.Fence != "" {
+		keys = append(keys, k.Fence) // a writer granted the lock takes its token
+	}
+	return rwReleaseScript, keys, []string{string(m.rw) + ":" + value + ":" + m.tombMS}
 }
 
 func (m *NetMutex) rwExtendCall(value string) (*Script, []string, []string) {
@@ -217,6 +238,9 @@ func (m *NetMutex) rwExtendCall(value string) (*Script, []string, []string) {
 
 func (m *NetMutex) rwLeaveKeys() []string {
 	k := m.rwk
+	if k.Fence != "" {
+		return []string{k.Writers, k.Readers, k.Leases, k.Writer, k.Fence}
+	}
 	return []string{k.Writers, k.Readers, k.Leases, k.Writer}
 }
 

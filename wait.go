@@ -309,7 +309,13 @@ func (w *waiter) granted(ctx context.Context, payload string) (grant, bool) {
 	if w.joined.IsZero() || time.Until(until) < m.cfg.expiry/extendsPerExpiry {
 		return grant{}, false
 	}
-	return grant{value: value, token: token, start: w.joined, until: until}, true
+	g := grant{value: value, token: token, start: w.joined, until: until}
+	if m.rw == 'r' {
+		// A NetRWMutex's read lease has no token: the message says
+		// whether a writer waits (see lua/rw_wake.lua).
+		g.token, g.writerWaits = 0, token == 1
+	}
+	return g, true
 }
 
 // ttlJitter: a waiter wakes at the holder's TTL plus up to a sixteenth of

@@ -18,8 +18,13 @@ import (
 // extended it plus its validity, expiry − elapsed − (expiry·drift + 2ms).
 //
 // It decodes the scripts' arguments and replies as lua/rw_acquire.lua
-// documents them: ARGV[1] "<mode>:<value>:...", reply {1, token, w} when
-// the node granted.
+// documents them: ARGV[1] "<mode>:<value>:<expiry>:<proposal>:<member>:...",
+// reply {1, token, ...} when the node granted (or a release had, and the
+// round adopted it). Over one backend a release may grant a waiter its hold
+// and tell it by message, without a round (lua/rw_wake.lua): the waiter's
+// member then carries a nonce, "<id>+<expiry ms>+<nonce>", and the hold
+// counts from the start of the first call that carried it, as for a
+// NetMutex (see recorder).
 type rwRecorder struct {
 	expiry, driftTerm time.Duration
 
@@ -29,6 +34,11 @@ type rwRecorder struct {
 	readRound *round            // the latest reader round in which a node granted
 	writers   map[uint64]*leaseTiming
 	lease     *leaseTiming // the read lease the process holds or held last
+	// joins: the start of the first call under each nonce; nonces: the
+	// nonce of the latest waiting call of the writer ('w') and of the
+	// reader ('r'), each running one acquire at a time.
+	joins  map[string]time.Time
+	nonces map[byte]string
 }
 
 // leaseTiming is what an rwRecorder knows of one write hold or read lease.
@@ -56,6 +66,8 @@ func newRWRecorder(expiry time.Duration, drift float64) *rwRecorder {
 		driftTerm: time.Duration(float64(expiry)*drift) + 2*time.Millisecond,
 		rounds:    map[string]*round{},
 		byToken:   map[uint64]*round{},
+		joins:     map[string]time.Time{},
+		nonces:    map[byte]string{},
 		writers:   map[uint64]*leaseTiming{},
 	}
 }
@@ -89,7 +101,11 @@ func (r *rwRecorder) acquire(ctx context.Context, _ netlock.AcquireStart) (conte
 			l := &leaseTiming{}
 			if rd := r.byToken[d.Token]; rd != nil {
 				l.until, l.explained = r.validity(rd), true
+			} else {
+				l.until, l.explained = r.byMessage('w')
 			}
+			delete(r.joins, r.nonces['w'])
+			delete(r.nonces, 'w')
 			r.writers[d.Token] = l
 			r.prune()
 			return
@@ -103,16 +119,36 @@ func (r *rwRecorder) acquire(ctx context.Context, _ netlock.AcquireStart) (conte
 		l := &leaseTiming{}
 		if rd := r.readRound; rd != nil {
 			l.until, l.explained = r.validity(rd), true
+		} else {
+			l.until, l.explained = r.byMessage('r')
 		}
+		delete(r.joins, r.nonces['r'])
+		delete(r.nonces, 'r')
 		r.readRound = nil
 		r.lease = l
 		r.prune()
 	}
 }
 
+// byMessage returns the local deadline of a hold of mode ('w' or 'r') that
+// no round granted: a release's grant, told by message to the current
+// waiting call, whose first call began the join. The caller holds r.mu.
+func (r *rwRecorder) byMessage(mode byte) (time.Time, bool) {
+	joined, ok := r.joins[r.nonces[mode]]
+	if !ok {
+		return time.Time{}, false
+	}
+	return joined.Add(r.expiry - r.driftTerm), true
+}
+
 // prune forgets the rounds that ended long ago. The caller holds r.mu.
 func (r *rwRecorder) prune() {
 	old := time.Now().Add(-10 * r.expiry)
+	for n, j := range r.joins {
+		if j.Before(old) {
+			delete(r.joins, n)
+		}
+	}
 	for v, rd := range r.rounds {
 		if rd.last.Before(old) {
 			delete(r.rounds, v)
@@ -186,6 +222,15 @@ func (b *rwSpyBackend) Eval(ctx context.Context, s *netlock.Script, keys, args [
 	r := b.r
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if len(f) > 4 && f[0] != "" {
+		if i := strings.LastIndexByte(f[4], '+'); i >= 0 {
+			nonce := f[4][i+1:]
+			if _, ok := r.joins[nonce]; !ok {
+				r.joins[nonce] = start
+			}
+			r.nonces[f[0][0]] = nonce
+		}
+	}
 	rd := r.rounds[f[1]]
 	if rd == nil {
 		rd = &round{first: start}

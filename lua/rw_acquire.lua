@@ -45,6 +45,9 @@
 --                    the writer's fencing token (0 for a reader); w, for a
 --                    reader: 1 if a writer waits (the process must not let
 --                    more readers share this lease)
+--   { 1, token, n}   a writer: a release granted us the lock, under the
+--                    value "<nonce>.<n>" (see wake, in rw_wake.lua)
+--   { 1, 0, w, 1}    a reader: a release granted us the lease "<nonce>.1"
 --   {-1, counter, t} not now; t: when to look again at the latest (ms): the
 --                    holder's TTL, capped at the expiry. A waiter is queued
 --                    (or its place kept)
@@ -79,6 +82,16 @@ local mine = value .. ':'
 if mode == 'w' and cur and string.sub(cur, 1, #mine) == mine then
   redis.call('PEXPIRE', KEYS[1], exp)
   return {1, tonumber(string.sub(cur, #mine + 1)), 0}
+end
+-- A release may have granted us our hold (see wake, in rw_wake.lua): our
+-- member then carries a nonce, "<id>+<expiry ms>+<nonce>", and the hold is
+-- under "<nonce>.<n>". We may not have heard its message yet: adopt it,
+-- refreshing its TTL.
+local nonce = string.match(member, '^[^+]*%+%d*%+(.*)$') or ''
+if mode == 'w' and cur and nonce ~= '' and string.sub(cur, 1, #nonce + 1) == nonce .. '.' then
+  redis.call('PEXPIRE', KEYS[1], exp)
+  local n, token = string.match(cur, '^[^.]*%.(%d+):(%d+)$')
+  return {1, tonumber(token), tonumber(n)}
 end
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
@@ -118,6 +131,16 @@ end
 
 if cur then
   return wait(redis.call('PTTL', KEYS[1]))
+end
+-- A reader's grant, likewise: its lease "<nonce>.1" (no writer takes the
+-- lock while it is live, so there is none to look for above).
+if mode == 'r' and nonce ~= '' then
+  local s = redis.call('ZSCORE', KEYS[5], nonce .. '.1')
+  if s and tonumber(s) > now then
+    redis.call('ZADD', KEYS[5], now + exp, nonce .. '.1')
+    keep(KEYS[5], exp)
+    return {1, 0, redis.call('EXISTS', KEYS[3]), 1}
+  end
 end
 
 -- first returns the head of queue q that came before us, if any: after

@@ -8,19 +8,24 @@
 -- KEYS[3]  writers' queue, p{name}:rw:writers
 -- KEYS[4]  readers' queue, p{name}:rw:readers
 -- KEYS[5]  leases, p{name}:rw:leases
+-- KEYS[6]  fence counter, p{tag}:fence, when fencing is on: a writer
+--          granted the lock here takes its token from it (see wake)
 -- ARGV[1]  "<mode>:<value>:<tombstone ms>"
 --
 -- Reply, as release.lua's:
---   { 1, n, 0, 0}  released; n clients heard (0 if nobody was woken)
+--   { 1, n, g, 0}  released; n clients heard (0 if nobody was woken); g
+--                  is 1 if a waiter was granted its hold here (see wake)
 --   { 0}           absent: the lease expired, or the key was deleted
 --   {-1}           the writer key holds another value: left untouched
 local mode, value, tombMS = string.match(ARGV[1], '^([rw]):([^:]+):(%d+)$')
+local fence = KEYS[6]
 if mode == 'w' then
   local cur = redis.call('GET', KEYS[1])
   local mine = value .. ':'
   if cur and string.sub(cur, 1, #mine) == mine then
     redis.call('DEL', KEYS[1])
-    return {1, wake(KEYS[1], KEYS[3], KEYS[4], false), 0, 0}
+    local heard, granted = wake(KEYS[1], KEYS[3], KEYS[4], KEYS[5], fence, false)
+    return {1, heard, granted, 0}
   end
   redis.call('SET', KEYS[2], '', 'PX', tombMS)
   if cur then
@@ -33,13 +38,13 @@ local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 if s and tonumber(s) > now then
   redis.call('ZREM', KEYS[5], value)
-  local heard = 0
+  local heard, granted = 0, 0
   -- Only a writer waits for readers: look when one waits, and the last
   -- live lease is gone.
   if redis.call('EXISTS', KEYS[3]) == 1 and redis.call('ZCOUNT', KEYS[5], now + 1, '+inf') == 0 then
-    heard = wake(KEYS[1], KEYS[3], KEYS[4], false)
+    heard, granted = wake(KEYS[1], KEYS[3], KEYS[4], KEYS[5], fence, false)
   end
-  return {1, heard, 0, 0}
+  return {1, heard, granted, 0}
 end
 if s and tonumber(s) > 0 then
   -- Our lease, expired by the server's clock (rw_extend.lua finds it gone

@@ -51,7 +51,7 @@ type RWKeys struct {
 	Writers string // p{name}:rw:writers, waiting writers by arrival
 	Readers string // p{name}:rw:readers, waiting readers by arrival
 	Leases  string // p{name}:rw:leases, read leases and waiters' deadlines
-	Channel string // p{name}:rw:released: readers wait on Channel+":r", a writer on Channel+":w:<waiter id>"
+	Channel string // p{name}:rw:released: readers wait on Channel+":r" (Channel+":r:<waiter id>" where releases grant), a writer on Channel+":w:<waiter id>"
 	Joined  string // p{name}:rw:joined, where a writer taking its place is told
 	Fence   string // the fence counter, New's; "" when fencing is off
 }
