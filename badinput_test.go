@@ -120,6 +120,11 @@ var hostileRows = []hostileRow{
 		if v := sdo(t, s, "HGET", m.keys.lock, "field"); v != "kept" {
 			t.Errorf("the hash after the failed lock: got %q, want it untouched", v)
 		}
+		// Nothing written: not even the fence counter (lua/acquire.lua
+		// counts the key before it takes a token).
+		if v := sdo(t, s, "EXISTS", m.keys.fence); v != "0" {
+			t.Error("the fence counter was written although the lock key holds another type")
+		}
 		if perr := recoverErr(m.Lock); perr == nil || !strings.Contains(perr.Error(), "WRONGTYPE") {
 			t.Errorf("Lock on a hash: got panic %v, want the WRONGTYPE error", perr)
 		}

@@ -47,15 +47,25 @@
 --
 -- A key of another type makes GET fail with WRONGTYPE before anything is written.
 --
--- Every redis.call costs a few microseconds of Lua overhead, more than the
--- command itself: the free path makes four (GET, EXISTS, INCR, SET); a
--- waiter that joins the queue, five (GET, TIME, ZADD, PEXPIRE, PTTL); one
--- that is queued already, three (GET, ZSCORE, PTTL). Not MGET: it
--- reads a key of another type as nil, where GET fails.
+-- Every redis.call costs more Lua overhead than the command itself costs,
+-- so each path makes as few as it can. An attempt that does not join the
+-- queue (j) looks first with one EXISTS counting the key and our tombstone:
+-- none (the lock is free, and not ours to refuse) takes it at once, so the
+-- free path makes three (EXISTS, INCR, SET; with a ballot, EXISTS, GET, SET,
+-- SET); otherwise it reads the key as a joining waiter does, one call more
+-- (a key of another type counts, and then GET fails). A joining waiter,
+-- which expects the lock held, reads the key first: joining makes five
+-- (GET, TIME, ZADD, PEXPIRE, PTTL); one queued already, three (GET, ZSCORE,
+-- PTTL). Not MGET: it reads a key of another type as nil, where GET fails.
 local fenced = #KEYS > 3
-local proposal, waiter, flags, queueTTL = string.match(ARGV[3], '^(%d+):([^:]*):([^:]*):(%d+)$')
-local nonce = string.match(waiter, '^[^+]*%+%d*%+(.*)$') or ''
-local cur = redis.call('GET', KEYS[1])
+-- An uncontended attempt's "0:::<queue ttl>" is read without a pattern.
+local proposal, waiter, flags, queueTTL = '0', '', '', ''
+if string.sub(ARGV[3], 1, 4) ~= '0:::' then
+  proposal, waiter, flags, queueTTL = string.match(ARGV[3], '^(%d+):([^:]*):([^:]*):(%d+)$')
+end
+local join = string.find(flags, 'j', 1, true)
+local free = not join and redis.call('EXISTS', KEYS[1], KEYS[2]) == 0
+local cur = not free and redis.call('GET', KEYS[1])
 local function counter()
   if fenced then
     return tonumber(redis.call('GET', KEYS[4]) or '0')
@@ -64,6 +74,7 @@ local function counter()
 end
 
 local mine = ARGV[1] .. ':'
+local nonce = cur and string.match(waiter, '^[^+]*%+%d*%+(.*)$') or ''
 if cur and string.sub(cur, 1, #mine) == mine then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, tonumber(string.sub(cur, #mine + 1)), 0}
@@ -85,7 +96,6 @@ if cur then
   -- nonce, so that a late message of that release can never be taken for a
   -- grant of the new join. The waiter is told to join again under a fresh
   -- nonce (the reply's fourth integer).
-  local join = string.find(flags, 'j', 1, true)
   if join and string.find(flags, 'q', 1, true) then
     if redis.call('ZSCORE', KEYS[3], waiter) then
       join = false
@@ -109,7 +119,7 @@ if cur then
   end
   return {-1, c, redis.call('PTTL', KEYS[1])}
 end
-if redis.call('EXISTS', KEYS[2]) == 1 then
+if not free and redis.call('EXISTS', KEYS[2]) == 1 then
   return {-3, counter(), 0}
 end
 
