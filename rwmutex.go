@@ -175,6 +175,7 @@ func NewRW(name string, backends []Backend, opts ...Option) (*NetRWMutex, error)
 	k := keyspace.RW(w.cfg.prefix, name, w.cfg.fencing)
 	for _, m := range []*NetMutex{w, r} {
 		m.rwk = k
+		m.tombPrefix = keyspace.Tomb(k.Writer, "")
 		m.grants = false
 		m.markerMS = strconv.FormatInt(placeExpiries*m.cfg.expiry.Milliseconds(), 10)
 	}
@@ -192,9 +193,9 @@ func NewRW(name string, backends []Backend, opts ...Option) (*NetRWMutex, error)
 // rwKeys are the Redis keys of a NetRWMutex (see lua/rw_acquire.lua).
 type rwKeys = keyspace.RWKeys
 
-func (m *NetMutex) rwAcquireCall(value, proposal string, q ask) (*Script, []string, []string) {
+func (m *NetMutex) rwAcquireCall(value, tomb, proposal string, q ask) (*Script, []string, []string) {
 	k := m.rwk
-	keys := []string{k.Writer, k.Writer + ":gone:" + value, k.Writers, k.Readers, k.Leases}
+	keys := []string{k.Writer, tomb, k.Writers, k.Readers, k.Leases}
 	if m.rw == 'w' && k.Fence != "" {
 		keys = append(keys, k.Fence)
 	}
@@ -205,9 +206,9 @@ func (m *NetMutex) rwAcquireCall(value, proposal string, q ask) (*Script, []stri
 	return rwAcquireScript, keys, []string{string(m.rw) + ":" + value + ":" + m.expiryMS + ":" + proposal + ":" + q.member + ":" + flags + ":" + m.markerMS + ":" + strconv.FormatInt(q.arrival, 10)}
 }
 
-func (m *NetMutex) rwReleaseCall(value string) (*Script, []string, []string) {
+func (m *NetMutex) rwReleaseCall(value, tomb string) (*Script, []string, []string) {
 	k := m.rwk
-	return rwReleaseScript, []string{k.Writer, k.Writer + ":gone:" + value, k.Writers, k.Readers, k.Leases}, []string{string(m.rw) + ":" + value + ":" + m.tombMS}
+	return rwReleaseScript, []string{k.Writer, tomb, k.Writers, k.Readers, k.Leases}, []string{string(m.rw) + ":" + value + ":" + m.tombMS}
 }
 
 func (m *NetMutex) rwExtendCall(value string) (*Script, []string, []string) {
@@ -362,7 +363,7 @@ func (rw *NetRWMutex) RLost() <-chan struct{} {
 	if rw.lease == nil {
 		return closedChan
 	}
-	return rw.lease.ended
+	return rw.lease.lostChan()
 }
 
 // LockCtx locks rw for writing, waiting until no reader or writer of any
