@@ -28,7 +28,10 @@ type Backend interface {
 // A Script is one of netlock's Lua scripts, with its SHA1 computed once.
 type Script struct {
 	name, src, sha string
-	op             scriptOp
+	// shaArg is sha as an interface value, made once: a client library
+	// that takes its arguments as []any (redigo) would box it per call.
+	shaArg any
+	op     scriptOp
 	// sharded is the variant of a script that tells waiters (see
 	// lua/handon.lua) that does so with SPUBLISH, run on a Backend whose
 	// Hub uses sharded pub/sub (see NetMutex.call); nil for the others.
@@ -47,7 +50,8 @@ const (
 
 func newScript(name, src string) *Script {
 	sum := sha1.Sum([]byte(src))
-	return &Script{name: name, src: src, sha: hex.EncodeToString(sum[:])}
+	sha := hex.EncodeToString(sum[:])
+	return &Script{name: name, src: src, sha: sha, shaArg: sha}
 }
 
 // withOp sets s's op and returns s.

@@ -45,14 +45,7 @@ func (b *redigoBackend) Eval(ctx context.Context, s *Script, keys, args []string
 	}
 	defer conn.Close()
 
-	argv := make([]any, 0, 2+len(keys)+len(args))
-	argv = append(argv, s.SHA1(), len(keys))
-	for _, k := range keys {
-		argv = append(argv, k)
-	}
-	for _, a := range args {
-		argv = append(argv, a)
-	}
+	argv := evalArgv(s, keys, args)
 	// redis.DoContext runs every command on a goroutine of its own, to
 	// notice ctx's cancellation; that costs more than the round trip on a
 	// busy machine. The command is bounded by ctx's deadline (netlock's
@@ -71,10 +64,102 @@ func (b *redigoBackend) Eval(ctx context.Context, s *Script, keys, args []string
 		reply, err = redis.Int64s(redis.DoWithTimeout(conn, timeout, "EVAL", argv...))
 	}
 	if err != nil && ctx.Err() != nil {
-		err = context.Cause(ctx)
+		err = ctxErr(ctx)
 	}
 	return reply, err
 }
+
+// evalArgv returns the arguments of EVALSHA for s.
+func evalArgv(s *Script, keys, args []string) []any {
+	argv := make([]any, 0, 2+len(keys)+len(args))
+	argv = append(argv, s.shaArg, len(keys))
+	for _, k := range keys {
+		argv = append(argv, k)
+	}
+	for _, a := range args {
+		argv = append(argv, a)
+	}
+	return argv
+}
+
+// A redigoCall is a script call sent on a connection of the pool, whose
+// reply is read later (see NetMutex.fanoutPipelined): send and receive
+// together do what Eval does.
+type redigoCall struct {
+	ctx  context.Context
+	conn redis.Conn
+	s    *Script
+	argv []any
+	err  error // taking the connection or sending failed
+}
+
+// ready reports whether a call sent now most likely takes no round trip
+// before it is sent: the pool has an idle connection (no dial), and no
+// TestOnBorrow function (which may PING it first).
+func (b *redigoBackend) ready() bool {
+	p := b.pool
+	return p.TestOnBorrow == nil && p.TestOnBorrowContext == nil && p.IdleCount() > 0
+}
+
+// send sends s with EVALSHA on a connection of the pool, bounded by ctx,
+// and returns without reading the reply.
+func (b *redigoBackend) send(ctx context.Context, s *Script, keys, args []string) *redigoCall {
+	c := &redigoCall{ctx: ctx, s: s}
+	if c.conn, c.err = b.pool.GetContext(ctx); c.err != nil {
+		return c
+	}
+	c.argv = evalArgv(s, keys, args)
+	if c.err = c.conn.Send("EVALSHA", c.argv...); c.err == nil {
+		c.err = c.conn.Flush()
+	}
+	return c
+}
+
+// receive reads the reply of the call send sent, bounded by its ctx's
+// deadline (falling back to EVAL on NOSCRIPT, as Eval does), and returns
+// the connection to the pool.
+func (c *redigoCall) receive() ([]int64, error) {
+	defer c.conn.Close()
+	reply, err := c.reply()
+	if err != nil && c.ctx.Err() != nil {
+		err = ctxErr(c.ctx)
+	}
+	return reply, err
+}
+
+func (c *redigoCall) reply() ([]int64, error) {
+	if c.err != nil {
+		return nil, c.err
+	}
+	timeout, late := remaining(c.ctx)
+	if late != nil {
+		// ctx's deadline passed (or ctx ended) while the replies of other
+		// nodes were read. A reply that has come meanwhile counts, as it
+		// would have on a goroutine of its own: the read gets a moment
+		// (an expired deadline would fail it without looking), and no
+		// more. Read or timed out, the connection is then in step: back to
+		// the pool, or closed (redigo closes a connection whose read
+		// failed); left unread, the pool's Close would wait for the reply
+		// without a bound.
+		timeout = lateRead
+	}
+	reply, err := redis.Int64s(redis.ReceiveWithTimeout(c.conn, timeout))
+	if err != nil && late != nil {
+		return nil, late
+	}
+	if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+		c.argv[0] = c.s.Source()
+		if timeout, err = remaining(c.ctx); err != nil {
+			return nil, err
+		}
+		reply, err = redis.Int64s(redis.DoWithTimeout(c.conn, timeout, "EVAL", c.argv...))
+	}
+	return reply, err
+}
+
+// lateRead is how long a redigoCall's receive waits for a reply once ctx's
+// deadline has passed: long enough to read one that is there.
+const lateRead = time.Millisecond
 
 // EvalWait runs s as Eval does, then WAIT replicas on the same connection,
 // sent together with the script (one round trip), and returns the script's
@@ -86,21 +171,14 @@ func (b *redigoBackend) EvalWait(ctx context.Context, s *Script, keys, args []st
 	}
 	defer conn.Close()
 
-	argv := make([]any, 0, 2+len(keys)+len(args))
-	argv = append(argv, s.SHA1(), len(keys))
-	for _, k := range keys {
-		argv = append(argv, k)
-	}
-	for _, a := range args {
-		argv = append(argv, a)
-	}
+	argv := evalArgv(s, keys, args)
 	reply, acked, err := redigoEvalWait(ctx, conn, "EVALSHA", argv, replicas)
 	if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
 		argv[0] = s.Source()
 		reply, acked, err = redigoEvalWait(ctx, conn, "EVAL", argv, replicas)
 	}
 	if err != nil && ctx.Err() != nil {
-		err = context.Cause(ctx)
+		err = ctxErr(ctx)
 	}
 	return reply, acked, err
 }

@@ -15,12 +15,18 @@ import (
 // its first extend is due (most are) costs no goroutine and no context
 // switch. When the timer fires, tick runs on a goroutine of its own, extends
 // (with auto-extend) or declares the hold lost, and sets the timer again.
+// The timer is its NetMutex's, shared by its holds one after the other (see
+// NetMutex.arm).
 type hold struct {
 	m     *NetMutex
 	value string // our random lock value, fresh for this acquisition
+	tomb  string // value's tombstone key, "" if not known (see NetMutex.tomb)
 	token uint64
 
-	ended chan struct{} // closed when the hold is lost or released (Lost)
+	// ended is closed when the hold is lost or released (Lost); made, under
+	// mu, only when asked for (see lostChan): most holds are released
+	// without anyone watching.
+	ended chan struct{}
 	// writerWaits, for a NetRWMutex's read lease: a writer waits, so no
 	// more readers of this process may share the lease (see NetRWMutex).
 	writerWaits atomic.Bool
@@ -29,7 +35,6 @@ type hold struct {
 	until   time.Time // local deadline, monotonic: the hold is lost when it passes
 	state   holdState
 	next    time.Time          // when the next extend is due, with auto-extend
-	timer   *time.Timer        // runs tick at min(next, until)
 	ticking chan struct{}      // non-nil while tick runs; closed when it returns
 	cancel  context.CancelFunc // cancels the extend tick runs, if any
 }
@@ -48,16 +53,53 @@ func newHold(m *NetMutex, g grant) *hold {
 	h := &hold{
 		m:     m,
 		value: g.value,
+		tomb:  g.tomb,
 		token: g.token,
-		ended: make(chan struct{}),
 		until: g.until,
 		next:  m.nextExtend(g.start),
 	}
 	h.writerWaits.Store(g.writerWaits)
-	h.mu.Lock()
-	h.timer = time.AfterFunc(h.wakeLocked(), h.tick)
-	h.mu.Unlock()
+	m.arm(h, h.wakeLocked()) // h is not shared yet
 	return h
+}
+
+// arm makes m's watchdog timer run h's tick at the latest at at. The timer
+// is m's, shared by its holds one after the other (a NetMutex has one at a
+// time; a Semaphore's new lease may begin as the last one ends, which needs
+// no more ticks): it ticks the latest hold armed. It is made with m's
+// first hold, never stopped, and moved only to fire earlier: a hold that
+// follows one released before its first extend was due (most are) finds
+// it set, most often for a time no later than its own (its extend is due
+// later, up to the jitter of nextExtend), and then costs no timer
+// operation (each one may wake the runtime's network poller, on another
+// CPU than the server's, for nothing). A tick that finds the hold
+// released, or nothing due, returns at once.
+func (m *NetMutex) arm(h *hold, at time.Time) {
+	m.dogMu.Lock()
+	defer m.dogMu.Unlock()
+	m.watched = h
+	switch {
+	case m.dog == nil:
+		m.dog = time.AfterFunc(time.Until(at), m.bark)
+	case !m.dogAt.IsZero() && !at.Before(m.dogAt):
+		return // set in time already
+	default:
+		m.dog.Reset(time.Until(at))
+	}
+	m.dogAt = at
+}
+
+// bark is the watchdog timer's function: it ticks the latest hold armed.
+// A hold armed as the timer fires is ticked (and arms again) or finds the
+// timer not set (dogAt zero) and sets it.
+func (m *NetMutex) bark() {
+	m.dogMu.Lock()
+	h := m.watched
+	m.dogAt = time.Time{}
+	m.dogMu.Unlock()
+	if h != nil {
+		h.tick()
+	}
 }
 
 // nextExtend returns when the extend after one made at from (or after the
@@ -71,14 +113,14 @@ func (m *NetMutex) nextExtend(from time.Time) time.Time {
 	return from.Add(interval - rand.N(interval/extendJitter+1))
 }
 
-// wakeLocked returns the time until the watchdog must next wake: the next
-// extend (with auto-extend, see nextExtend) or until, whichever is first.
-func (h *hold) wakeLocked() time.Duration {
+// wakeLocked returns when the watchdog must next wake: the next extend
+// (with auto-extend, see nextExtend) or until, whichever is first.
+func (h *hold) wakeLocked() time.Time {
 	wake := h.until
 	if h.m.cfg.autoExtend && h.next.Before(wake) {
 		wake = h.next
 	}
-	return time.Until(wake)
+	return wake
 }
 
 // tick is the watchdog, run by the timer. Losing the hold depends on the
@@ -100,7 +142,7 @@ func (h *hold) tick() {
 		h.mu.Lock()
 		h.ticking, h.cancel = nil, nil
 		if h.state == held {
-			h.timer.Reset(h.wakeLocked())
+			h.m.arm(h, h.wakeLocked()) // lock order: h.mu before m.dogMu
 		}
 		h.mu.Unlock()
 		close(done)
@@ -133,6 +175,28 @@ func (h *hold) tick() {
 	h.mu.Unlock()
 }
 
+// lostChan returns the channel closed when the hold is lost or released
+// (see NetMutex.Lost).
+func (h *hold) lostChan() <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ended == nil {
+		if h.state != held {
+			return closedChan
+		}
+		h.ended = make(chan struct{})
+	}
+	return h.ended
+}
+
+// closeEnded closes the channel of lostChan, if it was made. The caller
+// holds h.mu and has just moved the hold out of held.
+func (h *hold) closeEnded() {
+	if h.ended != nil {
+		close(h.ended)
+	}
+}
+
 // deadline returns the local deadline, and false if the hold has ended.
 func (h *hold) deadline() (time.Time, bool) {
 	h.mu.Lock()
@@ -147,7 +211,7 @@ func (h *hold) expire(now time.Time) bool {
 	lostNow := h.state == held && !now.Before(h.until)
 	if lostNow {
 		h.state = lost
-		close(h.ended)
+		h.closeEnded()
 	}
 	over := h.state != held
 	h.mu.Unlock()
@@ -164,7 +228,7 @@ func (h *hold) lose() {
 	lostNow := h.state == held
 	if lostNow {
 		h.state = lost
-		close(h.ended)
+		h.closeEnded()
 	}
 	h.mu.Unlock()
 	if lostNow {
@@ -179,7 +243,7 @@ func (h *hold) moveUntil(until time.Time) bool {
 	lostNow := h.state == held && !time.Now().Before(h.until)
 	if lostNow {
 		h.state = lost // the extend came back too late
-		close(h.ended)
+		h.closeEnded()
 	}
 	if h.state == held && until.After(h.until) {
 		h.until = until
@@ -192,19 +256,18 @@ func (h *hold) moveUntil(until time.Time) bool {
 	return ok
 }
 
-// end stops the watchdog, waits for a tick under way (cancelling its
-// extend), and marks the hold released. It reports whether the hold had been
-// lost before.
+// end waits for a tick under way (cancelling its extend), and marks the
+// hold released: the watchdog's timer, m's, is left set, and its next tick
+// of h returns at once. It reports whether the hold had been lost before.
 func (h *hold) end() (wasLost bool) {
 	h.mu.Lock()
-	h.timer.Stop()
 	lostNow := false
 	if h.state == held {
 		if !time.Now().Before(h.until) {
 			h.state = lost
 			lostNow = true
 		}
-		close(h.ended)
+		h.closeEnded()
 	}
 	wasLost = h.state == lost
 	h.state = released

@@ -61,18 +61,10 @@ func newLimiter() *limiter {
 // (context.DeadlineExceeded after bound), and takes no slot. A nil limiter
 // takes none and returns nil.
 func (l *limiter) enter(ctx context.Context, s *Script, bound time.Duration) (slots chan struct{}, waited bool, err error) {
-	if l == nil {
-		return nil, false, nil
-	}
-	slots = l.others
-	if s.op == opExtend {
-		slots = l.extends
-	}
-	select {
-	case slots <- struct{}{}:
+	if slots, ok := l.tryEnter(s); ok {
 		return slots, false, nil
-	default:
 	}
+	slots = l.budget(s)
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, bound)
@@ -84,6 +76,30 @@ func (l *limiter) enter(ctx context.Context, s *Script, bound time.Duration) (sl
 	case <-ctx.Done():
 		return nil, true, fmt.Errorf("all %d %s calls in flight were still running: %w", cap(slots), budgetName(s), context.Cause(ctx))
 	}
+}
+
+// tryEnter takes a slot of s's budget if one is free, and reports whether
+// it did; the caller gives it back with exit. A nil limiter takes none and
+// reports true.
+func (l *limiter) tryEnter(s *Script) (slots chan struct{}, ok bool) {
+	if l == nil {
+		return nil, true
+	}
+	slots = l.budget(s)
+	select {
+	case slots <- struct{}{}:
+		return slots, true
+	default:
+		return nil, false
+	}
+}
+
+// budget returns the slots of s's budget.
+func (l *limiter) budget(s *Script) chan struct{} {
+	if s.op == opExtend {
+		return l.extends
+	}
+	return l.others
 }
 
 // exit gives back the slot enter took in slots.

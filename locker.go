@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -64,6 +65,19 @@ type NetMutex struct {
 	// round trip.
 	grants bool
 	epoch  time.Time
+	// tombPrefix is the tombstone keys' common part: a value's tombstone
+	// key is tombPrefix+value (see freshValue).
+	tombPrefix string
+	// freeArg is the acquire script's last argument for an uncontended
+	// attempt on one node: proposal "0", no queue member (see acquireArg).
+	freeArg string
+	// lazyBounds: every node is a Backend of netlock's own, whose calls
+	// are bounded by a callBound (see NetMutex.bound).
+	lazyBounds bool
+	// pipelined: the nodes, more than one, are all redigo Backends, and
+	// no call waits for replicas: a fanout sends its calls before it reads
+	// their replies, on the calling goroutine (see fanoutPipelined).
+	pipelined bool
 
 	// rw is 0 for a NetMutex; 'r' or 'w' for the read lease or the write
 	// lock of a NetRWMutex, whose keys rwk are, and whose waiters keep
@@ -96,6 +110,13 @@ type NetMutex struct {
 	yieldUntil atomic.Int64
 
 	reaper reaper // releases still to deliver
+
+	// The watchdog timer of m's holds (see arm). Lock order: a hold's mu
+	// before dogMu.
+	dogMu   sync.Mutex
+	dog     *time.Timer // nil until m's first hold
+	dogAt   time.Time   // when dog fires; zero when it is not set
+	watched *hold       // the hold dog ticks: the latest armed
 
 	checked atomic.Bool // checkServers has run
 }
@@ -160,6 +181,8 @@ func New(name string, backends []Backend, opts ...Option) (*NetMutex, error) {
 		epoch:     time.Now(),
 	}
 	m.extendKeys = []string{m.keys.lock, m.keys.waiters}
+	m.tombPrefix = m.keys.tomb("")
+	m.freeArg = m.acquireArg("0", ask{})
 	m.waitChan = m.keys.channel + ":" + m.waiterID
 	tries := releaseWakeTries
 	for i, b := range backends {
@@ -179,6 +202,11 @@ func New(name string, backends []Backend, opts ...Option) (*NetMutex, error) {
 		}
 	}
 	m.wakeTries = strconv.Itoa(tries)
+	m.lazyBounds = !slices.ContainsFunc(m.nodes, func(b Backend) bool { return !lazyBound(b) })
+	m.pipelined = len(m.nodes) > 1 && cfg.replicas == 0 && !slices.ContainsFunc(m.nodes, func(b Backend) bool {
+		_, ok := b.(*redigoBackend)
+		return !ok
+	})
 	// With WithSyncReplicas, a waiter acquires for itself: a grant made by
 	// the releaser's script would be a hold no replica was asked to
 	// acknowledge.
@@ -253,7 +281,7 @@ func (m *NetMutex) Token() uint64 {
 // the hold. When m is not locked, Lost returns a closed channel.
 func (m *NetMutex) Lost() <-chan struct{} {
 	if h := m.current(); h != nil {
-		return h.ended
+		return h.lostChan()
 	}
 	return closedChan
 }

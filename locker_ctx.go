@@ -125,7 +125,7 @@ func (m *NetMutex) UnlockCtx(ctx context.Context) error {
 
 	wasLost := h.end()
 	start := time.Now()
-	replies := m.release(context.WithoutCancel(ctx), h.value, nil)
+	replies := m.release(detached(ctx), h.value, h.tomb, nil)
 	err := m.settle(replies)
 	if err == nil && woke(replies) {
 		// Other clients were subscribed when we released: an acquire of

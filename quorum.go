@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -21,6 +22,7 @@ const (
 // A grant is a successful acquire round.
 type grant struct {
 	value        string    // our lock value, fresh for this round
+	tomb         string    // value's tombstone key, "" if not known (see NetMutex.tomb)
 	token        uint64    // fencing token (0 with fencing off)
 	start, until time.Time // when the round began; the hold's local deadline
 	// writerWaits, for a NetRWMutex's read lease: a node said a writer
@@ -72,16 +74,31 @@ const (
 // The calls that find a slot of their node's limiter free at once are
 // bounded by one node timeout (they start together). It joins every
 // per-node goroutine before returning, so no call outlives it; the last
-// call runs on the calling goroutine.
+// call runs on the calling goroutine, and a single call (a plain lock) runs
+// there without a goroutine at all. Over redigo Backends the calls are
+// sent from the calling goroutine too, and their replies read in turn (see
+// fanoutPipelined).
 func (m *NetMutex) fanout(ctx context.Context, s *Script, keys, args []string, targets []bool) []nodeReply {
-	sent, cancel := context.WithTimeout(ctx, m.cfg.nodeTimeout)
-	defer cancel()
+	sent, cancel := m.bound(ctx)
+	defer unbound(sent, cancel)
 	replies := make([]nodeReply, len(m.nodes))
-	last := -1
+	last, n := -1, 0
 	for i := range m.nodes {
 		if targets == nil || targets[i] {
 			last = i
+			n++
 		}
+	}
+	switch {
+	case n <= 1:
+		// One call (a plain lock): no goroutine, nor a WaitGroup to make.
+		if last >= 0 {
+			replies[last] = m.call(ctx, sent, last, s, keys, args)
+		}
+		return replies
+	case m.pipelined:
+		m.fanoutPipelined(ctx, sent, s, keys, args, targets, replies)
+		return replies
 	}
 	var wg sync.WaitGroup
 	for i := range m.nodes {
@@ -89,9 +106,7 @@ func (m *NetMutex) fanout(ctx context.Context, s *Script, keys, args []string, t
 			wg.Go(func() { replies[i] = m.call(ctx, sent, i, s, keys, args) })
 		}
 	}
-	if last >= 0 {
-		replies[last] = m.call(ctx, sent, last, s, keys, args)
-	}
+	replies[last] = m.call(ctx, sent, last, s, keys, args)
 	wg.Wait()
 	return replies
 }
@@ -126,33 +141,108 @@ func (m *NetMutex) call(ctx, sent context.Context, i int, s *Script, keys, args 
 	defer exit(slots)
 	if waited {
 		var cancel context.CancelFunc
-		sent, cancel = context.WithTimeout(ctx, m.cfg.nodeTimeout)
-		defer cancel()
+		sent, cancel = m.bound(ctx)
+		defer unbound(sent, cancel)
 	}
+	s = m.script(i, s)
+	if !(m.cfg.replicas > 0 && (s.op == opAcquire || s.op == opExtend)) {
+		vals, err := m.nodes[i].Eval(sent, s, keys, args)
+		return m.reply(i, s, vals, err)
+	}
+	start := time.Now()
+	vals, acked, err := m.nodes[i].(ReplicaWaiter).EvalWait(sent, s, keys, args, m.cfg.replicas)
+	r := m.reply(i, s, vals, err)
+	if r.err == nil && vals[0] == statusOK && acked < m.cfg.replicas {
+		err := &replicaError{acked: acked, want: m.cfg.replicas, took: time.Since(start).Round(time.Millisecond)}
+		return nodeReply{err: nodeError(i, err), permanent: s.op == opAcquire}
+	}
+	return r
+}
+
+// script returns the variant of s to run on node i.
+func (m *NetMutex) script(i int, s *Script) *Script {
 	if s.sharded != nil && m.hubs[i] != nil && m.hubs[i].sharded() {
-		s = s.sharded // its waiters listen with SSUBSCRIBE
+		return s.sharded // its waiters listen with SSUBSCRIBE
 	}
-	var vals []int64
-	var start time.Time
-	acked := 0
-	wait := m.cfg.replicas > 0 && (s.op == opAcquire || s.op == opExtend)
-	if wait {
-		start = time.Now()
-		vals, acked, err = m.nodes[i].(ReplicaWaiter).EvalWait(sent, s, keys, args, m.cfg.replicas)
-	} else {
-		vals, err = m.nodes[i].Eval(sent, s, keys, args)
-	}
+	return s
+}
+
+// reply checks node i's answer to s: an error, or integers of the shape s
+// returns.
+func (m *NetMutex) reply(i int, s *Script, vals []int64, err error) nodeReply {
 	if err == nil && (len(vals) == 0 || (s.op == opAcquire && len(vals) != 3 && len(vals) != 4)) {
 		return nodeReply{err: nodeError(i, fmt.Errorf("%s script: unexpected reply %v", s.Name(), vals)), permanent: true}
 	}
 	if err != nil {
 		return nodeReply{err: nodeError(i, err), permanent: permanentErr(m.nodes[i], err)}
 	}
-	if wait && vals[0] == statusOK && acked < m.cfg.replicas {
-		err := &replicaError{acked: acked, want: m.cfg.replicas, took: time.Since(start).Round(time.Millisecond)}
-		return nodeReply{err: nodeError(i, err), permanent: s.op == opAcquire}
-	}
 	return nodeReply{vals: vals}
+}
+
+// fanoutPipelined is fanout over nodes that are all redigo Backends (see
+// NetMutex.pipelined), with the replies in replies. redigo runs a call on
+// the calling goroutine, one at a time; a goroutine per node would cost a
+// goroutine and its wake-up per node and call. Instead, on each node whose
+// limiter has a slot free and whose pool is ready (an idle connection, no
+// TestOnBorrow), it sends the call, all before reading any reply, then
+// reads the replies one after the other: the calls overlap on the nodes
+// just as they do from goroutines of their own, each bounded by sent. A
+// node that could keep the calling goroutine waiting before its call is
+// sent (for a slot of its limiter, a dial, a PING) gets a goroutine, as in
+// fanout, so that the others' calls are not held up.
+func (m *NetMutex) fanoutPipelined(ctx, sent context.Context, s *Script, keys, args []string, targets []bool, replies []nodeReply) {
+	var wg sync.WaitGroup
+	calls := make([]*redigoCall, len(m.nodes))
+	slots := make([]chan struct{}, len(m.nodes))
+	for i := range m.nodes {
+		if targets != nil && !targets[i] {
+			continue
+		}
+		b := m.nodes[i].(*redigoBackend)
+		var ok bool
+		if slots[i], ok = m.limiters[i].tryEnter(s); ok && !b.ready() {
+			exit(slots[i])
+			ok = false
+		}
+		if !ok {
+			wg.Go(func() { replies[i] = m.call(ctx, sent, i, s, keys, args) })
+			continue
+		}
+		calls[i] = b.send(sent, m.script(i, s), keys, args)
+	}
+	for i, c := range calls {
+		if c != nil {
+			vals, err := c.receive()
+			exit(slots[i])
+			replies[i] = m.reply(i, c.s, vals, err)
+		}
+	}
+	wg.Wait()
+}
+
+// bound returns the context that bounds calls to the nodes that begin now:
+// ctx, with a deadline a node timeout from now; and the function that
+// releases it, nil for a callBound (see unbound). The Backends netlock
+// provides get a callBound, which costs a timer only if asked for Done.
+func (m *NetMutex) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if !m.lazyBounds {
+		return context.WithTimeout(ctx, m.cfg.nodeTimeout)
+	}
+	by := time.Now().Add(m.cfg.nodeTimeout)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(by) {
+		by = dl
+	}
+	return newCallBound(ctx, by), nil
+}
+
+// unbound releases what bound returned, once the calls it bounds have
+// returned.
+func unbound(sent context.Context, cancel context.CancelFunc) {
+	if cancel != nil {
+		cancel()
+	} else if b, ok := sent.(*callBound); ok {
+		b.release()
+	}
 }
 
 // acquireRound makes one attempt to acquire the lock on every node, as the
@@ -170,8 +260,8 @@ func (m *NetMutex) call(ctx, sent context.Context, i int, s *Script, keys, args 
 func (m *NetMutex) acquireRound(ctx context.Context, q ask) outcome {
 	// A fresh value every round: a request of an earlier round that is still
 	// on its way to a stalled node can then only meet its own tombstone.
-	value := rand.Text() // 128 random bits
-	proposal := "0"      // single node: the script increments its counter
+	value, tomb := m.freshValue()
+	proposal := "0" // single node: the script increments its counter
 	if len(m.nodes) > 1 {
 		proposal = strconv.FormatUint(m.seen.Load()+1, 10)
 	}
@@ -179,7 +269,7 @@ func (m *NetMutex) acquireRound(ctx context.Context, q ask) outcome {
 	// starts after it, so start+validity is before any node's key expires
 	// (up to the drift allowance).
 	start := time.Now()
-	s, keys, args := m.acquireCall(value, proposal, q)
+	s, keys, args := m.acquireCall(value, tomb, proposal, q)
 	replies := m.fanout(ctx, s, keys, args, nil)
 	took := time.Since(start)
 	validity := m.cfg.expiry - took - m.driftTerm
@@ -189,8 +279,9 @@ func (m *NetMutex) acquireRound(ctx context.Context, q ask) outcome {
 	nGranted, fenced := 0, 0 // fenced: nodes whose counters were above our ballot
 	var errs []error
 	answered, permanent := 0, false
-	granted := make([]bool, len(replies)) // granted, for the token in vals[1]
-	cleanup := make([]bool, len(replies)) // may hold our value
+	marks := make([]bool, 2*len(replies))        // one allocation for both
+	granted := marks[:len(replies):len(replies)] // granted, for the token in vals[1]
+	cleanup := marks[len(replies):]              // may hold our value
 	for i, r := range replies {
 		if r.err != nil {
 			errs = append(errs, r.err)
@@ -220,7 +311,7 @@ func (m *NetMutex) acquireRound(ctx context.Context, q ask) outcome {
 				// the value the release made.
 				// (Our fresh value was never written: a cleanup
 				// releases this one, and gives the turn on.)
-				value = q.nonce + "." + strconv.FormatInt(n, 10)
+				value, tomb = q.nonce+"."+strconv.FormatInt(n, 10), ""
 			}
 		case statusOther:
 			rejoin = rejoin || len(r.vals) > 3 && r.vals[3] == 1
@@ -250,7 +341,7 @@ func (m *NetMutex) acquireRound(ctx context.Context, q ask) outcome {
 				}
 			}
 			if n >= m.quorum {
-				o := outcome{kind: acquired, grant: grant{value: value, token: uint64(replies[i].vals[1]), start: start, until: start.Add(validity)}, took: took}
+				o := outcome{kind: acquired, grant: grant{value: value, tomb: tomb, token: uint64(replies[i].vals[1]), start: start, until: start.Add(validity)}, took: took}
 				if m.rw == 'r' {
 					for j := range replies {
 						o.grant.writerWaits = o.grant.writerWaits || granted[j] && replies[j].vals[2] == 1
@@ -267,7 +358,7 @@ func (m *NetMutex) acquireRound(ctx context.Context, q ask) outcome {
 		}
 	}
 
-	m.releaseDetached(ctx, value, cleanup)
+	m.releaseDetached(ctx, value, tomb, cleanup)
 	switch err := ctxEnded(ctx); {
 	case err != nil:
 		return outcome{kind: ended, err: notObtained(err), took: took}
@@ -303,54 +394,115 @@ func (m *NetMutex) learn(counter int64) {
 	}
 }
 
-// releaseDetached releases value on the targeted nodes under a context that
-// ctx's cancellation does not reach (the caller may have given up; the key
-// must go anyway), each call still bounded by the node timeout.
-func (m *NetMutex) releaseDetached(ctx context.Context, value string, targets []bool) {
+// releaseDetached releases value (whose tombstone key is tomb, "" to
+// derive it) on the targeted nodes under a context that ctx's cancellation
+// does not reach (the caller may have given up; the key must go anyway),
+// each call still bounded by the node timeout.
+func (m *NetMutex) releaseDetached(ctx context.Context, value, tomb string, targets []bool) {
 	any := false
 	for _, t := range targets {
 		any = any || t
 	}
 	if any {
-		m.release(context.WithoutCancel(ctx), value, targets)
+		m.release(detached(ctx), value, tomb, targets)
 	}
 }
 
-// release runs the release script for value on the targeted nodes (all when
-// targets is nil). Nodes that could not be asked get the release again later,
-// from the reaper.
-func (m *NetMutex) release(ctx context.Context, value string, targets []bool) []nodeReply {
-	s, keys, args := m.releaseCall(value)
+// detached returns ctx without its cancellation (context.WithoutCancel),
+// or ctx itself if it has neither cancellation nor deadline: the contexts
+// of Lock and Unlock, which need no wrapping.
+func detached(ctx context.Context) context.Context {
+	if ctx.Done() == nil {
+		if _, ok := ctx.Deadline(); !ok {
+			return ctx
+		}
+	}
+	return context.WithoutCancel(ctx)
+}
+
+// freshValue returns a fresh lock value and its tombstone key (see
+// keys.tomb), in one allocation: the value, 128 random bits written as
+// rand.Text writes them, is the tail of the key.
+func (m *NetMutex) freshValue() (value, tomb string) {
+	var text [26]byte // ⌈log₃₂ 2¹²⁸⌉ characters, as rand.Text
+	rand.Read(text[:])
+	for i, c := range text {
+		text[i] = base32Alphabet[c%32]
+	}
+	var b strings.Builder
+	b.Grow(len(m.tombPrefix) + len(text))
+	b.WriteString(m.tombPrefix)
+	b.Write(text[:])
+	tomb = b.String()
+	return tomb[len(m.tombPrefix):], tomb
+}
+
+// base32Alphabet is RFC 4648's, which rand.Text writes.
+const base32Alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
+
+// tomb returns value's tombstone key, when it is not known from
+// freshValue ("").
+func (m *NetMutex) tomb(value, tomb string) string {
+	if tomb != "" {
+		return tomb
+	}
+	return m.tombPrefix + value
+}
+
+// release runs the release script for value (whose tombstone key is tomb,
+// "" to derive it) on the targeted nodes (all when targets is nil). Nodes
+// that could not be asked get the release again later, from the reaper.
+func (m *NetMutex) release(ctx context.Context, value, tomb string, targets []bool) []nodeReply {
+	s, keys, args := m.releaseCall(value, tomb)
 	replies := m.fanout(ctx, s, keys, args, targets)
 	m.reapLater(value, replies, targets)
 	return replies
 }
 
 // acquireCall returns the acquire script of m's kind of lock, with its
-// keys and arguments, for an acquire of value proposing the fencing token
-// proposal, as the waiters' queue member q.
-func (m *NetMutex) acquireCall(value, proposal string, q ask) (*Script, []string, []string) {
+// keys and arguments, for an acquire of value (whose tombstone key is tomb,
+// "" to derive it) proposing the fencing token proposal, as the waiters'
+// queue member q.
+func (m *NetMutex) acquireCall(value, tomb, proposal string, q ask) (*Script, []string, []string) {
+	tomb = m.tomb(value, tomb)
 	if m.rw != 0 {
-		return m.rwAcquireCall(value, proposal, q)
+		return m.rwAcquireCall(value, tomb, proposal, q)
 	}
-	keys := []string{m.keys.lock, m.keys.tomb(value), m.keys.waiters, m.keys.fence}
-	if m.keys.fence == "" {
-		keys = keys[:3]
+	arg := m.freeArg // an uncontended attempt on one node
+	if proposal != "0" || q != (ask{}) {
+		arg = m.acquireArg(proposal, q)
 	}
-	return acquireScript, keys, []string{value, m.expiryMS, proposal + ":" + q.member + ":" + q.flags + ":" + m.queueMS}
+	keys, args := m.keys.lockCall(tomb, value, m.expiryMS, arg)
+	return acquireScript, keys, args
+}
+
+// acquireArg returns the acquire script's last argument (see
+// lua/acquire.lua): the ballot proposal and the waiters' queue member q.
+func (m *NetMutex) acquireArg(proposal string, q ask) string {
+	return proposal + ":" + q.member + ":" + q.flags + ":" + m.queueMS
 }
 
 // releaseCall returns the release script of m's kind of lock, with its keys
-// and arguments, for value.
-func (m *NetMutex) releaseCall(value string) (*Script, []string, []string) {
+// and arguments, for value (whose tombstone key is tomb, "" to derive it).
+func (m *NetMutex) releaseCall(value, tomb string) (*Script, []string, []string) {
+	tomb = m.tomb(value, tomb)
 	if m.rw != 0 {
-		return m.rwReleaseCall(value)
+		return m.rwReleaseCall(value, tomb)
 	}
-	keys := []string{m.keys.lock, m.keys.tomb(value), m.keys.waiters, m.keys.fence}
-	if m.keys.fence == "" {
-		keys = keys[:3]
+	keys, args := m.keys.lockCall(tomb, value, m.tombMS, m.wakeTries)
+	return releaseScript, keys, args
+}
+
+// lockCall returns the keys of an acquire or release script (lock,
+// tombstone, waiters' queue, and the fence counter with fencing on) and its
+// three arguments, in one allocation.
+func (k *keys) lockCall(tomb, arg1, arg2, arg3 string) (keys, args []string) {
+	all := []string{k.lock, tomb, k.waiters, k.fence, arg1, arg2, arg3}
+	keys = all[:4:4]
+	if k.fence == "" {
+		keys = all[:3:3]
 	}
-	return releaseScript, keys, []string{value, m.tombMS, m.wakeTries}
+	return keys, all[4:]
 }
 
 // extendCall returns the extend script of m's kind of lock, with its keys

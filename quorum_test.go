@@ -136,6 +136,38 @@ func TestQuorumMinorityDown(t *testing.T) {
 	settlesFree(t, servers[:3], "minority")
 }
 
+// TestQuorumFirstNodeStalled: over redigo Backends a fanout reads the
+// replies one node after the other (see fanoutPipelined). With the first
+// node stalled, its read runs to the node timeout; the replies the other
+// nodes sent meanwhile still count, and make the quorum. Without an outage
+// window, a round that missed them would fail LockCtx. (After the first
+// round, node 0 has no idle connection: its calls go on a goroutine of
+// their own, next to the others' sent and read in turn.)
+func TestQuorumFirstNodeStalled(t *testing.T) {
+	servers := startServers(t, 3)
+	m := quorumMutex(t, "redigo", servers, "first", WithNodeTimeout(100*time.Millisecond), WithOutageWindow(0))
+	mustLock(t, m) // warm up: scripts cached, connections open
+	mustUnlock(t, m)
+	servers[0].Pause()
+	defer servers[0].Resume()
+	for range 3 {
+		var err error
+		redistest.Within(t, 5*time.Second, "LockCtx with the first node stalled", func() { err = m.LockCtx(context.Background()) })
+		if err != nil {
+			t.Fatalf("LockCtx with the first node stalled: %v", err)
+		}
+		if h := holders(t, servers[1:], "first"); h != 2 {
+			t.Fatalf("lock key on %d of the 2 live servers, want 2", h)
+		}
+		if err := m.UnlockCtx(context.Background()); err != nil {
+			t.Fatalf("UnlockCtx with the first node stalled: %v", err)
+		}
+		if h := holders(t, servers[1:], "first"); h != 0 {
+			t.Fatalf("lock key left on %d live servers after UnlockCtx", h)
+		}
+	}
+}
+
 func TestQuorumMajorityDown(t *testing.T) {
 	servers := startServers(t, 5)
 	m := quorumMutex(t, "redigo", servers, "majority", WithNodeTimeout(200*time.Millisecond), WithOutageWindow(time.Second))

@@ -78,10 +78,10 @@ func (m *NetMutex) reap() {
 				m.reapGaveUp(p.node, "the tombstone's lifetime ended: a late acquire can no longer take the key", p.err)
 				continue
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), m.cfg.nodeTimeout)
-			s, keys, args := m.releaseCall(p.value)
-			rep := m.call(context.Background(), ctx, p.node, s, keys, args)
-			cancel()
+			sent, cancel := m.bound(context.Background())
+			s, keys, args := m.releaseCall(p.value, "")
+			rep := m.call(context.Background(), sent, p.node, s, keys, args)
+			unbound(sent, cancel)
 			switch {
 			case rep.err == nil:
 			case finalErr(m.nodes[p.node], rep.err):

@@ -185,6 +185,7 @@ func NewRW(name string, backends []Backend, opts ...Option) (*NetRWMutex, error)
 	k := keyspace.RW(w.cfg.prefix, name, w.cfg.fencing)
 	for _, m := range []*NetMutex{w, r} {
 		m.rwk = k
+		m.tombPrefix = keyspace.Tomb(k.Writer, "")
 		m.markerMS = strconv.FormatInt(placeExpiries*m.cfg.expiry.Milliseconds(), 10)
 	}
 	// A release grants a waiter its hold in its own script where New would
@@ -209,9 +210,9 @@ func NewRW(name string, backends []Backend, opts ...Option) (*NetRWMutex, error)
 // rwKeys are the Redis keys of a NetRWMutex (see lua/rw_acquire.lua).
 type rwKeys = keyspace.RWKeys
 
-func (m *NetMutex) rwAcquireCall(value, proposal string, q ask) (*Script, []string, []string) {
+func (m *NetMutex) rwAcquireCall(value, tomb, proposal string, q ask) (*Script, []string, []string) {
 	k := m.rwk
-	keys := []string{k.Writer, k.Writer + ":gone:" + value, k.Writers, k.Readers, k.Leases}
+	keys := []string{k.Writer, tomb, k.Writers, k.Readers, k.Leases}
 	if m.rw == 'w' && k.Fence != "" {
 		keys = append(keys, k.Fence)
 	}
@@ -222,9 +223,9 @@ func (m *NetMutex) rwAcquireCall(value, proposal string, q ask) (*Script, []stri
 	return rwAcquireScript, keys, []string{string(m.rw) + ":" + value + ":" + m.expiryMS + ":" + proposal + ":" + q.member + ":" + flags + ":" + m.markerMS + ":" + strconv.FormatInt(q.arrival, 10)}
 }
 
-func (m *NetMutex) rwReleaseCall(value string) (*Script, []string, []string) {
+func (m *NetMutex) rwReleaseCall(value, tomb string) (*Script, []string, []string) {
 	k := m.rwk
-	keys := []string{k.Writer, k.Writer + ":gone:" + value, k.Writers, k.Readers, k.Leases}
+	keys := []string{k.Writer, tomb, k.Writers, k.Readers, k.Leases}
 	if k.Fence != "" {
 		keys = append(keys, k.Fence) // a writer granted the lock takes its token
 	}
@@ -386,7 +387,7 @@ func (rw *NetRWMutex) RLost() <-chan struct{} {
 	if rw.lease == nil {
 		return closedChan
 	}
-	return rw.lease.ended
+	return rw.lease.lostChan()
 }
 
 // LockCtx locks rw for writing, waiting until no reader or writer of any

@@ -374,7 +374,7 @@ func checkRWModel(rt *rapid.T, nNodes int, stats *propStats, steps *atomic.Int64
 			return nil, false
 		}
 		select {
-		case <-h.ended:
+		case <-h.lostChan():
 			return h, false
 		default:
 			return h, true
@@ -388,7 +388,7 @@ func checkRWModel(rt *rapid.T, nNodes int, stats *propStats, steps *atomic.Int64
 			return nil, false
 		}
 		select {
-		case <-h.ended:
+		case <-h.lostChan():
 			return h, false
 		default:
 			return h, true

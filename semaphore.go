@@ -928,7 +928,7 @@ func (s *Semaphore) Lost() <-chan struct{} {
 	if s.lease == nil {
 		return closedChan
 	}
-	return s.lease.ended
+	return s.lease.lostChan()
 }
 
 // Held returns the permits this process holds, on its lease (those of a lost
