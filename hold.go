@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -64,20 +65,22 @@ func newHold(m *NetMutex, g grant) *hold {
 }
 
 // arm makes m's watchdog timer run h's tick at the latest at at. The timer
-// is m's, shared by its holds one after the other (a NetMutex has one at a
-// time; a Semaphore's new lease may begin as the last one ends, which needs
-// no more ticks): it ticks the latest hold armed. It is made with m's
-// first hold, never stopped, and moved only to fire earlier: a hold that
-// follows one released before its first extend was due (most are) finds
-// it set, most often for a time no later than its own (its extend is due
-// later, up to the jitter of nextExtend), and then costs no timer
-// operation (each one may wake the runtime's network poller, on another
-// CPU than the server's, for nothing). A tick that finds the hold
-// released, or nothing due, returns at once.
+// is m's, shared by its holds (a NetMutex has one at a time; a Semaphore's
+// or NetRWMutex's new lease may begin as the last one ends, before that
+// one's end, so its tick may still arm it): it ticks every hold armed and
+// not released since. It is made with m's first hold, never stopped, and
+// moved only to fire earlier: a hold that follows one released before its
+// first extend was due (most are) finds it set, most often for a time no
+// later than its own (its extend is due later, up to the jitter of
+// nextExtend), and then costs no timer operation (each one may wake the
+// runtime's network poller, on another CPU than the server's, for
+// nothing). A tick that finds nothing due returns at once and arms again.
 func (m *NetMutex) arm(h *hold, at time.Time) {
 	m.dogMu.Lock()
 	defer m.dogMu.Unlock()
-	m.watched = h
+	if !slices.Contains(m.watched, h) {
+		m.watched = append(m.watched, h)
+	}
 	switch {
 	case m.dog == nil:
 		m.dog = time.AfterFunc(time.Until(at), m.bark)
@@ -89,16 +92,34 @@ func (m *NetMutex) arm(h *hold, at time.Time) {
 	m.dogAt = at
 }
 
-// bark is the watchdog timer's function: it ticks the latest hold armed.
-// A hold armed as the timer fires is ticked (and arms again) or finds the
-// timer not set (dogAt zero) and sets it.
+// unwatch takes a released hold off the timer's list.
+func (m *NetMutex) unwatch(h *hold) {
+	m.dogMu.Lock()
+	if i := slices.Index(m.watched, h); i >= 0 {
+		m.watched = slices.Delete(m.watched, i, i+1)
+	}
+	m.dogMu.Unlock()
+}
+
+// bark is the watchdog timer's function: it ticks the holds armed. Each
+// tick of a hold still held arms again (a hold is on the list again only
+// once its tick is over, so no hold is ticked twice at once); one armed as
+// the timer fires is ticked (and arms again) or finds the timer not set
+// (dogAt zero) and sets it. Holds other than the first tick on goroutines
+// of their own, so that one's extend does not hold up another's deadline.
 func (m *NetMutex) bark() {
 	m.dogMu.Lock()
-	h := m.watched
+	hs := m.watched
+	m.watched = nil
 	m.dogAt = time.Time{}
 	m.dogMu.Unlock()
-	if h != nil {
-		h.tick()
+	for i, h := range hs {
+		if i > 0 {
+			go h.tick()
+		}
+	}
+	if len(hs) > 0 {
+		hs[0].tick()
 	}
 }
 
@@ -271,6 +292,7 @@ func (h *hold) end() (wasLost bool) {
 	}
 	wasLost = h.state == lost
 	h.state = released
+	h.m.unwatch(h) // lock order: h.mu before m.dogMu
 	ticking, cancel := h.ticking, h.cancel
 	h.mu.Unlock()
 	if lostNow {

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/gomodule/redigo/redis"
 	"github.com/redis/rueidis"
 
@@ -293,4 +294,36 @@ func TestLostOnTimeWithExtendStuck(t *testing.T) {
 		}
 		m.UnlockCtx(context.Background()) // waits for the stuck extend
 	})
+}
+
+// TestWatchdogTicksEveryArmedHold: a NetMutex's watchdog timer is shared by
+// its holds. A Semaphore's (or NetRWMutex's) new lease can begin before the
+// last one has ended, and that one's tick, finishing, arms it again after
+// the new one: the timer must still tick the new lease (here: close its
+// Lost() at its deadline), not only the hold armed last.
+func TestWatchdogTicksEveryArmedHold(t *testing.T) {
+	m, err := New("watched", []Backend{newBackend(t, "redigo", miniredis.RunT(t).Addr())}, WithAutoExtend(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	old := newHold(m, grant{value: "old", start: now, until: now.Add(time.Hour)})
+	lease := newHold(m, grant{value: "new", start: now, until: now.Add(100 * time.Millisecond)})
+	old.mu.Lock()
+	m.arm(old, old.wakeLocked()) // as old's tick does when it ends
+	old.mu.Unlock()
+	select {
+	case <-lease.lostChan():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the new lease's Lost() did not close at its deadline: the watchdog ticks only the hold armed last")
+	}
+	if old.end() {
+		t.Error("the old hold, its deadline an hour away, was lost")
+	}
+	lease.end()
+	m.dogMu.Lock()
+	defer m.dogMu.Unlock()
+	if len(m.watched) != 0 {
+		t.Errorf("%d holds left on the watchdog's list after both ended", len(m.watched))
+	}
 }

@@ -113,10 +113,13 @@ type NetMutex struct {
 
 	// The watchdog timer of m's holds (see arm). Lock order: a hold's mu
 	// before dogMu.
-	dogMu   sync.Mutex
-	dog     *time.Timer // nil until m's first hold
-	dogAt   time.Time   // when dog fires; zero when it is not set
-	watched *hold       // the hold dog ticks: the latest armed
+	dogMu sync.Mutex
+	dog   *time.Timer // nil until m's first hold
+	dogAt time.Time   // when dog fires; zero when it is not set
+	// watched are the holds dog ticks: armed and not released. Mostly one;
+	// two while a Semaphore's or a NetRWMutex's new lease begins as the
+	// last one ends, whose tick may arm the old one after the new.
+	watched []*hold
 
 	checked atomic.Bool // checkServers has run
 }
