@@ -118,9 +118,10 @@ func permanentErr(b Backend, err error) bool {
 // transientReply reports whether msg is an error reply that a moment can
 // change: a server loading its data after a restart, busy running a script,
 // a cluster or replica set reconfiguring, out of clients or unable to
-// persist.
+// persist. UNBLOCKED is what a WAIT (WithSyncReplicas) gets when its
+// master turns replica under it in a failover.
 func transientReply(msg string) bool {
-	for _, p := range []string{"LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "NOREPLICAS", "MISCONF", "ERR max number of clients"} {
+	for _, p := range []string{"LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "NOREPLICAS", "MISCONF", "UNBLOCKED", "ERR max number of clients"} {
 		if strings.HasPrefix(msg, p) {
 			return true
 		}

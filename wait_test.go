@@ -422,6 +422,9 @@ func TestTransientReply(t *testing.T) {
 		{"BUSY Redis is busy running a script", true},
 		{"READONLY You can't write against a read only replica.", true},
 		{"ERR max number of clients reached", true},
+		// A WAIT whose master became a replica (CLUSTER FAILOVER): seen in
+		// TestClusterFailover/syncReplicas, where the waiter gave up.
+		{"UNBLOCKED force unblock from blocking operation, instance state changed (master -> replica?)", true},
 		{"WRONGTYPE Operation against a key holding the wrong kind of value", false},
 		{"NOPERM this user has no permissions to run the 'evalsha' command", false},
 		{"ERR unknown command", false},
