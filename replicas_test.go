@@ -259,12 +259,23 @@ func TestReplicaErrorText(t *testing.T) {
 // On a Redis Cluster, EvalWait runs the script and WAIT on the node of the
 // lock's slot: with masters that have no replica, an acquire of names in
 // every node's slots fails as not replicated (a script sent to another node
-// would fail with MOVED instead), and nothing is left held.
+// would fail with MOVED instead), and nothing is left held. The scripts
+// are first loaded on every node, as in goredis's TestClusterSyncReplicas.
 func TestSyncReplicasCluster(t *testing.T) {
 	cluster := redistest.StartCluster(t, 3)
 	t.Cleanup(func() { waitRueidisDelayedCloses(t) })
 	c := newClusterClient(t, cluster)
 	b := NewRueidis(c)
+	for i := range 6 {
+		m, err := New(fmt.Sprintf("sync-cluster-%d", i), []Backend{b})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !m.TryLock() {
+			t.Fatalf("%s: TryLock without WithSyncReplicas failed", m.Name())
+		}
+		m.Unlock()
+	}
 	for i := range 6 {
 		name := fmt.Sprintf("sync-cluster-%d", i)
 		m, err := New(name, []Backend{b}, WithSyncReplicas(1), WithNodeTimeout(2*time.Second)) // WAIT 1.5s, 500ms for its reply: room for a loaded machine

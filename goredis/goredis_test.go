@@ -787,6 +787,12 @@ func startSentinel(t *testing.T, master string, primary *redistest.Server) strin
 // acquire of names in every node's slots fails as not replicated (a script
 // sent to another node would fail with MOVED instead), and nothing is left
 // held.
+//
+// The scripts are first loaded on every node by a lock without
+// WithSyncReplicas: a node's first EVALSHA gets NOSCRIPT only after the
+// WAIT sent with it has waited out its timeout for no write, and the EVAL
+// that follows has the rest of the node timeout, less than WAIT's 100ms
+// granularity may need (see WaitTimeout).
 func TestClusterSyncReplicas(t *testing.T) {
 	t.Parallel()
 	cluster := redistest.StartCluster(t, 3)
@@ -794,6 +800,16 @@ func TestClusterSyncReplicas(t *testing.T) {
 	t.Cleanup(func() { c.Close() })
 	b := New(c)
 	ctx := context.Background()
+	for i := range 6 {
+		m, err := netlock.New(fmt.Sprintf("sync-%d", i), []netlock.Backend{b})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !m.TryLock() {
+			t.Fatalf("%s: TryLock without WithSyncReplicas failed", m.Name())
+		}
+		m.Unlock()
+	}
 	for i := range 6 {
 		name := fmt.Sprintf("sync-%d", i)
 		m, err := netlock.New(name, []netlock.Backend{b}, netlock.WithSyncReplicas(1),
