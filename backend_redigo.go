@@ -4,18 +4,23 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/gomodule/redigo/redis"
 )
 
 // NewRedigo returns a Backend that runs scripts on connections from pool.
-// The pool is the caller's to configure and close. Each call takes a
-// connection with pool.GetContext and returns it when done. However many
-// NetMutexes share the Backend, netlock has at most 128 calls in flight on
-// it (the Hub bounds them), so a pool without a bound (MaxActive 0) keeps
-// about as many connections at most for netlock; with a MaxIdle below the
-// calls in flight, the pool dials anew for the others.
+// The pool is the caller's to configure and close. A call alone takes a
+// connection with pool.GetContext and returns it when done. Calls made
+// while others are in flight are pipelined on one more connection (see
+// redigoMux), dialed with the pool's Dial (or DialContext) function, kept
+// out of the pool, and closed 2s after its last use; they take connections
+// of the pool only while it is being dialed, or after a dial failed. A pool
+// without a Dial function pipelines nothing: however many NetMutexes share
+// the Backend, netlock has at most 128 calls in flight on it (the Hub
+// bounds them), so a pool without a bound (MaxActive 0) keeps about as many
+// connections at most for netlock.
 //
 // While waiters of the Backend are waiting for a lock, it keeps one more
 // connection, dialed with the pool's Dial (or DialContext) function and kept
@@ -29,23 +34,50 @@ func NewRedigo(pool *redis.Pool) Backend {
 	b := &redigoBackend{pool: pool}
 	if pool.Dial != nil || pool.DialContext != nil {
 		b.hub = NewHub(HubConfig{Listen: b.listen})
+		b.mux = &redigoMux{pool: pool}
 	}
 	return b
 }
 
 type redigoBackend struct {
-	pool *redis.Pool
-	hub  *Hub // nil if the pool cannot dial
+	pool     *redis.Pool
+	hub      *Hub       // nil if the pool cannot dial
+	mux      *redigoMux // nil if the pool cannot dial
+	inFlight atomic.Int32
 }
 
+// Eval runs s by EVALSHA (EVAL on NOSCRIPT). A call made while another is
+// in flight is pipelined with it on the Backend's own connection (see
+// redigoMux); a call alone takes a connection of the pool.
 func (b *redigoBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
+	argv := evalArgv(s, keys, args)
+	alone := b.inFlight.Add(1) == 1
+	defer b.inFlight.Add(-1)
+	cmd := "EVALSHA"
+	if !alone && b.mux != nil {
+		reply, err, sent := b.mux.eval(ctx, argv)
+		if sent && (err == nil || !strings.HasPrefix(err.Error(), "NOSCRIPT")) {
+			if err != nil && ctx.Err() != nil {
+				err = ctxErr(ctx) // as below
+			}
+			return redis.Int64s(reply, err)
+		}
+		if sent { // NOSCRIPT: EVAL with the source, on a connection of the pool
+			cmd, argv[0] = "EVAL", s.Source()
+		}
+	}
+	return b.evalPooled(ctx, s, cmd, argv)
+}
+
+// evalPooled runs cmd (EVALSHA or EVAL) argv on a connection of the pool,
+// and EVAL after an EVALSHA's NOSCRIPT.
+func (b *redigoBackend) evalPooled(ctx context.Context, s *Script, cmd string, argv []any) ([]int64, error) {
 	conn, err := b.pool.GetContext(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Close()
 
-	argv := evalArgv(s, keys, args)
 	// redis.DoContext runs every command on a goroutine of its own, to
 	// notice ctx's cancellation; that costs more than the round trip on a
 	// busy machine. The command is bounded by ctx's deadline (netlock's
@@ -55,8 +87,8 @@ func (b *redigoBackend) Eval(ctx context.Context, s *Script, keys, args []string
 	if err != nil {
 		return nil, err
 	}
-	reply, err := redis.Int64s(redis.DoWithTimeout(conn, timeout, "EVALSHA", argv...))
-	if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+	reply, err := redis.Int64s(redis.DoWithTimeout(conn, timeout, cmd, argv...))
+	if err != nil && cmd == "EVALSHA" && strings.HasPrefix(err.Error(), "NOSCRIPT") {
 		argv[0] = s.Source()
 		if timeout, err = remaining(ctx); err != nil {
 			return nil, err
