@@ -261,11 +261,11 @@ func (m *redigoMux) closeIdle() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	mc := m.cur
-	if mc == nil || mc.reading {
-		return
+	if mc == nil {
+		return // closed already; the next dial sets the timer again
 	}
-	if left := muxIdle - time.Since(m.lastUse); left > 0 {
-		m.idle.Reset(left)
+	if left := muxIdle - time.Since(m.lastUse); left > 0 || mc.reading {
+		m.idle.Reset(max(left, muxIdle/4)) // reading: look again later
 		return
 	}
 	mc.broken = true
