@@ -16,7 +16,7 @@ import (
 // write and a read on both sides, the server reads the calls that arrived
 // together in one read and writes their replies in one write, and the
 // client reads them in one: with 64 goroutines locking keys of their own
-// this did 1.6× the lock+unlock pairs of a connection per call (see
+// this did 1.4–2.1× the lock+unlock pairs of a connection per call (see
 // BenchmarkLockUnlockKeys).
 //
 // A call joins the pipeline only while another call of the Backend is in
