@@ -169,10 +169,12 @@ type semPropGone struct {
 	queued, leaseSet bool
 }
 
-// semEntry parses a waiter's entry in the wants hash.
+// semEntry parses a waiter's entry in the wants hash (the sequence number
+// of the call that wrote it, a sixth field, is left out; a place kept with
+// "-" has five).
 func semEntry(w string) (n int64, value, nonce, flags string, next int64, ok bool) {
 	f := strings.Split(w, ":")
-	if len(f) != 5 {
+	if len(f) != 5 && len(f) != 6 {
 		return 0, "", "", "", 0, false
 	}
 	n, err1 := strconv.ParseInt(f[0], 10, 64)

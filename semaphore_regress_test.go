@@ -113,7 +113,7 @@ func TestSemaphoreLateCallAfterGrant(t *testing.T) {
 	time.Sleep(30 * time.Millisecond) // fix sends it again, held back too
 	mustAcquire(t, a, 2)
 	late.hold.Store(false)
-	close(late.go_) // the held-back releases arrive
+	close(late.arrive) // the held-back releases arrive
 	late.wg.Wait()
 	if b.TryAcquire(1) {
 		t.Fatalf("TryAcquire(1) in another process while this one holds both permits (Held %d, Lost() open %v): granted", a.Held(), isOpenChan(a.Lost()))
@@ -134,7 +134,7 @@ func TestSemaphoreLateReleaseAfterGrow(t *testing.T) {
 	time.Sleep(30 * time.Millisecond) // fix sends it again, held back too
 	mustAcquire(t, a, 1)
 	late.hold.Store(false)
-	close(late.go_)
+	close(late.arrive)
 	late.wg.Wait()
 	if b.TryAcquire(1) {
 		t.Fatalf("TryAcquire(1) in another process while this one holds both permits (Held %d, Lost() open %v): granted", a.Held(), isOpenChan(a.Lost()))
@@ -147,7 +147,7 @@ func TestSemaphoreLateReleaseAfterGrow(t *testing.T) {
 func lateSemPair(t *testing.T) (a, b *Semaphore, late *heldBackBackend) {
 	t.Helper()
 	s := redistest.Start(t)
-	late = &heldBackBackend{Backend: newBackend(t, "redigo", s.Addr()), script: "sem_release", go_: make(chan struct{})}
+	late = &heldBackBackend{Backend: newBackend(t, "redigo", s.Addr()), script: "sem_release", arrive: make(chan struct{})}
 	a, err := NewSemaphore("late", 2, []Backend{late}, WithExpiry(2*time.Second),
 		WithNodeTimeout(100*time.Millisecond), WithRetryDelay(time.Millisecond, 20*time.Millisecond))
 	if err != nil {
@@ -172,12 +172,12 @@ func isOpenChan(c <-chan struct{}) bool {
 
 // heldBackBackend holds back, while hold is set, the calls of script: the caller
 // is told the node did not answer, and the call reaches the server only when
-// go_ is closed (as bytes held up on a link the client gave up on).
+// arrive is closed (as bytes held up on a link the client gave up on).
 type heldBackBackend struct {
 	Backend
 	script string
 	hold   atomic.Bool
-	go_    chan struct{}
+	arrive chan struct{} // closed: the held-back calls go on
 	wg     sync.WaitGroup
 }
 
@@ -186,7 +186,7 @@ func (b *heldBackBackend) Eval(ctx context.Context, s *Script, keys, args []stri
 		return b.Backend.Eval(ctx, s, keys, args)
 	}
 	b.wg.Go(func() {
-		<-b.go_
+		<-b.arrive
 		b.Backend.Eval(context.Background(), s, keys, args)
 	})
 	return nil, errors.New("i/o timeout (held back)")
@@ -223,7 +223,7 @@ func TestSemaphoreWaitersGiveUpTogether(t *testing.T) {
 				p.mu.Unlock()
 				w, _ := redis.String(e.do(t, "HGET", "netlock:{together}:sem:wants", p.m.waiterID), nil)
 				f := strings.Split(w, ":")
-				return queued == 2 && len(f) == 5 && f[4] != "0"
+				return queued == 2 && len(f) >= 5 && f[4] != "0"
 			})
 			go func() {
 				time.Sleep(time.Duration(i%4) * 200 * time.Microsecond)
@@ -251,4 +251,120 @@ func TestSemaphoreWaitersGiveUpTogether(t *testing.T) {
 			}
 		}
 	})
+}
+
+// Found while looking into chaos.TestChaosSem (4 permits out of 3): a lease
+// that a release's grant made (lua/sem_wake.lua) carried no sequence number,
+// so a call of the process sent before the grant's waiter wrote its entry,
+// whose reply was lost and which reached Redis only after the process took
+// the grant in (adopt), was not fenced: a held-back Release's "V:0" found
+// the lease the grant made, dropped the grant (not its call's) and ended the
+// lease, while its process held the two permits with Lost() open, and
+// another process took them.
+func TestSemaphoreLateReleaseAfterAdoptedGrant(t *testing.T) {
+	for _, client := range []string{"redigo", "rueidis"} {
+		t.Run(client, func(t *testing.T) {
+			s := redistest.Start(t)
+			late := &lateSubBackend{heldBackBackend{Backend: newBackend(t, client, s.Addr()), script: "sem_release", arrive: make(chan struct{})}}
+			a, err := NewSemaphore("adopted", 2, []Backend{late}, WithExpiry(5*time.Second),
+				WithNodeTimeout(100*time.Millisecond), WithRetryDelay(time.Millisecond, 20*time.Millisecond))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := NewSemaphore("adopted", 2, []Backend{newBackend(t, client, s.Addr())})
+			if err != nil {
+				t.Fatal(err)
+			}
+			mustAcquire(t, a, 1)
+			mustAcquire(t, b, 1)
+			late.hold.Store(true)
+			if err := a.ReleaseCtx(context.Background(), 1); !errors.Is(err, ErrQuorum) {
+				t.Fatalf("ReleaseCtx with its reply lost: got %v, want ErrQuorum", err)
+			}
+			// a's waiter is refused (b holds one), which sets its count in
+			// Redis as it holds it (none: the lease ends) and clears dirty;
+			// b's release grants it the two permits, which it takes in.
+			got := make(chan error, 1)
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				got <- a.Acquire(ctx, 2)
+			}()
+			waitFor(t, func() bool { // a's waiter is queued: b's release grants it
+				n, err := s.Do("HLEN", "netlock:{adopted}:sem:wants")
+				return err == nil && n != "0"
+			})
+			b.Release(1)
+			if err := <-got; err != nil {
+				t.Fatalf("Acquire(2): %v", err)
+			}
+			late.hold.Store(false)
+			close(late.arrive) // the held-back releases arrive
+			late.wg.Wait()
+			if b.TryAcquire(1) {
+				t.Errorf("TryAcquire(1) in another process while this one holds both permits (Held %d, Lost() open %v): granted", a.Held(), isOpenChan(a.Lost()))
+				b.Release(1)
+			}
+			a.Release(2)
+		})
+	}
+}
+
+// lateSubBackend is heldBackBackend with the Backend's Hub and error
+// classes, so that a Semaphore on it waits by message and is granted by
+// releases (see Semaphore.grants).
+type lateSubBackend struct{ heldBackBackend }
+
+func (b *lateSubBackend) Hub() *Hub { return b.Backend.(Subscriber).Hub() }
+
+func (b *lateSubBackend) Final(err error) bool { return finalErr(b.Backend, err) }
+
+// TestSemaphoreLateCallAfterAdoptedGrant is TestSemaphoreLateReleaseAfterAdoptedGrant
+// at the scripts, for both kinds of late call: a release's grant to a
+// waiter whose entry an attempt of sequence number 5 wrote makes its lease
+// (a grant beside no count); a TryAcquire's attempt (3, no nonce) and a
+// release of the lease's count (4), sent before the entry and arriving
+// now, change nothing: the process may have taken the grant in.
+func TestSemaphoreLateCallAfterAdoptedGrant(t *testing.T) {
+	s := redistest.Start(t)
+	b := newBackend(t, "redigo", s.Addr())
+	keys := semKeysOf("lategrant")
+	call := func(script *Script, arg string) []int64 {
+		t.Helper()
+		vals, err := b.Eval(context.Background(), script, keys, []string{arg})
+		if err != nil {
+			t.Fatalf("%s %s: %v", script.Name(), arg, err)
+		}
+		return vals
+	}
+	// "<value>:<base>:<seq>:<size>:<expiry ms>:<member>:<flags>:<place ms>:<fold>:<nonce>:<batch>"
+	if r := call(semAcquireScript, "B:0:1:2:5000:wb::15000:::2@1"); r[0] != 1 {
+		t.Fatalf("B's acquire: %v", r)
+	}
+	if r := call(semAcquireScript, "A:0:5:2:5000:wa:w:15000::N:1@2"); r[0] != -1 {
+		t.Fatalf("A's waiter: %v, want refused", r)
+	}
+	if r := call(semReleaseScript, "B:0:2:::5000"); r[0] != 1 {
+		t.Fatalf("B's release: %v", r)
+	}
+	grant := func(when string) {
+		t.Helper()
+		g, err := s.Do("HGET", keys[1], "A#g")
+		if err != nil || g != "N:1" {
+			t.Fatalf("%s: A's grant %q (%v), want \"N:1\"", when, g, err)
+		}
+	}
+	grant("granted by B's release")
+	if r := call(semAcquireScript, "A:0:3:2:5000:::15000:::1@0"); r[0] != statusFenced {
+		t.Errorf("late TryAcquire's attempt: %v, want %d (late)", r, statusFenced)
+	}
+	grant("after the late TryAcquire's attempt")
+	if r := call(semReleaseScript, "A:0:4:::5000"); r[0] != statusFenced {
+		t.Errorf("late release: %v, want %d (late)", r, statusFenced)
+	}
+	grant("after the late release")
+	// The waiter's next attempt takes the grant in, as before.
+	if r := call(semAcquireScript, "A:0:6:2:5000:wa::15000::N:1@2"); r[0] != 1 || r[1] != 1 {
+		t.Errorf("A's waiter's next attempt: %v, want granted", r)
+	}
 }

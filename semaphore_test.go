@@ -389,7 +389,8 @@ func TestSemaphoreBatchInOrder(t *testing.T) {
 		// its arrival (local1's process tells it as local2 arrives).
 		waitFor(t, func() bool {
 			w, _ := redis.String(e.do(t, "HGET", "netlock:{batch}:sem:wants", local.m.waiterID), nil)
-			return w != "" && !strings.HasSuffix(w, ":0")
+			f := strings.Split(w, ":")
+			return len(f) >= 5 && f[4] != "0"
 		})
 		acquire(other, 2, "other")
 		waitFor(t, func() bool { n, _ := redis.Int(e.do(t, "ZCARD", queue), nil); return n == 2 })

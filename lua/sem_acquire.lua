@@ -217,7 +217,8 @@ if member ~= '' then
     if string.find(flags, 'g', 1, true) then
       g = 'g'
     end
-    redis.call('HSET', K.wants, member, ns[1] .. ':' .. grantTo .. ':' .. nonce .. ':' .. g .. ':' .. string.format('%d', arrivals[2] or 0))
+    redis.call('HSET', K.wants, member, ns[1] .. ':' .. grantTo .. ':' .. nonce .. ':' .. g .. ':' .. string.format('%d', arrivals[2] or 0) ..
+      ':' .. string.format('%d', seq))
     -- The arrival of our first waiter, who may have changed (one that
     -- gave up leaves its place to the next; see Semaphore.leave).
     local was = redis.call('ZSCORE', K.queue, member)

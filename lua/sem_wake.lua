@@ -1,21 +1,30 @@
 -- sem_wake: what sem_acquire, sem_release, sem_extend and sem_leave share
 -- (put before them; see backend.go).
 --
--- A waiter's wants entry is "<n>:<value>:<nonce>:<flags>:<next>": the
--- permits its process's first waiter asks for; the process's lease value,
--- and a nonce naming this waiter's call, when a release may grant it the
--- permits in its own script ("" and "" when not: a client that cannot be
--- told, or WithSyncReplicas, which a script cannot wait for); flags "g" if
--- that lease holds permits already; the arrival of the process's next
+-- A waiter's wants entry is "<n>:<value>:<nonce>:<flags>:<next>:<seq>":
+-- the permits its process's first waiter asks for; the process's lease
+-- value, and a nonce naming this waiter's call, when a release may grant it
+-- the permits in its own script ("" and "" when not: a client that cannot
+-- be told, or WithSyncReplicas, which a script cannot wait for); flags "g"
+-- if that lease holds permits already; the arrival of the process's next
 -- waiter (0 if none), which is not in the queue but comes before the
--- waiters that arrived after it.
+-- waiters that arrived after it; the sequence number of the call that
+-- wrote the entry (see below). A place kept for a next waiter is
+-- "0:::-:0".
 --
 -- A grant puts the permits beside the lease's count, in "<value>#g" =
 -- "<nonce>:<n>", counted as out from then on, and tells the waiter
 -- "g:<nonce>:<value>". The process takes them in (adopts them) and folds
 -- them into the count with its next call (see sem_acquire.lua): the lease's
 -- count is the process's to set, whole, and a grant must not be lost to a
--- count set by a call that did not know of it.
+-- count set by a call that did not know of it. Nor to a call that the
+-- process sent before the entry, whose reply was lost and which arrives
+-- only now (a held-up link, a connection the client gave up on): a
+-- release of "<value>:0" would end the lease the grant made, and an
+-- attempt that does not carry the grant's nonce would drop it, while the
+-- process, having heard from Redis since (not dirty), adopts the permits.
+-- So the grant raises the lease's last sequence number ("<value>#s") to the
+-- entry's: a call sent before it is late, and changes nothing.
 
 -- keep sets key's TTL to at least ms.
 local function keep(key, ms)
@@ -75,8 +84,8 @@ local function wake(K, now, free, exp)
       redis.call('ZREM', K.places, id)
       redis.call('HDEL', K.wants, id)
     else
-      local n, value, nonce, flags, nextArrival = string.match(w, '^(%d+):([^:]*):([^:]*):([^:]*):(%d+)$')
-      n, nextArrival = tonumber(n), tonumber(nextArrival)
+      local n, value, nonce, flags, nextArrival, seq = string.match(w, '^(%d+):([^:]*):([^:]*):([^:]*):(%d+):?(%d*)$')
+      n, nextArrival, seq = tonumber(n), tonumber(nextArrival), tonumber(seq)
       if flags == '-' or n > free or (after and after < tonumber(redis.call('ZSCORE', K.queue, id))) then
         -- It does not fit; or the process told before has a waiter of
         -- its own that came before this one, and gets in first (it asks
@@ -98,6 +107,10 @@ local function wake(K, now, free, exp)
       end
       if msg ~= 'w' then
         redis.call('HSET', K.permits, value .. '#g', nonce .. ':' .. n)
+        -- The calls sent before the entry are late from now on (see above).
+        if seq and seq > tonumber(redis.call('HGET', K.permits, value .. '#s') or '0') then
+          redis.call('HSET', K.permits, value .. '#s', string.format('%d', seq))
+        end
         -- GT: a lease's deadline never moves back; a new one is added.
         redis.call('ZADD', K.leases, 'GT', now + exp, value)
         keep(K.leases, 3 * exp)
