@@ -251,7 +251,7 @@ func TestChaosSem(t *testing.T) {
 		t.Error(v)
 	}
 	if len(violations) > 0 {
-		logViolatedSem(t, violations, holds, start, timeline)
+		logViolatedSem(t, violations, holds, recs, start, timeline)
 	}
 	if fig.holds < 10 {
 		t.Errorf("only %d acquisitions: the semaphore made no progress between the faults", fig.holds)
@@ -312,8 +312,9 @@ func checkStrandedSem(t *testing.T, s *redistest.Server, stopped time.Time) (vio
 }
 
 // logViolatedSem logs, for the holds that violations name, what the client
-// saw (times from the start of the run), and the faults.
-func logViolatedSem(t *testing.T, violations []string, holds []semHold, start time.Time, timeline []string) {
+// saw (times from the start of the run) and its calls from a little before
+// the hold's Acquire to a little after its release, and the faults.
+func logViolatedSem(t *testing.T, violations []string, holds []semHold, recs []*semRecorder, start time.Time, timeline []string) {
 	t.Helper()
 	at := func(tm time.Time) string {
 		if tm.IsZero() {
@@ -338,6 +339,19 @@ func logViolatedSem(t *testing.T, violations []string, holds []semHold, start ti
 			t.Logf("hold %d: client %d (%s), %d permits on lease %s: try %v, called %s, start %s (valid %v), end %s (valid %v, stopped %v), until %s, Lost() %s, release %s: %v, paused %v",
 				i, h.client, chaosClient(h.client), h.n, lease, h.try, at(h.a0), at(h.start), h.validAtStart, at(h.end), h.validAtEnd, h.stopped,
 				at(h.until), at(h.lostAt), at(h.releaseStart), h.releaseErr, h.paused)
+			r := recs[h.client]
+			r.mu.Lock()
+			calls := slices.Clone(r.calls)
+			r.mu.Unlock()
+			from, to := h.a0.Add(-100*time.Millisecond), h.releaseStart.Add(100*time.Millisecond)
+			calls = slices.DeleteFunc(calls, func(c *semCall) bool { return c.end.Before(from) || c.start.After(to) })
+			if len(calls) > 60 {
+				t.Logf("  client %d: %d calls before these", h.client, len(calls)-60)
+				calls = calls[len(calls)-60:] // the latest, where the grant is
+			}
+			for _, c := range calls {
+				t.Logf("  client %d: %s %s-%s %s: %v %v", h.client, c.script, at(c.start), at(c.end), c.arg, c.vals, c.err)
+			}
 		}
 	}
 	for _, f := range timeline {

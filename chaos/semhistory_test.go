@@ -56,6 +56,7 @@ type semRecorder struct {
 // A semCall is one script call of the process, as its recorder saw it.
 type semCall struct {
 	script     string // sem_acquire, sem_release, sem_extend, sem_leave
+	arg        string // ARGV[1], for the report of a violation
 	start, end time.Time
 	vals       []int64
 	err        error
@@ -99,7 +100,7 @@ func (r *semRecorder) wrap(b netlock.Backend) netlock.Backend { return &semSpy{B
 // record logs a call; arg is its ARGV[1].
 func (r *semRecorder) record(script, arg string, start, end time.Time, vals []int64, err error) {
 	f := strings.Split(arg, ":")
-	c := &semCall{script: script, start: start, end: end, vals: vals, err: err, value: f[0]}
+	c := &semCall{script: script, arg: arg, start: start, end: end, vals: vals, err: err, value: f[0]}
 	switch script {
 	case "sem_acquire":
 		// "<value>:<base>:<seq>:<size>:<expiry ms>:<member>:<flags>:<place ms>:<fold>:<nonce>:<batch>"
