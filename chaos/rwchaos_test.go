@@ -139,11 +139,15 @@ func runChaosRW(t *testing.T, s chaosSetup) {
 	var running, inStall atomic.Int64
 	var stallEnd atomic.Int64 // when the latest stall ended, ns since start
 	start := time.Now()
-	stalled := func(pause func()) {
+	stalled := func(pause func(ended func())) {
 		inStall.Add(1)
-		pause()
-		stallEnd.Store(int64(time.Since(start)))
-		inStall.Add(-1)
+		// The stall ends when toxiproxy has taken it away, which may be
+		// after the client went on (see pauseClient): until then its
+		// connections are still stalled.
+		pause(func() {
+			stallEnd.Store(int64(time.Since(start)))
+			inStall.Add(-1)
+		})
 	}
 	for i, rw := range rws {
 		// The leases of client i, by their RLost() channel: a lease
@@ -225,8 +229,8 @@ func runChaosRW(t *testing.T, s chaosSetup) {
 						stallTurn.Add(1)
 						h.paused = true
 						stalls.Add(1)
-						stalled(func() {
-							pauseClient(t, links[i], chaosExpiry*3/2+time.Duration(rng.IntN(500))*time.Millisecond)
+						stalled(func(ended func()) {
+							pauseClient(t, links[i], chaosExpiry*3/2+time.Duration(rng.IntN(500))*time.Millisecond, ended)
 						})
 					}
 					resource.write(id, h.token)
@@ -281,8 +285,8 @@ func runChaosRW(t *testing.T, s chaosSetup) {
 						stallTurn.Add(1)
 						rd.paused = true
 						stalls.Add(1)
-						stalled(func() {
-							pauseClient(t, links[i], chaosExpiry*3/2+time.Duration(rng.IntN(500))*time.Millisecond)
+						stalled(func(ended func()) {
+							pauseClient(t, links[i], chaosExpiry*3/2+time.Duration(rng.IntN(500))*time.Millisecond, ended)
 						})
 					}
 					rd.second, rd.secondAt = resource.read()
