@@ -112,9 +112,7 @@ func TestSemaphoreLateCallAfterGrant(t *testing.T) {
 	}
 	time.Sleep(30 * time.Millisecond) // fix sends it again, held back too
 	mustAcquire(t, a, 2)
-	late.hold.Store(false)
-	close(late.arrive) // the held-back releases arrive
-	late.wg.Wait()
+	late.deliver() // the held-back calls arrive
 	if b.TryAcquire(1) {
 		t.Fatalf("TryAcquire(1) in another process while this one holds both permits (Held %d, Lost() open %v): granted", a.Held(), isOpenChan(a.Lost()))
 	}
@@ -133,9 +131,7 @@ func TestSemaphoreLateReleaseAfterGrow(t *testing.T) {
 	}
 	time.Sleep(30 * time.Millisecond) // fix sends it again, held back too
 	mustAcquire(t, a, 1)
-	late.hold.Store(false)
-	close(late.arrive)
-	late.wg.Wait()
+	late.deliver() // the held-back calls arrive
 	if b.TryAcquire(1) {
 		t.Fatalf("TryAcquire(1) in another process while this one holds both permits (Held %d, Lost() open %v): granted", a.Held(), isOpenChan(a.Lost()))
 	}
@@ -179,6 +175,14 @@ type heldBackBackend struct {
 	hold   atomic.Bool
 	arrive chan struct{} // closed: the held-back calls go on
 	wg     sync.WaitGroup
+}
+
+// deliver stops holding calls back and lets the held-back ones reach the
+// server, returning once they have.
+func (b *heldBackBackend) deliver() {
+	b.hold.Store(false)
+	close(b.arrive)
+	b.wg.Wait()
 }
 
 func (b *heldBackBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
@@ -298,9 +302,7 @@ func TestSemaphoreLateReleaseAfterAdoptedGrant(t *testing.T) {
 			if err := <-got; err != nil {
 				t.Fatalf("Acquire(2): %v", err)
 			}
-			late.hold.Store(false)
-			close(late.arrive) // the held-back releases arrive
-			late.wg.Wait()
+			late.deliver() // the held-back calls arrive
 			if b.TryAcquire(1) {
 				t.Errorf("TryAcquire(1) in another process while this one holds both permits (Held %d, Lost() open %v): granted", a.Held(), isOpenChan(a.Lost()))
 				b.Release(1)
