@@ -85,12 +85,14 @@ func TestHubShardLinks(t *testing.T) {
 	old.fail()
 	eventually(t, 5*time.Second, "n1's watches dead", func() bool { return watches["a"].dead() && watches["a2"].dead() })
 	for _, ch := range []string{"a", "a2"} {
+		// The watches are dead (the link's down channel closed) before
+		// their waiters are woken: wait for the wake-up.
 		select {
 		case p := <-wakes[ch]:
 			if p != "" {
 				t.Errorf("%s woken with %q, want \"\" (connection failed)", ch, p)
 			}
-		default:
+		case <-time.After(5 * time.Second):
 			t.Errorf("%s not woken by its link's failure", ch)
 		}
 	}
