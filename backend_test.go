@@ -79,10 +79,10 @@ func TestScripts(t *testing.T) {
 		check("acquire retry of our own request", acquire("v1", "0"), 1, 1, 0)
 		// Held: the counter is told to ballots only (a quorum's).
 		got := acquire("v2", "0")
-		if got[0] != statusOther || got[1] != 0 || got[2] <= 0 || got[2] > 8000 {
+		if got[0] != acquireBusy || got[1] != 0 || got[2] <= 0 || got[2] > 8000 {
 			t.Errorf("acquire held: got %v, want [-1 0 pttl]", got)
 		}
-		if got := acquire("v2", "1"); got[0] != statusOther || got[1] != 2 {
+		if got := acquire("v2", "1"); got[0] != acquireBusy || got[1] != 2 {
 			t.Errorf("ballot on a held key: got %v, want [-1 2 pttl]", got)
 		}
 		check("extend ours", extend("v1"), 1)
@@ -164,7 +164,7 @@ func TestScripts(t *testing.T) {
 		}
 		// g1, skipped and gone from the queue, is not added again under its
 		// nonce: it is told to join again under a fresh one.
-		if got := acquireAs("g1+5000+N1:jq", "s", "0"); len(got) != 4 || got[0] != statusOther || got[3] != 1 {
+		if got := acquireAs("g1+5000+N1:jq", "s", "0"); len(got) != 4 || got[0] != acquireBusy || got[3] != 1 {
 			t.Errorf("acquire by a member gone from the queue: got %v, want [-1 0 pttl 1]", got)
 		}
 		if q := queue(); !slices.Equal(q, []string{"g3+7000+N3"}) {
@@ -174,7 +174,7 @@ func TestScripts(t *testing.T) {
 		// the grant: its TTL refreshed, the token and n returned.
 		check("acquire by the grantee", acquireAs("g2+6000+N2:jq", "fresh", "0"), 1, 10, 10)
 		// Another waiter's attempt finds the lock held.
-		if got := acquireAs("g3+7000+N3:jq", "s", "0"); got[0] != statusOther {
+		if got := acquireAs("g3+7000+N3:jq", "s", "0"); got[0] != acquireBusy {
 			t.Errorf("acquire by another waiter after the grant: got %v, want held", got)
 		}
 		// The grantee gives up: leave releases its grant and grants the next.

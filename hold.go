@@ -320,16 +320,12 @@ func (m *NetMutex) extendRound(ctx context.Context, h *hold) (err error) {
 	defer cancel()
 	start := time.Now()
 	defer func() { m.extended(ctx, h, time.Since(start), err) }()
-	s, keys, args := m.extendCall(h.value)
+	s, keys, args := m.leaseKind.extendCall(h.value)
 	replies := m.fanout(ctx, s, keys, args, nil)
 	if err = m.settle(replies); err != nil {
 		return err
 	}
-	if m.rw == 'r' {
-		// What the nodes say now: a writer that gave up no longer keeps
-		// this process's readers out.
-		h.writerWaits.Store(writerWaits(replies))
-	}
+	m.leaseKind.extended(h, replies)
 	if !h.moveUntil(start.Add(m.cfg.expiry - time.Since(start) - m.driftTerm)) {
 		return ErrLockLost
 	}

@@ -79,15 +79,12 @@ type NetMutex struct {
 	// their replies, on the calling goroutine (see fanoutPipelined).
 	pipelined bool
 
-	// rw is 0 for a NetMutex; 'r' or 'w' for the read lease or the write
-	// lock of a NetRWMutex, whose keys rwk are, and whose waiters keep
-	// their places for markerMS (see NewRW).
-	rw       byte
-	rwk      rwKeys
-	markerMS string
-	// semKeys: rw is 's' for a Semaphore's lease, whose keys these are
-	// (see lua/sem_acquire.lua).
-	semKeys []string
+	// kind is the kind of lock m acquires: a NetMutex's, a NetRWMutex's
+	// read lease or write lock; nil for a Semaphore's engine, which
+	// acquires by its own calls. leaseKind is its holds' kind: kind, or a
+	// Semaphore's lease.
+	kind      kind
+	leaseKind leaseKind
 
 	mu sync.Mutex
 	// The local queue. A goroutine owns m in this process from the moment
@@ -140,29 +137,8 @@ var _ sync.Locker = (*NetMutex)(nil)
 // Every NetMutex with the same name, prefix and backends, in any process,
 // excludes every other.
 func New(name string, backends []Backend, opts ...Option) (*NetMutex, error) {
-	switch {
-	case name == "":
-		return nil, errors.New("netlock: empty lock name")
-	case name[0] == '}':
-		// The lock key p{}...} would have an empty hash tag, so its release
-		// channel could fall in another cluster slot.
-		return nil, fmt.Errorf("netlock: lock name %q starts with '}'", name)
-	case len(backends) == 0:
-		return nil, errors.New("netlock: no backends")
-	}
-	for i, b := range backends {
-		if b == nil {
-			return nil, fmt.Errorf("netlock: backend %d is nil", i)
-		}
-		if !reflect.TypeOf(b).Comparable() {
-			continue
-		}
-		for j := range i {
-			if reflect.TypeOf(backends[j]).Comparable() && backends[j] == b {
-				// Two votes from one deployment would make the quorum a lie.
-				return nil, fmt.Errorf("netlock: backends %d and %d are the same", j, i)
-			}
-		}
+	if err := checkNew(name, backends); err != nil {
+		return nil, err
 	}
 	cfg, err := newConfig(opts)
 	if err != nil {
@@ -183,28 +159,14 @@ func New(name string, backends []Backend, opts ...Option) (*NetMutex, error) {
 		waiterID:  rand.Text(),
 		epoch:     time.Now(),
 	}
+	m.setKind(mutexKind{m})
 	m.extendKeys = []string{m.keys.lock, m.keys.waiters}
 	m.tombPrefix = m.keys.tomb("")
 	m.freeArg = m.acquireArg("0", ask{})
 	m.waitChan = m.keys.channel + ":" + m.waiterID
-	tries := releaseWakeTries
-	for i, b := range backends {
-		if _, ok := b.(ReplicaWaiter); !ok && cfg.replicas > 0 {
-			return nil, fmt.Errorf("netlock: WithSyncReplicas(%d): backend %d (%T) cannot wait for replicas: it does not implement netlock.ReplicaWaiter", cfg.replicas, i, b)
-		}
-		if s, ok := b.(Subscriber); ok {
-			if h := s.Hub(); h != nil {
-				if err := h.usable(); err != nil {
-					return nil, fmt.Errorf("netlock: backend %d: %w", i, err)
-				}
-				m.hubs[i], m.limiters[i] = h, h.calls
-			}
-		}
-		if h := m.hubs[i]; h != nil && !h.counted {
-			tries = 1
-		}
+	if err := m.useHubs(); err != nil {
+		return nil, err
 	}
-	m.wakeTries = strconv.Itoa(tries)
 	m.lazyBounds = !slices.ContainsFunc(m.nodes, func(b Backend) bool { return !lazyBound(b) })
 	m.pipelined = len(m.nodes) > 1 && cfg.replicas == 0 && !slices.ContainsFunc(m.nodes, func(b Backend) bool {
 		_, ok := b.(*redigoBackend)
@@ -215,6 +177,65 @@ func New(name string, backends []Backend, opts ...Option) (*NetMutex, error) {
 	// acknowledge.
 	m.grants = len(backends) == 1 && m.hubs[0] != nil && m.hubs[0].counted && cfg.replicas == 0
 	return m, nil
+}
+
+// checkNew checks New's name and backends, and returns what is wrong.
+func checkNew(name string, backends []Backend) error {
+	switch {
+	case name == "":
+		return errors.New("netlock: empty lock name")
+	case name[0] == '}':
+		// The lock key p{}...} would have an empty hash tag, so its release
+		// channel could fall in another cluster slot.
+		return fmt.Errorf("netlock: lock name %q starts with '}'", name)
+	case len(backends) == 0:
+		return errors.New("netlock: no backends")
+	}
+	for i, b := range backends {
+		if b == nil {
+			return fmt.Errorf("netlock: backend %d is nil", i)
+		}
+		if !reflect.TypeOf(b).Comparable() {
+			continue
+		}
+		for j := range i {
+			if reflect.TypeOf(backends[j]).Comparable() && backends[j] == b {
+				// Two votes from one deployment would make the quorum a lie.
+				return fmt.Errorf("netlock: backends %d and %d are the same", j, i)
+			}
+		}
+	}
+	return nil
+}
+
+// useHubs takes each node's pub/sub hub and limiter, where its Backend has
+// one (Subscriber), and sets how many waiters a release tries; it checks
+// that the Backends can wait for replicas if asked to.
+func (m *NetMutex) useHubs() error {
+	tries := releaseWakeTries
+	for i, b := range m.nodes {
+		if _, ok := b.(ReplicaWaiter); !ok && m.cfg.replicas > 0 {
+			return fmt.Errorf("netlock: WithSyncReplicas(%d): backend %d (%T) cannot wait for replicas: it does not implement netlock.ReplicaWaiter", m.cfg.replicas, i, b)
+		}
+		if s, ok := b.(Subscriber); ok {
+			if h := s.Hub(); h != nil {
+				if err := h.usable(); err != nil {
+					return fmt.Errorf("netlock: backend %d: %w", i, err)
+				}
+				m.hubs[i], m.limiters[i] = h, h.calls
+			}
+		}
+		if h := m.hubs[i]; h != nil && !h.counted {
+			tries = 1
+		}
+	}
+	m.wakeTries = strconv.Itoa(tries)
+	return nil
+}
+
+// setKind makes k the kind of lock m acquires and holds.
+func (m *NetMutex) setKind(k kind) {
+	m.kind, m.leaseKind = k, k
 }
 
 // Name returns the lock's name, as given to New.

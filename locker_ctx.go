@@ -157,7 +157,7 @@ func (m *NetMutex) heldSince() {
 // (not granted it the lock: then there is no race to yield in).
 func woke(replies []nodeReply) bool {
 	for _, r := range replies {
-		if r.err == nil && r.vals[0] == statusOK && len(r.vals) > 2 && r.vals[1] > 0 && r.vals[2] == 0 {
+		if r.err == nil && r.vals[0] == releaseDone && len(r.vals) > 2 && r.vals[1] > 0 && r.vals[2] == 0 {
 			return true
 		}
 	}

@@ -145,12 +145,12 @@ func (m *NetMutex) startAcquire(ctx context.Context, try bool) (context.Context,
 	var done func(AcquireDone)
 	if o != nil {
 		var octx context.Context
-		if octx, done = o(ctx, AcquireStart{Name: m.name, Kind: m.kind(), Try: try}); octx != nil {
+		if octx, done = o(ctx, AcquireStart{Name: m.name, Kind: m.leaseKind.observed(), Try: try}); octx != nil {
 			ctx = octx
 		}
 	}
 	return ctx, func(acquired, contended, handedOver bool, err error) {
-		d := AcquireDone{Name: m.name, Kind: m.kind(), Try: try, Acquired: acquired, Wait: time.Since(start), Contended: contended, HandedOver: handedOver, Err: err}
+		d := AcquireDone{Name: m.name, Kind: m.leaseKind.observed(), Try: try, Acquired: acquired, Wait: time.Since(start), Contended: contended, HandedOver: handedOver, Err: err}
 		if acquired {
 			d.Token = m.Token()
 		}
@@ -175,7 +175,7 @@ func (m *NetMutex) unlocked(ctx context.Context, h *hold, held time.Duration, ha
 		l.LogAttrs(ctx, slog.LevelDebug, "netlock: unlock", m.lockAttr(), slog.Uint64("token", h.token), slog.Duration("held", held), slog.Bool("handed_over", handedOver))
 	}
 	if o := m.cfg.observer.Unlock; o != nil {
-		o(ctx, UnlockDone{Name: m.name, Kind: m.kind(), Token: h.token, Held: held, HandedOver: handedOver, Err: err})
+		o(ctx, UnlockDone{Name: m.name, Kind: m.leaseKind.observed(), Token: h.token, Held: held, HandedOver: handedOver, Err: err})
 	}
 }
 
@@ -186,7 +186,7 @@ func (m *NetMutex) extended(ctx context.Context, h *hold, took time.Duration, er
 		l.LogAttrs(ctx, slog.LevelDebug, "netlock: extend", m.lockAttr(), slog.Uint64("token", h.token), slog.Duration("took", took), errAttr(err))
 	}
 	if o := m.cfg.observer.Extend; o != nil {
-		o(ctx, ExtendDone{Name: m.name, Kind: m.kind(), Token: h.token, Took: took, Err: err})
+		o(ctx, ExtendDone{Name: m.name, Kind: m.leaseKind.observed(), Token: h.token, Took: took, Err: err})
 	}
 }
 
@@ -196,7 +196,7 @@ func (m *NetMutex) lostHold(h *hold, reason LostReason) {
 		l.LogAttrs(context.Background(), slog.LevelWarn, "netlock: lock lost", m.lockAttr(), slog.Uint64("token", h.token), slog.String("reason", string(reason)))
 	}
 	if o := m.cfg.observer.Lost; o != nil {
-		o(LostHold{Name: m.name, Kind: m.kind(), Token: h.token, Reason: reason})
+		o(LostHold{Name: m.name, Kind: m.leaseKind.observed(), Token: h.token, Reason: reason})
 	}
 }
 
@@ -226,23 +226,11 @@ const (
 	KindSemaphore Kind = "semaphore"
 )
 
-func (m *NetMutex) kind() Kind {
-	switch m.rw {
-	case 'r':
-		return KindRead
-	case 'w':
-		return KindWrite
-	case 's':
-		return KindSemaphore
-	}
-	return KindMutex
-}
-
 // lockAttr names the lock in a log record: its name, and for a NetRWMutex
 // which side ("lock", "name (read)").
 func (m *NetMutex) lockAttr() slog.Attr {
-	if m.rw == 0 {
-		return slog.String("lock", m.name)
+	if k := m.leaseKind.observed(); k != KindMutex {
+		return slog.String("lock", m.name+" ("+string(k)+")")
 	}
-	return slog.String("lock", m.name+" ("+string(m.kind())+")")
+	return slog.String("lock", m.name)
 }

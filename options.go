@@ -227,7 +227,17 @@ func newConfig(opts []Option) (config, error) {
 		}
 		o(&c)
 	}
-	var errs []string
+	errs := append(c.checkTimes(), c.checkRest()...)
+	if len(errs) > 0 {
+		return c, errors.New("netlock: bad options: " + strings.Join(errs, "; "))
+	}
+	return c, nil
+}
+
+// checkTimes checks the options that are durations, and sets the node
+// timeout and outage window where they were left to their defaults. It
+// returns what is wrong.
+func (c *config) checkTimes() (errs []string) {
 	if c.expiry <= 0 {
 		errs = append(errs, fmt.Sprintf("expiry %v is not positive", c.expiry))
 	} else if c.expiry < time.Millisecond {
@@ -257,6 +267,12 @@ func newConfig(opts []Option) (config, error) {
 	} else if c.outage < 0 {
 		errs = append(errs, fmt.Sprintf("outage window %v is negative", c.outage))
 	}
+	return errs
+}
+
+// checkRest checks the options that are not durations, and returns what is
+// wrong.
+func (c *config) checkRest() (errs []string) {
 	if c.loggerSet && c.logger == nil {
 		errs = append(errs, "logger is nil (to log nothing, pass slog.New(slog.DiscardHandler))")
 	}
@@ -269,10 +285,7 @@ func newConfig(opts []Option) (config, error) {
 	if strings.ContainsAny(c.prefix, "{}") {
 		errs = append(errs, fmt.Sprintf("prefix %q contains '{' or '}', which would break the Redis Cluster hash tag", c.prefix))
 	}
-	if len(errs) > 0 {
-		return c, errors.New("netlock: bad options: " + strings.Join(errs, "; "))
-	}
-	return c, nil
+	return errs
 }
 
 // driftTerm is what every validity loses to clock drift: a fraction of the

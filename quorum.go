@@ -10,15 +10,6 @@ import (
 	"time"
 )
 
-// Script reply statuses (see lua/*.lua).
-const (
-	statusOK     = 1  // acquired, extended or released
-	statusAbsent = 0  // release, extend: the key does not exist
-	statusOther  = -1 // the key holds another value
-	statusFenced = -2 // acquire: the proposed token is not above the counter
-	statusGone   = -3 // acquire: our value was already released (a late request)
-)
-
 // A grant is a successful acquire round.
 type grant struct {
 	value        string    // our lock value, fresh for this round
@@ -125,7 +116,7 @@ func (m *NetMutex) fanout(ctx context.Context, s *Script, keys, args []string, t
 // comes free within a node timeout of each call ahead, so the wait ends.
 //
 // With WithSyncReplicas, an acquire or extend also waits for the node's
-// replicas (see ReplicaWaiter), and one that wrote a hold (statusOK) that
+// replicas (see ReplicaWaiter), and one that wrote a hold that
 // too few of them acknowledged is an error: ErrNotReplicated. For an
 // acquire it is permanent, so that the waiter reports it at once instead of
 // riding out what is most likely a replica down (the caller's cleanup
@@ -152,7 +143,9 @@ func (m *NetMutex) call(ctx, sent context.Context, i int, s *Script, keys, args 
 	start := time.Now()
 	vals, acked, err := m.nodes[i].(ReplicaWaiter).EvalWait(sent, s, keys, args, m.cfg.replicas)
 	r := m.reply(i, s, vals, err)
-	if r.err == nil && vals[0] == statusOK && acked < m.cfg.replicas {
+	// An acquire's acquireHeld and an extend's releaseDone are both 1: the
+	// hold was written.
+	if r.err == nil && vals[0] == acquireHeld && acked < m.cfg.replicas {
 		err := &replicaError{acked: acked, want: m.cfg.replicas, took: time.Since(start).Round(time.Millisecond)}
 		return nodeReply{err: nodeError(i, err), permanent: s.op == opAcquire}
 	}
@@ -269,118 +262,144 @@ func (m *NetMutex) acquireRound(ctx context.Context, q ask) outcome {
 	// starts after it, so start+validity is before any node's key expires
 	// (up to the drift allowance).
 	start := time.Now()
-	s, keys, args := m.acquireCall(value, tomb, proposal, q)
+	s, keys, args := m.kind.acquireCall(value, m.tomb(value, tomb), proposal, q)
 	replies := m.fanout(ctx, s, keys, args, nil)
 	took := time.Since(start)
 	validity := m.cfg.expiry - took - m.driftTerm
 
-	ttl := time.Duration(-1)
-	rejoin := false
-	nGranted, fenced := 0, 0 // fenced: nodes whose counters were above our ballot
-	var errs []error
-	answered, permanent := 0, false
-	marks := make([]bool, 2*len(replies))        // one allocation for both
-	granted := marks[:len(replies):len(replies)] // granted, for the token in vals[1]
-	cleanup := marks[len(replies):]              // may hold our value
-	for i, r := range replies {
-		if r.err != nil {
-			errs = append(errs, r.err)
-			permanent = permanent || r.permanent
-			cleanup[i] = !r.unsent
-			continue
-		}
-		answered++
-		status, counter := r.vals[0], r.vals[1]
-		m.learn(counter)
-		switch status {
-		case statusOK:
-			granted[i], cleanup[i] = true, true
-			nGranted++
-			n := r.vals[2]
-			if m.rw == 'r' {
-				// A reader's third integer says whether a writer waits;
-				// a fourth, that its lease was granted (lua/rw_acquire.lua).
-				n = 0
-				if len(r.vals) > 3 {
-					n = r.vals[3]
-				}
-			}
-			if n > 0 && q.nonce != "" && len(replies) == 1 {
-				// A release granted us the lock; this round found it
-				// and refreshed its TTL (after start): it is ours, under
-				// the value the release made.
-				// (Our fresh value was never written: a cleanup
-				// releases this one, and gives the turn on.)
-				value, tomb = q.nonce+"."+strconv.FormatInt(n, 10), ""
-			}
-		case statusOther:
-			rejoin = rejoin || len(r.vals) > 3 && r.vals[3] == 1
-			if pttl := time.Duration(r.vals[2]) * time.Millisecond; pttl >= 0 && (ttl < 0 || pttl < ttl) {
-				ttl = pttl
-			}
-		case statusFenced:
-			fenced++
-		case statusGone: // cannot happen for a fresh value; nothing to undo
-		default:
-			errs = append(errs, nodeError(i, fmt.Errorf("acquire script: unknown status %d", status)))
-			permanent = true
-			cleanup[i] = true
-			answered--
-		}
+	var one [1]acquireReply // a plain lock's read, kept off the heap
+	v := votes{reads: one[:]}
+	if len(replies) > 1 {
+		v.reads = make([]acquireReply, len(replies))
+	}
+	m.tally(&v, replies)
+	if v.handed > 0 && q.nonce != "" && len(replies) == 1 {
+		// A release granted us the lock; this round found it and
+		// refreshed its TTL (after start): it is ours, under the value
+		// the release made. (Our fresh value was never written: a
+		// cleanup releases this one, and gives the turn on.)
+		value, tomb = q.nonce+"."+strconv.FormatInt(v.handed, 10), ""
 	}
 	if validity > 0 && ctxEnded(ctx) == nil {
-		// A hold needs a quorum granting the same token.
-		for i := range replies {
-			if !granted[i] {
-				continue
-			}
-			n := 0
-			for j := i; j < len(replies); j++ {
-				if granted[j] && replies[j].vals[1] == replies[i].vals[1] {
-					n++
-				}
-			}
-			if n >= m.quorum {
-				o := outcome{kind: acquired, grant: grant{value: value, tomb: tomb, token: uint64(replies[i].vals[1]), start: start, until: start.Add(validity)}, took: took}
-				if m.rw == 'r' {
-					for j := range replies {
-						o.grant.writerWaits = o.grant.writerWaits || granted[j] && replies[j].vals[2] == 1
-					}
-				}
-				if nGranted < len(replies) {
-					for j := range granted {
-						granted[j] = !granted[j]
-					}
-					o.unqueue = granted
-				}
-				return o
-			}
+		if token, ok := v.quorum(m.quorum); ok {
+			g := grant{value: value, tomb: tomb, token: uint64(token), start: start, until: start.Add(validity), writerWaits: v.writerWaits}
+			return outcome{kind: acquired, grant: g, took: took, unqueue: v.refused()}
 		}
 	}
+	m.releaseDetached(ctx, value, tomb, v.cleanup)
+	return m.lostRound(ctx, &v, took)
+}
 
-	m.releaseDetached(ctx, value, tomb, cleanup)
+// votes is what the nodes answered one acquire round.
+type votes struct {
+	reads   []acquireReply // per node, as its kind reads it; zero where it did not answer
+	granted []bool         // the node granted
+	cleanup []bool         // the node may hold our value
+	// handed: a release granted us the hold, under "<nonce>.<handed>".
+	handed                     int64
+	nGranted, fenced, answered int
+	permanent, rejoin          bool
+	writerWaits                bool          // a granting node said a writer waits
+	ttl                        time.Duration // the shortest holder's TTL seen, -1 if none
+	errs                       []error
+}
+
+// tally reads the nodes' replies to an acquire round into v.
+func (m *NetMutex) tally(v *votes, replies []nodeReply) {
+	marks := make([]bool, 2*len(replies)) // one allocation for both
+	v.granted = marks[:len(replies):len(replies)]
+	v.cleanup = marks[len(replies):]
+	v.ttl = -1
+	for i, r := range replies {
+		if r.err != nil {
+			v.errs = append(v.errs, r.err)
+			v.permanent = v.permanent || r.permanent
+			v.cleanup[i] = !r.unsent
+			continue
+		}
+		a := m.kind.acquireReply(r.vals)
+		v.reads[i] = a
+		v.answered++
+		m.learn(a.counter)
+		switch a.status {
+		case acquireHeld:
+			v.granted[i], v.cleanup[i] = true, true
+			v.nGranted++
+			v.handed = max(v.handed, a.granted)
+			v.writerWaits = v.writerWaits || a.writerWaits
+		case acquireBusy:
+			v.rejoin = v.rejoin || a.rejoin
+			if a.pttl >= 0 && (v.ttl < 0 || a.pttl < v.ttl) {
+				v.ttl = a.pttl
+			}
+		case acquireFenced:
+			v.fenced++
+		case acquireLate: // cannot happen for a fresh value; nothing to undo
+		default:
+			v.errs = append(v.errs, nodeError(i, fmt.Errorf("acquire script: unknown status %d", a.status)))
+			v.permanent = true
+			v.cleanup[i] = true
+			v.answered--
+		}
+	}
+}
+
+// quorum returns the token granted by at least need nodes: a hold needs a
+// quorum granting the same token.
+func (v *votes) quorum(need int) (token int64, ok bool) {
+	for i := range v.reads {
+		if !v.granted[i] {
+			continue
+		}
+		n := 0
+		for j := i; j < len(v.reads); j++ {
+			if v.granted[j] && v.reads[j].counter == v.reads[i].counter {
+				n++
+			}
+		}
+		if n >= need {
+			return v.reads[i].counter, true
+		}
+	}
+	return 0, false
+}
+
+// refused returns, after an acquired round, the nodes that did not grant
+// (their waiters' queues may still hold our id), nil if every node did.
+func (v *votes) refused() []bool {
+	if v.nGranted == len(v.granted) {
+		return nil
+	}
+	for j := range v.granted {
+		v.granted[j] = !v.granted[j]
+	}
+	return v.granted
+}
+
+// lostRound returns what a round that did not acquire came to.
+func (m *NetMutex) lostRound(ctx context.Context, v *votes, took time.Duration) outcome {
 	switch err := ctxEnded(ctx); {
 	case err != nil:
 		return outcome{kind: ended, err: notObtained(err), took: took}
-	case answered < m.quorum:
+	case v.answered < m.quorum:
 		kind := down
-		if permanent {
+		if v.permanent {
 			kind = failed
 		}
-		return outcome{kind: kind, err: &quorumError{nodes: len(m.nodes), answered: answered, need: m.quorum, errs: errs}, took: took}
+		return outcome{kind: kind, err: &quorumError{nodes: len(m.nodes), answered: v.answered, need: m.quorum, errs: v.errs}, took: took}
 	}
-	if fenced > 0 && nGranted+fenced >= m.quorum {
+	if v.fenced > 0 && v.nGranted+v.fenced >= m.quorum {
 		// The nodes where the key is free make a quorum: we lost only on
 		// ballots. We have now learned the higher counters: a retry at once
 		// proposes above them.
 		return outcome{kind: ballot, ttl: -1, took: took}
 	}
-	if nGranted > 0 {
+	if v.nGranted > 0 {
 		// Some nodes granted, not a quorum: other clients attempting at the
 		// same moment split the votes.
-		return outcome{kind: split, ttl: ttl, took: took}
+		return outcome{kind: split, ttl: v.ttl, took: took}
 	}
-	return outcome{kind: busy, ttl: ttl, took: took, rejoin: rejoin}
+	return outcome{kind: busy, ttl: v.ttl, took: took, rejoin: v.rejoin}
 }
 
 // learn records a fence counter seen on a node, so the next ballot is above
@@ -453,44 +472,16 @@ func (m *NetMutex) tomb(value, tomb string) string {
 // "" to derive it) on the targeted nodes (all when targets is nil). Nodes
 // that could not be asked get the release again later, from the reaper.
 func (m *NetMutex) release(ctx context.Context, value, tomb string, targets []bool) []nodeReply {
-	s, keys, args := m.releaseCall(value, tomb)
+	s, keys, args := m.kind.releaseCall(value, m.tomb(value, tomb))
 	replies := m.fanout(ctx, s, keys, args, targets)
 	m.reapLater(value, replies, targets)
 	return replies
-}
-
-// acquireCall returns the acquire script of m's kind of lock, with its
-// keys and arguments, for an acquire of value (whose tombstone key is tomb,
-// "" to derive it) proposing the fencing token proposal, as the waiters'
-// queue member q.
-func (m *NetMutex) acquireCall(value, tomb, proposal string, q ask) (*Script, []string, []string) {
-	tomb = m.tomb(value, tomb)
-	if m.rw != 0 {
-		return m.rwAcquireCall(value, tomb, proposal, q)
-	}
-	arg := m.freeArg // an uncontended attempt on one node
-	if proposal != "0" || q != (ask{}) {
-		arg = m.acquireArg(proposal, q)
-	}
-	keys, args := m.keys.lockCall(tomb, value, m.expiryMS, arg)
-	return acquireScript, keys, args
 }
 
 // acquireArg returns the acquire script's last argument (see
 // lua/acquire.lua): the ballot proposal and the waiters' queue member q.
 func (m *NetMutex) acquireArg(proposal string, q ask) string {
 	return proposal + ":" + q.member + ":" + q.flags + ":" + m.queueMS
-}
-
-// releaseCall returns the release script of m's kind of lock, with its keys
-// and arguments, for value (whose tombstone key is tomb, "" to derive it).
-func (m *NetMutex) releaseCall(value, tomb string) (*Script, []string, []string) {
-	tomb = m.tomb(value, tomb)
-	if m.rw != 0 {
-		return m.rwReleaseCall(value, tomb)
-	}
-	keys, args := m.keys.lockCall(tomb, value, m.tombMS, m.wakeTries)
-	return releaseScript, keys, args
 }
 
 // lockCall returns the keys of an acquire or release script (lock,
@@ -505,18 +496,6 @@ func (k *keys) lockCall(tomb, arg1, arg2, arg3 string) (keys, args []string) {
 	return keys, all[4:]
 }
 
-// extendCall returns the extend script of m's kind of lock, with its keys
-// and arguments, for value.
-func (m *NetMutex) extendCall(value string) (*Script, []string, []string) {
-	if m.rw == 's' {
-		return m.semExtendCall(value)
-	}
-	if m.rw != 0 {
-		return m.rwExtendCall(value)
-	}
-	return extendScript, m.extendKeys, []string{value, m.expiryMS, m.queueMS}
-}
-
 // leave takes member off the waiters' queue of the targeted nodes (all when
 // targets is nil), and passes our turn on where a release gave it to us
 // already (see lua/leave.lua), under a context detached from ctx's
@@ -525,15 +504,8 @@ func (m *NetMutex) extendCall(value string) (*Script, []string, []string) {
 // not take. Best effort: a member left behind is skipped by a release, since
 // nobody listens for it any more.
 func (m *NetMutex) leave(ctx context.Context, member string, targets []bool) {
-	if m.rw != 0 {
-		m.fanout(context.WithoutCancel(ctx), rwLeaveScript, m.rwLeaveKeys(), []string{member}, targets)
-		return
-	}
-	keys := []string{m.keys.waiters, m.keys.lock, m.keys.fence}
-	if m.keys.fence == "" {
-		keys = keys[:2]
-	}
-	m.fanout(context.WithoutCancel(ctx), leaveScript, keys, []string{member, m.wakeTries}, targets)
+	s, keys, args := m.kind.leaveCall(member)
+	m.fanout(context.WithoutCancel(ctx), s, keys, args, targets)
 }
 
 // settle counts the replies of a release or extend: nil when a quorum did
@@ -546,7 +518,7 @@ func (m *NetMutex) settle(replies []nodeReply) error {
 		switch {
 		case r.err != nil:
 			errs = append(errs, r.err)
-		case r.vals[0] == statusOK:
+		case r.vals[0] == releaseDone:
 			ok++
 		default:
 			gone++

@@ -79,7 +79,7 @@ func (m *NetMutex) reap() {
 				continue
 			}
 			sent, cancel := m.bound(context.Background())
-			s, keys, args := m.releaseCall(p.value, "")
+			s, keys, args := m.kind.releaseCall(p.value, m.tomb(p.value, ""))
 			rep := m.call(context.Background(), sent, p.node, s, keys, args)
 			unbound(sent, cancel)
 			switch {

@@ -51,8 +51,9 @@ import (
 // A NetRWMutex must be created with NewRW and must not be copied after first
 // use.
 type NetRWMutex struct {
-	w *NetMutex // the write lock
-	r *NetMutex // the read lease, shared by this process's readers
+	w    *NetMutex // the write lock
+	r    *NetMutex // the read lease, shared by this process's readers
+	keys rwKeys
 	// joined is the channel where a writer taking its place is told:
 	// p{name}:rw:joined.
 	joined string
@@ -183,10 +184,11 @@ func NewRW(name string, backends []Backend, opts ...Option) (*NetRWMutex, error)
 		return nil, err
 	}
 	k := keyspace.RW(w.cfg.prefix, name, w.cfg.fencing)
+	placeMS := strconv.FormatInt(placeExpiries*w.cfg.expiry.Milliseconds(), 10)
+	w.setKind(&rwSide{m: w, mode: 'w', keys: k, placeMS: placeMS})
+	r.setKind(&rwSide{m: r, mode: 'r', keys: k, placeMS: placeMS})
 	for _, m := range []*NetMutex{w, r} {
-		m.rwk = k
 		m.tombPrefix = keyspace.Tomb(k.Writer, "")
-		m.markerMS = strconv.FormatInt(placeExpiries*m.cfg.expiry.Milliseconds(), 10)
 	}
 	// A release grants a waiter its hold in its own script where New would
 	// let it grant a NetMutex's (m.grants: one backend, whose PUBLISH counts
@@ -199,57 +201,115 @@ func NewRW(name string, backends []Backend, opts ...Option) (*NetRWMutex, error)
 		r.waitChan += ":" + r.waiterID
 	}
 	w.waitChan = k.Channel + ":w:" + w.waiterID
-	w.rw, r.rw = 'w', 'r'
 	// A writer's Unlock releases in Redis, where readers that were waiting
 	// come before the next writer: handing the write lock to a writer of
 	// this process would pass over them.
 	w.cfg.handoffs = 0
-	return &NetRWMutex{w: w, r: r, joined: k.Joined}, nil
+	return &NetRWMutex{w: w, r: r, keys: k, joined: k.Joined}, nil
 }
 
 // rwKeys are the Redis keys of a NetRWMutex (see lua/rw_acquire.lua).
 type rwKeys = keyspace.RWKeys
 
-func (m *NetMutex) rwAcquireCall(value, tomb, proposal string, q ask) (*Script, []string, []string) {
-	k := m.rwk
+// rwSide is the kind of a NetRWMutex's read lease (mode 'r') or write lock
+// ('w'): lua/rw_acquire.lua, rw_release.lua, rw_extend.lua, rw_leave.lua,
+// whose argument starts with the mode.
+type rwSide struct {
+	m       *NetMutex
+	mode    byte
+	keys    rwKeys
+	placeMS string // how long a waiter's place lasts: placeExpiries
+}
+
+func (s *rwSide) observed() Kind {
+	if s.mode == 'r' {
+		return KindRead
+	}
+	return KindWrite
+}
+
+func (s *rwSide) acquireCall(value, tomb, proposal string, q ask) (*Script, []string, []string) {
+	k := s.keys
 	keys := []string{k.Writer, tomb, k.Writers, k.Readers, k.Leases}
-	if m.rw == 'w' && k.Fence != "" {
+	if s.mode == 'w' && k.Fence != "" {
 		keys = append(keys, k.Fence)
 	}
 	flags := ""
 	if strings.Contains(q.flags, "q") {
 		flags = "q"
 	}
-	return rwAcquireScript, keys, []string{string(m.rw) + ":" + value + ":" + m.expiryMS + ":" + proposal + ":" + q.member + ":" + flags + ":" + m.markerMS + ":" + strconv.FormatInt(q.arrival, 10)}
+	return rwAcquireScript, keys, []string{string(s.mode) + ":" + value + ":" + s.m.expiryMS + ":" + proposal + ":" + q.member + ":" + flags + ":" + s.placeMS + ":" + strconv.FormatInt(q.arrival, 10)}
 }
 
-func (m *NetMutex) rwReleaseCall(value, tomb string) (*Script, []string, []string) {
-	k := m.rwk
+// acquireReply reads rw_acquire.lua's reply: acquire.lua's, except that a
+// reader's third integer says whether a writer waits, and a fourth that a
+// release granted its lease.
+func (s *rwSide) acquireReply(vals []int64) acquireReply {
+	r := readAcquire(vals)
+	if s.mode == 'r' && r.status == acquireHeld {
+		r.granted, r.writerWaits = 0, vals[2] == 1
+		if len(vals) > 3 {
+			r.granted = vals[3]
+		}
+	}
+	return r
+}
+
+func (s *rwSide) releaseCall(value, tomb string) (*Script, []string, []string) {
+	k := s.keys
 	keys := []string{k.Writer, tomb, k.Writers, k.Readers, k.Leases}
 	if k.Fence != "" {
 		keys = append(keys, k.Fence) // a writer granted the lock takes its token
 	}
-	return rwReleaseScript, keys, []string{string(m.rw) + ":" + value + ":" + m.tombMS}
+	return rwReleaseScript, keys, []string{string(s.mode) + ":" + value + ":" + s.m.tombMS}
 }
 
-func (m *NetMutex) rwExtendCall(value string) (*Script, []string, []string) {
-	k := m.rwk
-	return rwExtendScript, []string{k.Writer, k.Leases, k.Writers}, []string{string(m.rw) + ":" + value + ":" + m.expiryMS}
+func (s *rwSide) extendCall(value string) (*Script, []string, []string) {
+	k := s.keys
+	return rwExtendScript, []string{k.Writer, k.Leases, k.Writers}, []string{string(s.mode) + ":" + value + ":" + s.m.expiryMS}
 }
 
-func (m *NetMutex) rwLeaveKeys() []string {
-	k := m.rwk
-	if k.Fence != "" {
-		return []string{k.Writers, k.Readers, k.Leases, k.Writer, k.Fence}
+// extended: what the nodes say now of a read lease: a writer that gave up
+// no longer keeps this process's readers out.
+func (s *rwSide) extended(h *hold, replies []nodeReply) {
+	if s.mode == 'r' {
+		h.writerWaits.Store(writerWaits(replies))
 	}
-	return []string{k.Writers, k.Readers, k.Leases, k.Writer}
+}
+
+func (s *rwSide) leaveCall(member string) (*Script, []string, []string) {
+	k := s.keys
+	keys := []string{k.Writers, k.Readers, k.Leases, k.Writer, k.Fence}
+	if k.Fence == "" {
+		keys = keys[:4]
+	}
+	return rwLeaveScript, keys, []string{member}
+}
+
+// waitFlags: a NetRWMutex's waiter always takes its place, even when it
+// polls: the place is what keeps later readers (or writers) out.
+func (s *rwSide) waitFlags(_, _, queued bool) string {
+	if queued {
+		return "jq"
+	}
+	return "j"
+}
+
+func (s *rwSide) ordered() bool { return true }
+
+// messageGrant: a read lease has no token; the message's last number says
+// whether a writer waits (see lua/rw_wake.lua).
+func (s *rwSide) messageGrant(g *grant) {
+	if s.mode == 'r' {
+		g.token, g.writerWaits = 0, g.token == 1
+	}
 }
 
 // writerWaits reports whether a node's reply to a read lease's extend says
 // that a writer waits (see lua/rw_extend.lua).
 func writerWaits(replies []nodeReply) bool {
 	for _, r := range replies {
-		if r.err == nil && r.vals[0] == statusOK && len(r.vals) > 1 && r.vals[1] == 1 {
+		if r.err == nil && r.vals[0] == releaseDone && len(r.vals) > 1 && r.vals[1] == 1 {
 			return true
 		}
 	}

@@ -224,7 +224,7 @@ func TestRWDeadWaiterPlace(t *testing.T) {
 		// A writer that takes its place and dies: its script call, made by
 		// hand, as its process would have before it died.
 		dead := e.newRW(t, "dead", WithExpiry(expiry))
-		s, keys, args := dead.w.acquireCall("v", "", "0", ask{member: "deadwriter", flags: "j"})
+		s, keys, args := dead.w.kind.acquireCall("v", dead.w.tomb("v", ""), "0", ask{member: "deadwriter", flags: "j"})
 		if _, err := dead.w.nodes[0].Eval(context.Background(), s, keys, args); err != nil {
 			t.Fatal(err)
 		}

@@ -70,12 +70,12 @@ func TestRWGrantWriter(t *testing.T) {
 	if n := b.acquires() - before; n != 0 {
 		t.Errorf("the writer made %d acquire rounds after the release; a grant needs none", n)
 	}
-	cur, _ := srv.Get(a.w.rwk.Writer)
+	cur, _ := srv.Get(a.keys.Writer)
 	if tok := b.Token(); tok == 0 || !strings.HasSuffix(cur, ":"+strconv.FormatUint(tok, 10)) {
 		t.Errorf("writer key %q, token %d: the grant's token must be in the key", cur, tok)
 	}
 	b.Unlock()
-	if srv.Exists(a.w.rwk.Writer) {
+	if srv.Exists(a.keys.Writer) {
 		t.Fatal("the granted write lock outlived its Unlock")
 	}
 	// The token goes on increasing after a grant.
@@ -99,16 +99,16 @@ func TestRWGrantReaders(t *testing.T) {
 	a.Lock()
 	errc := make(chan error, 2)
 	go func() { errc <- b.RLockCtx(ctx) }()
-	waitUntil(t, func() bool { n, _ := srv.ZMembers(a.w.rwk.Readers); return len(n) == 1 })
+	waitUntil(t, func() bool { n, _ := srv.ZMembers(a.keys.Readers); return len(n) == 1 })
 	go func() { errc <- c.RLockCtx(ctx) }()
-	waitUntil(t, func() bool { n, _ := srv.ZMembers(a.w.rwk.Readers); return len(n) == 2 })
+	waitUntil(t, func() bool { n, _ := srv.ZMembers(a.keys.Readers); return len(n) == 2 })
 	waitUntil(t, func() bool {
 		return listening(srv, b.r.waitChan) && listening(srv, c.r.waitChan) && b.acquires() >= 2 && c.acquires() >= 2
 	})
 	// A writer that came after them.
 	werr := make(chan error, 1)
 	go func() { werr <- d.LockCtx(ctx) }()
-	waitUntil(t, func() bool { return srv.Exists(a.w.rwk.Writers) })
+	waitUntil(t, func() bool { return srv.Exists(a.keys.Writers) })
 	rb, rc := b.acquires(), c.acquires()
 	a.Unlock()
 	for range 2 {
@@ -196,7 +196,7 @@ func TestRWGrantDeadWriter(t *testing.T) {
 	for _, listen := range []bool{true, false} {
 		srv := miniredis.RunT(t)
 		a, b := rwGrantPair(t, srv, "deadw")
-		k := a.w.rwk
+		k := a.keys
 		ctx := context.Background()
 		a.RLock()
 		fakeWaiter(t, srv, k, 'w', time.Now().UnixMicro(), listen)
@@ -237,7 +237,7 @@ func TestRWGrantDeadWriter(t *testing.T) {
 func TestRWGrantLeft(t *testing.T) {
 	srv := miniredis.RunT(t)
 	a, b := rwGrantPair(t, srv, "left")
-	k := a.w.rwk
+	k := a.keys
 	ctx := context.Background()
 
 	// A writer granted the lock by a lease's release leaves.
@@ -293,7 +293,7 @@ func TestRWGrantLeft(t *testing.T) {
 func TestRWGrantDeadReader(t *testing.T) {
 	srv := miniredis.RunT(t)
 	a, b := rwGrantPair(t, srv, "deadr")
-	k := a.w.rwk
+	k := a.keys
 	ctx := context.Background()
 	a.Lock()
 	_, value := fakeWaiter(t, srv, k, 'r', time.Now().UnixMicro(), false)

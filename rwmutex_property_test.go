@@ -277,7 +277,7 @@ func checkRWModel(rt *rapid.T, nNodes int, stats *propStats, steps *atomic.Int64
 	for i := range cs {
 		cs[i] = newClient(rt)
 	}
-	keys := cs[0].rw.w.rwk
+	keys := cs[0].rw.keys
 
 	// waitOp waits for a background call to return and returns its error.
 	waitOp := func(rt *rapid.T, op *rwPropOp) error {

@@ -41,7 +41,7 @@ func TestRWReaderAfterWriterGaveUp(t *testing.T) {
 	defer cancel()
 	errc := make(chan error, 1)
 	go func() { errc <- b.LockCtx(bctx) }()
-	writers := a.w.rwk.Writers
+	writers := a.keys.Writers
 	waitUntil(t, func() bool { return srv.Exists(writers) })
 	// The lease's next extend (its watchdog's, every expiry/3) learns
 	// that a writer waits.
@@ -85,7 +85,7 @@ func TestRWReaderAfterOwnWriterGaveUp(t *testing.T) {
 	defer cancel()
 	errc := make(chan error, 1)
 	go func() { errc <- a.LockCtx(wctx) }()
-	waitUntil(t, func() bool { return srv.Exists(a.w.rwk.Writers) })
+	waitUntil(t, func() bool { return srv.Exists(a.keys.Writers) })
 	// A second reader arrives while the writer waits, and waits; the
 	// writer gives up at 300ms.
 	rctx, rcancel := context.WithTimeout(ctx, 1500*time.Millisecond)

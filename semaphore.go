@@ -58,6 +58,7 @@ type Semaphore struct {
 	m       *NetMutex // the engine: the node, options, limiter, pub/sub, and the lease's watchdog
 	size    int64
 	keys    []string // see lua/sem_acquire.lua
+	placeMS string   // how long a waiter's place lasts: placeExpiries
 	channel string   // where we are told to look again: p{name}:sem:wake:<waiter id>
 
 	// op orders this process's calls that change its lease in Redis: each
@@ -146,19 +147,33 @@ func NewSemaphore(name string, size int64, backends []Backend, opts ...Option) (
 		return nil, fmt.Errorf("netlock: semaphore %q: %d backends; a Semaphore runs on one (a server, with its replicas, or a Cluster): a quorum of independent deployments cannot bound k > 1 holders without nearly every node answering (see Semaphore)", name, len(backends))
 	}
 	k := keyspace.Sem(m.cfg.prefix, name)
-	m.rw = 's'
+	lease := &semLease{
+		keys:    []string{k.Leases, k.Permits, k.Queue, k.Places, k.Wants},
+		placeMS: strconv.FormatInt(placeExpiries*m.cfg.expiry.Milliseconds(), 10),
+	}
+	lease.expiryMS = m.expiryMS
+	m.kind, m.leaseKind = nil, lease
 	m.grants = false
 	m.cfg.handoffs = 0
-	m.markerMS = strconv.FormatInt(placeExpiries*m.cfg.expiry.Milliseconds(), 10)
-	m.semKeys = []string{k.Leases, k.Permits, k.Queue, k.Places, k.Wants}
-	return &Semaphore{m: m, size: size, keys: m.semKeys, channel: k.Leases + ":wake:" + m.waiterID,
+	return &Semaphore{m: m, size: size, keys: lease.keys, placeMS: lease.placeMS, channel: k.Leases + ":wake:" + m.waiterID,
 		grants: m.hubs[0] != nil && m.cfg.replicas == 0}, nil
 }
 
-// semExtendCall is the extend of a Semaphore's lease (lua/sem_extend.lua).
-func (m *NetMutex) semExtendCall(value string) (*Script, []string, []string) {
-	return semExtendScript, m.semKeys, []string{value + ":" + m.expiryMS + ":" + m.markerMS}
+// semLease is the kind of a Semaphore's lease, the hold of its process's
+// permits: the engine extends it (lua/sem_extend.lua); the Semaphore
+// acquires and releases its permits by calls of its own.
+type semLease struct {
+	keys              []string // see lua/sem_acquire.lua
+	expiryMS, placeMS string
 }
+
+func (*semLease) observed() Kind { return KindSemaphore }
+
+func (l *semLease) extendCall(value string) (*Script, []string, []string) {
+	return semExtendScript, l.keys, []string{value + ":" + l.expiryMS + ":" + l.placeMS}
+}
+
+func (*semLease) extended(*hold, []nodeReply) {}
 
 // errZeroSemaphore is returned by a Semaphore not made by NewSemaphore.
 var errZeroSemaphore = errors.New("netlock: Semaphore not created by NewSemaphore (the zero value is not usable)")
@@ -218,58 +233,10 @@ func (s *Semaphore) Acquire(ctx context.Context, n int64) (err error) {
 		defer func() { done(err == nil, contended, false, err) }()
 	}
 	w := &semWaiter{n: n, arrival: time.Now().UnixMicro(), turn: make(chan struct{}), poke: make(chan struct{}, 1)}
-	s.mu.Lock()
-	s.queue = append(s.queue, w)
-	first := len(s.queue) == 1
-	if len(s.queue) == 2 && s.grants {
-		select {
-		case s.queue[0].poke <- struct{}{}:
-		default:
-		}
-	}
-	s.mu.Unlock()
-	if !first {
+	if !s.enqueue(w) {
 		contended = true
-		select {
-		case <-w.turn:
-		case <-ctx.Done():
-		}
-		s.mu.Lock()
-		granted := w.granted
-		if !granted && ctx.Err() != nil {
-			second := len(s.queue) > 1 && s.queue[1] == w
-			s.dequeueLocked(w)
-			idle := len(s.queue) == 0
-			if !idle {
-				s.owed = true // the last of ours leaves
-			}
-			if second && !idle && s.grants {
-				// The first waiter's entry in Redis names our arrival as its
-				// next: it must say another's (or none), or a grant would
-				// keep our process's place for us (see lua/sem_wake.lua,
-				// holdPlace), keeping every later waiter out.
-				select {
-				case s.queue[0].poke <- struct{}{}:
-				default:
-				}
-			}
-			s.mu.Unlock()
-			if idle {
-				// Our process's place may be kept for us (see
-				// lua/sem_wake.lua, holdPlace): given up.
-				s.leave(ctx, false)
-			}
-			return notObtained(context.Cause(ctx))
-		}
-		s.mu.Unlock()
-		if granted {
-			// The first waiter's call took our permits too.
-			if ctx.Err() != nil {
-				// A caller whose ctx has ended never holds.
-				s.ReleaseCtx(context.WithoutCancel(ctx), n)
-				return notObtained(context.Cause(ctx))
-			}
-			return nil
+		if over, err := s.awaitTurn(ctx, w); over {
+			return err
 		}
 	}
 	c, err := s.wait(ctx, w)
@@ -284,6 +251,72 @@ func (s *Semaphore) Acquire(ctx context.Context, n int64) (err error) {
 		s.leave(ctx, true)
 	}
 	return err
+}
+
+// enqueue adds w to the local queue, and reports whether it is first.
+func (s *Semaphore) enqueue(w *semWaiter) (first bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.queue = append(s.queue, w)
+	if len(s.queue) == 2 && s.grants {
+		s.pokeFirstLocked()
+	}
+	return len(s.queue) == 1
+}
+
+// pokeFirstLocked tells the first waiter that the waiter after it changed:
+// its entry in Redis must say so. The caller holds s.mu.
+func (s *Semaphore) pokeFirstLocked() {
+	select {
+	case s.queue[0].poke <- struct{}{}:
+	default:
+	}
+}
+
+// awaitTurn waits, for w queued behind a waiter of this process, until w
+// is first (done false: it goes on to wait in Redis), or until the first
+// waiter's call took w's permits too, or ctx ends (done true, with
+// Acquire's result).
+func (s *Semaphore) awaitTurn(ctx context.Context, w *semWaiter) (done bool, err error) {
+	select {
+	case <-w.turn:
+	case <-ctx.Done():
+	}
+	s.mu.Lock()
+	granted := w.granted
+	if !granted && ctx.Err() != nil {
+		second := len(s.queue) > 1 && s.queue[1] == w
+		s.dequeueLocked(w)
+		idle := len(s.queue) == 0
+		if !idle {
+			s.owed = true // the last of ours leaves
+		}
+		if second && !idle && s.grants {
+			// The first waiter's entry in Redis names our arrival as its
+			// next: it must say another's (or none), or a grant would
+			// keep our process's place for us (see lua/sem_wake.lua,
+			// holdPlace), keeping every later waiter out.
+			s.pokeFirstLocked()
+		}
+		s.mu.Unlock()
+		if idle {
+			// Our process's place may be kept for us (see
+			// lua/sem_wake.lua, holdPlace): given up.
+			s.leave(ctx, false)
+		}
+		return true, notObtained(context.Cause(ctx))
+	}
+	s.mu.Unlock()
+	if !granted {
+		return false, nil
+	}
+	// The first waiter's call took our permits too.
+	if ctx.Err() != nil {
+		// A caller whose ctx has ended never holds.
+		s.ReleaseCtx(context.WithoutCancel(ctx), w.n)
+		return true, notObtained(context.Cause(ctx))
+	}
+	return true, nil
 }
 
 // dequeueLocked takes w off the local queue, if it is there; the next
@@ -356,97 +389,135 @@ func (s *Semaphore) TryAcquireCtx(ctx context.Context, n int64) (ok bool, err er
 // (or for the first lease to end, or, without pub/sub, a retry delay). It
 // reports whether it was refused at least once.
 func (s *Semaphore) wait(ctx context.Context, w *semWaiter) (contended bool, err error) {
-	m := s.m
-	var wake chan string
-	var wt *watch
-	defer func() {
-		if wt != nil {
-			wt.stop()
-		}
-	}()
-	attempted := false
-	leave := func() {
-		if attempted {
-			s.leave(ctx, false)
-		}
-	}
-	var down time.Time // when Redis stopped answering, zero while it answers
-	bo := backoff{min: m.cfg.minRetryDelay, max: m.cfg.maxRetryDelay}
+	sw := semWait{s: s, w: w, bo: backoff{min: s.m.cfg.minRetryDelay, max: s.m.cfg.maxRetryDelay}}
+	defer sw.stop()
 	for {
 		r := s.attempt(ctx, w, false)
-		attempted = true
+		sw.attempted = true
 		var look time.Duration
 		switch r.kind {
 		case semGranted:
-			if ctx.Err() != nil {
-				// Granted as ctx ended: a caller whose ctx has ended never
-				// holds.
-				s.ReleaseCtx(context.WithoutCancel(ctx), w.n)
-				return contended, notObtained(context.Cause(ctx))
-			}
-			return contended, nil
+			return contended, sw.holding(ctx)
 		case semRetry:
 			continue
 		case semRefused:
-			contended, down = true, time.Time{}
-			look = r.look
-			if wt != nil && wt.dead() {
-				// Its connection failed: listen again (a new one).
-				wt.stop()
-				wt = nil
-			}
-			if wt == nil && m.hubs[0] != nil {
-				wake = make(chan string, 1)
-				if wt = m.hubs[0].join(s.channel, wake); wt == nil {
-					wt = m.watchChannel(ctx, 0, s.channel, wake)
-				}
-				if wt != nil {
-					continue // a wake-up sent before we listened is not lost: look again now
-				}
-			}
-			if wt == nil {
-				look = min(look, bo.next(look)) // poll
+			contended, sw.down = true, time.Time{}
+			var again bool
+			if look, again = sw.refused(ctx, r.look); again {
+				continue // a wake-up sent before we listened is not lost: look again now
 			}
 		case semFailed:
-			if cause := ctxEnded(ctx); cause != nil {
-				leave()
-				return contended, notObtained(cause)
+			if look, err = sw.failed(ctx, r); err != nil {
+				return contended, err
 			}
-			if r.permanent {
-				leave()
-				return contended, r.err
-			}
-			now := time.Now()
-			if down.IsZero() {
-				down = now
-			}
-			if now.Sub(down) >= m.cfg.outage {
-				leave()
-				return contended, r.err
-			}
-			look = bo.next(-1)
 		}
-		timer := time.NewTimer(look)
-		select {
-		case p := <-wake:
-			if s.adopt(w, p) {
-				timer.Stop()
-				if ctx.Err() != nil {
-					// As above: a caller whose ctx has ended never holds.
-					s.ReleaseCtx(context.WithoutCancel(ctx), w.n)
-					return contended, notObtained(context.Cause(ctx))
-				}
-				return contended, nil
-			}
-		case <-w.poke:
-		case <-timer.C:
-		case <-ctx.Done():
-			timer.Stop()
-			leave()
-			return contended, notObtained(context.Cause(ctx))
+		if granted, err := sw.sleep(ctx, look); granted || err != nil {
+			return contended, err
 		}
-		timer.Stop()
 	}
+}
+
+// semWait is the state of one Semaphore.wait: its watch of the process's
+// wake channel, and its retries while Redis does not answer.
+type semWait struct {
+	s         *Semaphore
+	w         *semWaiter
+	wake      chan string
+	wt        *watch
+	attempted bool      // a call was made: leaving must be told to Redis
+	down      time.Time // when Redis stopped answering, zero while it answers
+	bo        backoff
+}
+
+func (sw *semWait) stop() {
+	if sw.wt != nil {
+		sw.wt.stop()
+	}
+}
+
+// leave takes the waiter's place in Redis back, if it may have one.
+func (sw *semWait) leave(ctx context.Context) {
+	if sw.attempted {
+		sw.s.leave(ctx, false)
+	}
+}
+
+// holding ends a wait whose permits were granted: a caller whose ctx has
+// ended never holds.
+func (sw *semWait) holding(ctx context.Context) error {
+	if ctx.Err() != nil {
+		sw.s.ReleaseCtx(context.WithoutCancel(ctx), sw.w.n)
+		return notObtained(context.Cause(ctx))
+	}
+	return nil
+}
+
+// refused returns how long to wait after a refused attempt whose reply
+// said to look again by look: listening for wake-ups where the Backend has
+// a Hub (again: a watch was just made, so attempt at once), polling where
+// not.
+func (sw *semWait) refused(ctx context.Context, look time.Duration) (time.Duration, bool) {
+	m := sw.s.m
+	if sw.wt != nil && sw.wt.dead() {
+		// Its connection failed: listen again (a new one).
+		sw.wt.stop()
+		sw.wt = nil
+	}
+	if sw.wt == nil && m.hubs[0] != nil {
+		sw.wake = make(chan string, 1)
+		if sw.wt = m.hubs[0].join(sw.s.channel, sw.wake); sw.wt == nil {
+			sw.wt = m.watchChannel(ctx, 0, sw.s.channel, sw.wake)
+		}
+		if sw.wt != nil {
+			return 0, true
+		}
+	}
+	if sw.wt == nil {
+		look = min(look, sw.bo.next(look)) // poll
+	}
+	return look, false
+}
+
+// failed returns how long to wait after an attempt Redis did not answer,
+// or the error that ends the wait: ctx's end, an answer that retrying
+// cannot change, or the outage window passed.
+func (sw *semWait) failed(ctx context.Context, r semResult) (time.Duration, error) {
+	if cause := ctxEnded(ctx); cause != nil {
+		sw.leave(ctx)
+		return 0, notObtained(cause)
+	}
+	if r.permanent {
+		sw.leave(ctx)
+		return 0, r.err
+	}
+	now := time.Now()
+	if sw.down.IsZero() {
+		sw.down = now
+	}
+	if now.Sub(sw.down) >= sw.s.m.cfg.outage {
+		sw.leave(ctx)
+		return 0, r.err
+	}
+	return sw.bo.next(-1), nil
+}
+
+// sleep waits for look, a wake-up (a grant it takes in: granted), a poke
+// (another waiter of ours came), or ctx's end.
+func (sw *semWait) sleep(ctx context.Context, look time.Duration) (granted bool, err error) {
+	timer := time.NewTimer(look)
+	defer timer.Stop()
+	select {
+	case p := <-sw.wake:
+		if sw.s.adopt(sw.w, p) {
+			return true, sw.holding(ctx)
+		}
+	case <-sw.w.poke:
+	case <-timer.C:
+	case <-ctx.Done():
+		sw.leave(ctx)
+		return false, notObtained(context.Cause(ctx))
+	}
+	return false, nil
 }
 
 // leave takes our waiter off the queue in Redis, and takes back a grant
@@ -528,16 +599,16 @@ func (s *Semaphore) adopt(w *semWaiter, payload string) bool {
 
 // What one attempt came to.
 type semResult struct {
-	kind      semKind
+	kind      semVerdict
 	look      time.Duration // semRefused: when to look again at the latest
 	err       error         // semFailed
 	permanent bool          // semFailed: retrying cannot change the answer
 }
 
-type semKind int
+type semVerdict int
 
 const (
-	semGranted semKind = iota
+	semGranted semVerdict = iota
 	semRefused
 	semRetry  // our lease was found lost; attempt again, for a new lease
 	semFailed // no answer, or an error
@@ -553,69 +624,11 @@ const maxBatch = 8
 // other process's waiter. w is the first of the local queue, or, for
 // TryAcquire (try), a waiter of its own, not queued and without a place.
 func (s *Semaphore) attempt(ctx context.Context, w *semWaiter, try bool) semResult {
-	m := s.m
 	s.op.Lock()
 	defer s.op.Unlock()
-	s.mu.Lock()
-	if try && s.nonce != "" {
-		// A waiter of ours came meanwhile (TryAcquire fails while one
-		// waits): the call would carry its nonce and could take the
-		// permits a release set aside for it.
-		s.mu.Unlock()
+	c, ok := s.prepare(w, try)
+	if !ok {
 		return semResult{kind: semRefused}
-	}
-	s.retireLostLocked()
-	if s.value == "" {
-		s.value = rand.Text() // 128 random bits
-	}
-	s.seq++
-	if !try && s.grants && s.nonce == "" {
-		s.nonce, s.joined = rand.Text(), time.Now()
-	}
-	value, grow, base, seq, fold, nonce := s.value, s.lease != nil, s.held, s.seq, s.fold, s.nonce
-	batch := []*semWaiter{w}
-	if !try {
-		for _, q := range s.queue {
-			if len(batch) == maxBatch {
-				break
-			}
-			if q != w {
-				batch = append(batch, q)
-			}
-		}
-	}
-	s.mu.Unlock()
-
-	member, flags := m.waiterID, ""
-	if try {
-		member = ""
-	}
-	if grow {
-		flags = "g"
-	}
-	// The waiter's entry in Redis is written when it changed (see
-	// lua/sem_acquire.lua); entry is what it says.
-	var entry string
-	if !try {
-		next := int64(0)
-		if len(batch) > 1 {
-			next = batch[1].arrival
-		}
-		entry = fmt.Sprint(w.n, value, nonce, grow, next, w.arrival)
-		s.mu.Lock()
-		if entry != s.entry {
-			flags += "w"
-		}
-		s.mu.Unlock()
-	}
-	var b strings.Builder
-	b.WriteString(value + ":" + strconv.FormatInt(base, 10) + ":" + strconv.FormatInt(seq, 10) + ":" + strconv.FormatInt(s.size, 10) + ":" +
-		m.expiryMS + ":" + member + ":" + flags + ":" + m.markerMS + ":" + fold + ":" + nonce + ":")
-	for i, q := range batch {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(strconv.FormatInt(q.n, 10) + "@" + strconv.FormatInt(q.arrival, 10))
 	}
 	callCtx := ctx
 	if !try {
@@ -626,36 +639,20 @@ func (s *Semaphore) attempt(ctx context.Context, w *semWaiter, try bool) semResu
 		callCtx = context.WithoutCancel(ctx)
 	}
 	start := time.Now()
-	r := m.fanout(callCtx, semAcquireScript, s.keys, []string{b.String()}, nil)[0]
+	r := s.m.fanout(callCtx, semAcquireScript, s.keys, []string{c.arg(s)}, nil)[0]
 	took := time.Since(start)
 	if r.err != nil {
-		s.mu.Lock()
-		s.entry = ""
-		s.mu.Unlock()
-		switch {
-		case errors.Is(r.err, ErrNotReplicated):
-			// Granted on the node, not on enough of its replicas: undone
-			// at once (a new lease ended, a grown one back to its count).
-			s.mu.Lock()
-			lease, total := s.lease, s.held
-			s.mu.Unlock()
-			s.send(ctx, value, total, lease)
-		case !r.unsent && !r.permanent && !finalErr(m.nodes[0], r.err):
-			s.mu.Lock()
-			s.dirty = true // it may have been granted
-			s.fixLaterLocked()
-			s.mu.Unlock()
-		}
-		return semResult{kind: semFailed, err: &quorumError{nodes: 1, need: 1, errs: []error{r.err}}, permanent: r.permanent}
+		return s.callFailed(ctx, c.value, r)
 	}
 	s.mu.Lock()
 	s.dirty = false // the count Redis holds is one we sent
-	if r.vals[0] != statusSize && s.fold == fold {
+	if r.vals[0] != semAcquireSize && s.fold == c.fold {
 		s.fold = "" // folded (or gone with the lease)
 	}
 	switch r.vals[0] {
-	case statusOK:
-	case statusGone:
+	case semAcquireGranted:
+		return s.granted(ctx, c, r.vals[1], start, start.Add(s.m.cfg.expiry-took-s.m.driftTerm))
+	case semAcquireGone:
 		// Our lease expired in Redis: its permits are gone.
 		lease := s.lease
 		s.mu.Unlock()
@@ -666,33 +663,143 @@ func (s *Semaphore) attempt(ctx context.Context, w *semWaiter, try bool) semResu
 			s.mu.Unlock()
 		}
 		return semResult{kind: semRetry}
-	case statusSize:
+	case semAcquireSize:
 		s.mu.Unlock()
 		return semResult{kind: semFailed, permanent: true, err: &wrapError{
-			msg: fmt.Sprintf("netlock: semaphore %q: size %d here, but its holders and waiters in Redis use %d", m.name, s.size, r.vals[1]),
+			msg: fmt.Sprintf("netlock: semaphore %q: size %d here, but its holders and waiters in Redis use %d", s.m.name, s.size, r.vals[1]),
 			err: ErrSizeMismatch}}
-	case statusFenced: // a later call was applied: not this one's reply
+	case semAcquireLate: // a later call was applied: not this one's reply
 		s.mu.Unlock()
 		return semResult{kind: semRetry}
-	default:
-		s.entry = entry // written, or unchanged
-		s.mu.Unlock()
-		look := time.Duration(r.vals[2]) * time.Millisecond
-		if look <= 0 || look > m.cfg.expiry {
-			look = m.cfg.expiry
-		}
-		return semResult{kind: semRefused, look: look}
 	}
-	k := min(int(r.vals[1]), len(batch))
+	s.entry = c.entry // written, or unchanged
+	s.mu.Unlock()
+	look := time.Duration(r.vals[2]) * time.Millisecond
+	if look <= 0 || look > s.m.cfg.expiry {
+		look = s.m.cfg.expiry
+	}
+	return semResult{kind: semRefused, look: look}
+}
+
+// A semCall is one call of lua/sem_acquire.lua, as attempt makes it.
+type semCall struct {
+	value string // the lease's
+	grow  bool   // the lease is held: the call adds to it
+	base  int64  // the permits the lease holds before the call
+	seq   int64
+	// fold, nonce: see Semaphore.
+	fold, nonce string
+	try         bool         // TryAcquire: no member, no place
+	batch       []*semWaiter // w, then the local waiters after it that the call asks for
+	entry       string       // what the waiter's entry says after the call (see Semaphore.entry)
+	flags       string
+}
+
+// prepare makes the call attempt sends for w. It reports false when a
+// TryAcquire (try) must not be made: a waiter of ours came meanwhile
+// (TryAcquire fails while one waits), whose nonce the call would carry, so
+// that it could take the permits a release set aside for it. The caller
+// holds s.op.
+func (s *Semaphore) prepare(w *semWaiter, try bool) (semCall, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if try && s.nonce != "" {
+		return semCall{}, false
+	}
+	s.retireLostLocked()
+	if s.value == "" {
+		s.value = rand.Text() // 128 random bits
+	}
+	s.seq++
+	if !try && s.grants && s.nonce == "" {
+		s.nonce, s.joined = rand.Text(), time.Now()
+	}
+	c := semCall{value: s.value, grow: s.lease != nil, base: s.held, seq: s.seq, fold: s.fold, nonce: s.nonce, try: try}
+	c.batch = []*semWaiter{w}
+	if !try {
+		for _, q := range s.queue {
+			if len(c.batch) == maxBatch {
+				break
+			}
+			if q != w {
+				c.batch = append(c.batch, q)
+			}
+		}
+	}
+	if c.grow {
+		c.flags = "g"
+	}
+	if !try {
+		// The waiter's entry in Redis is written when it changed (see
+		// lua/sem_acquire.lua); entry is what it says.
+		next := int64(0)
+		if len(c.batch) > 1 {
+			next = c.batch[1].arrival
+		}
+		c.entry = fmt.Sprint(w.n, c.value, c.nonce, c.grow, next, w.arrival)
+		if c.entry != s.entry {
+			c.flags += "w"
+		}
+	}
+	return c, true
+}
+
+// arg returns the call's argument to lua/sem_acquire.lua.
+func (c *semCall) arg(s *Semaphore) string {
+	m := s.m
+	member := m.waiterID
+	if c.try {
+		member = ""
+	}
+	var b strings.Builder
+	b.WriteString(c.value + ":" + strconv.FormatInt(c.base, 10) + ":" + strconv.FormatInt(c.seq, 10) + ":" + strconv.FormatInt(s.size, 10) + ":" +
+		m.expiryMS + ":" + member + ":" + c.flags + ":" + s.placeMS + ":" + c.fold + ":" + c.nonce + ":")
+	for i, q := range c.batch {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatInt(q.n, 10) + "@" + strconv.FormatInt(q.arrival, 10))
+	}
+	return b.String()
+}
+
+// callFailed is what a call of the lease value that got no answer (r)
+// comes to. The caller holds s.op.
+func (s *Semaphore) callFailed(ctx context.Context, value string, r nodeReply) semResult {
+	s.mu.Lock()
+	s.entry = ""
+	s.mu.Unlock()
+	switch {
+	case errors.Is(r.err, ErrNotReplicated):
+		// Granted on the node, not on enough of its replicas: undone
+		// at once (a new lease ended, a grown one back to its count).
+		s.mu.Lock()
+		lease, total := s.lease, s.held
+		s.mu.Unlock()
+		s.send(ctx, value, total, lease)
+	case !r.unsent && !r.permanent && !finalErr(s.m.nodes[0], r.err):
+		s.mu.Lock()
+		s.dirty = true // it may have been granted
+		s.fixLaterLocked()
+		s.mu.Unlock()
+	}
+	return semResult{kind: semFailed, err: &quorumError{nodes: 1, need: 1, errs: []error{r.err}}, permanent: r.permanent}
+}
+
+// granted takes in a call's grant of the permits of the first k waiters of
+// its batch, on the lease, whose local deadline is now until (the call
+// began at start). The caller holds s.op and s.mu; granted returns without
+// s.mu.
+func (s *Semaphore) granted(ctx context.Context, c semCall, k int64, start, until time.Time) semResult {
+	batch := c.batch[:min(int(k), len(c.batch))]
 	var sum int64
-	for _, q := range batch[:k] {
+	for _, q := range batch {
 		sum += q.n
 	}
-	until := start.Add(m.cfg.expiry - took - m.driftTerm)
 	lease := s.lease
 	switch {
 	case lease == nil:
-		lease = newHold(m, grant{value: value, start: start, until: until})
+		lease = newHold(s.m, grant{value: c.value, start: start, until: until})
 		s.lease = lease
 	case !lease.moveUntil(until):
 		// Lost here as the grant came back: the lease's permits, the new
@@ -701,10 +808,10 @@ func (s *Semaphore) attempt(ctx context.Context, w *semWaiter, try bool) semResu
 		s.mu.Unlock()
 		return semResult{kind: semRetry}
 	}
-	// The waiters after w that the call took in: theirs, unless they gave
-	// up meanwhile; what they asked for is then given back.
+	// The waiters after the first that the call took in: theirs, unless
+	// they gave up meanwhile; what they asked for is then given back.
 	var surplus int64
-	for _, q := range batch[1:k] {
+	for _, q := range batch[1:] {
 		if s.queued(q) {
 			q.granted = true
 			s.dequeueLocked(q)
@@ -714,13 +821,13 @@ func (s *Semaphore) attempt(ctx context.Context, w *semWaiter, try bool) semResu
 		}
 	}
 	s.held += sum - surplus
-	if !try {
-		s.nonce, s.entry = "", "" // w's call is over
+	if !c.try {
+		s.nonce, s.entry = "", "" // the first waiter's call is over
 	}
 	total := s.held
 	s.mu.Unlock()
 	if surplus > 0 {
-		s.send(ctx, value, total, lease)
+		s.send(ctx, c.value, total, lease)
 	}
 	return semResult{kind: semGranted}
 }
@@ -735,8 +842,21 @@ func (s *Semaphore) queued(q *semWaiter) bool {
 	return false
 }
 
-// Reply status of lua/sem_acquire.lua: the holders use another size.
-const statusSize = -4
+// Reply statuses of lua/sem_acquire.lua, read by attempt.
+const (
+	semAcquireGranted = 1  // granted to the first k of the batch
+	semAcquireRefused = -1 // not now
+	semAcquireLate    = -2 // a later call of the process was applied
+	semAcquireGone    = -3 // our lease is gone: it was lost
+	semAcquireSize    = -4 // the holders and waiters use another size
+)
+
+// Reply statuses of lua/sem_release.lua, read by send.
+const (
+	semReleaseDone = 1  // released
+	semReleaseGone = 0  // the lease is gone: it expired
+	semReleaseLate = -2 // a later call of the process was applied
+)
 
 // retireLostLocked retires the lease if it was lost: its permits become
 // stale (given back by Release without a round trip), and the next acquire
@@ -857,8 +977,8 @@ func (s *Semaphore) send(ctx context.Context, value string, total int64, lease *
 			s.value = ""
 		}
 	}
-	if r.vals[0] == statusAbsent {
-		// Gone: the lease expired in Redis. (statusFenced: a later call
+	if r.vals[0] == semReleaseGone {
+		// Gone: the lease expired in Redis. (semReleaseLate: a later call
 		// was applied, this one's reply is not news.)
 		if total > 0 {
 			s.mu.Unlock()

@@ -150,7 +150,7 @@ func TestSemDeadWaiterPlace(t *testing.T) {
 		// A waiter for 2 that takes its place and dies: its script call,
 		// made by hand, as its process would have before it died.
 		dead := e.newSem(t, "deadw", 2, WithExpiry(expiry))
-		args := []string{"v:0:1:2:" + dead.m.expiryMS + ":deadwaiter::" + dead.m.markerMS + ":::2@1"}
+		args := []string{"v:0:1:2:" + dead.m.expiryMS + ":deadwaiter::" + dead.placeMS + ":::2@1"}
 		if vals, err := dead.m.nodes[0].Eval(context.Background(), semAcquireScript, dead.keys, args); err != nil || vals[0] != -1 {
 			t.Fatalf("the dead waiter's attempt: %v, %v; want it refused", vals, err)
 		}

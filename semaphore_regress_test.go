@@ -357,12 +357,12 @@ func TestSemaphoreLateCallAfterAdoptedGrant(t *testing.T) {
 		}
 	}
 	grant("granted by B's release")
-	if r := call(semAcquireScript, "A:0:3:2:5000:::15000:::1@0"); r[0] != statusFenced {
-		t.Errorf("late TryAcquire's attempt: %v, want %d (late)", r, statusFenced)
+	if r := call(semAcquireScript, "A:0:3:2:5000:::15000:::1@0"); r[0] != semAcquireLate {
+		t.Errorf("late TryAcquire's attempt: %v, want %d (late)", r, semAcquireLate)
 	}
 	grant("after the late TryAcquire's attempt")
-	if r := call(semReleaseScript, "A:0:4:::5000"); r[0] != statusFenced {
-		t.Errorf("late release: %v, want %d (late)", r, statusFenced)
+	if r := call(semReleaseScript, "A:0:4:::5000"); r[0] != semReleaseLate {
+		t.Errorf("late release: %v, want %d (late)", r, semReleaseLate)
 	}
 	grant("after the late release")
 	// The waiter's next attempt takes the grant in, as before.

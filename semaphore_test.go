@@ -451,7 +451,7 @@ func TestSemaphoreCallsSentAgainOrLate(t *testing.T) {
 			return vals
 		}
 		acq := func(base, seq int, batch string) []int64 {
-			return call(semAcquireScript, "v:"+strconv.Itoa(base)+":"+strconv.Itoa(seq)+":5:"+s.m.expiryMS+":me::"+s.m.markerMS+":::"+batch)
+			return call(semAcquireScript, "v:"+strconv.Itoa(base)+":"+strconv.Itoa(seq)+":5:"+s.m.expiryMS+":me::"+s.placeMS+":::"+batch)
 		}
 		if got := acq(0, 1, "2@1,1@2"); got[0] != 1 || got[1] != 2 {
 			t.Fatalf("first sending: %v, want both granted", got)
@@ -468,8 +468,8 @@ func TestSemaphoreCallsSentAgainOrLate(t *testing.T) {
 			t.Fatalf("out after sending again: %d, want 3", got)
 		}
 		// Late: sequence 1 again, after 2 was applied.
-		if got := call(semReleaseScript, "v:0:1:::"+s.m.expiryMS); got[0] != statusFenced {
-			t.Fatalf("a late release: %v, want %d", got, statusFenced)
+		if got := call(semReleaseScript, "v:0:1:::"+s.m.expiryMS); got[0] != semReleaseLate {
+			t.Fatalf("a late release: %v, want %d", got, semReleaseLate)
 		}
 		if got := semOut(t, e, "again"); got != 3 {
 			t.Fatalf("out after a late release: %d, want 3", got)

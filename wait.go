@@ -139,32 +139,40 @@ func (w *waiter) run(ctx context.Context) (bool, error) {
 				continue
 			}
 		}
-		w.answered()
-		w.busy = true
-		if !w.wait {
-			return false, nil
-		}
 		ballots = 0
-		var err error
-		switch {
-		case o.kind == split || o.kind == ballot:
-			// Retry after up to two rounds' time, at random: long enough
-			// for the clients we split with to be done with their cleanup
-			// (or for one to have won).
-			_, err = w.sleep(ctx, mrand.N(2*o.took+1))
-		case w.listen(ctx):
-			continue // listening just now: attempt, and so queue, before sleeping
-		default:
-			var g grant
-			if g, err = w.await(ctx, o.ttl); err == nil && !g.start.IsZero() {
-				w.acquired(ctx, g, nil)
-				return true, nil
-			}
-		}
-		if err != nil {
-			return false, err
+		if ok, err := w.refused(ctx, o); ok || err != nil || !w.wait {
+			return ok, err
 		}
 	}
+}
+
+// refused waits, after a round that found the lock held (or split the
+// votes), for the next attempt: its turn, by message, or a grant. It
+// reports whether a release granted it the lock (the hold is then m's).
+// TryLock does not wait.
+func (w *waiter) refused(ctx context.Context, o outcome) (bool, error) {
+	w.answered()
+	w.busy = true
+	if !w.wait {
+		return false, nil
+	}
+	var err error
+	switch {
+	case o.kind == split || o.kind == ballot:
+		// Retry after up to two rounds' time, at random: long enough
+		// for the clients we split with to be done with their cleanup
+		// (or for one to have won).
+		_, err = w.sleep(ctx, mrand.N(2*o.took+1))
+	case w.listen(ctx):
+		// Listening just now: attempt, and so queue, before sleeping.
+	default:
+		var g grant
+		if g, err = w.await(ctx, o.ttl); err == nil && !g.start.IsZero() {
+			w.acquired(ctx, g, nil)
+			return true, nil
+		}
+	}
+	return false, err
 }
 
 // acquired makes g m's hold. Nodes that did not grant (unqueue) may keep
@@ -200,7 +208,7 @@ func (w *waiter) ask() ask {
 		return q
 	}
 	q.member = w.m.waiterID
-	if w.m.rw != 0 {
+	if w.m.kind.ordered() {
 		if w.arrival == 0 {
 			w.arrival = time.Now().UnixMicro()
 		}
@@ -216,34 +224,13 @@ func (w *waiter) ask() ask {
 	return q
 }
 
-// flags returns the acquire script's flags for the next attempt (see
-// lua/acquire.lua): join the queue while listening (at its head if a turn
-// was lost), leave it on success if we may be in it.
+// flags returns the acquire script's flags for the next attempt, as m's
+// kind asks for them ("" for TryLock).
 func (w *waiter) flags() string {
 	if !w.wait {
 		return ""
 	}
-	if w.m.rw != 0 {
-		// A NetRWMutex's waiter always takes its place, even when it
-		// polls: the place is what keeps later readers (or writers) out.
-		if w.queued {
-			return "jq"
-		}
-		return "j"
-	}
-	switch listening := w.listening(); {
-	case listening && w.turn && w.queued:
-		return "jtq"
-	case listening && w.turn:
-		return "jt"
-	case listening && w.queued:
-		return "jq"
-	case listening:
-		return "j"
-	case w.queued:
-		return "q"
-	}
-	return ""
+	return w.m.kind.waitFlags(w.listening(), w.turn, w.queued)
 }
 
 // await sleeps until the waiter's turn, its connection failing, the
@@ -310,11 +297,7 @@ func (w *waiter) granted(ctx context.Context, payload string) (grant, bool) {
 		return grant{}, false
 	}
 	g := grant{value: value, token: token, start: w.joined, until: until}
-	if m.rw == 'r' {
-		// A NetRWMutex's read lease has no token: the message says
-		// whether a writer waits (see lua/rw_wake.lua).
-		g.token, g.writerWaits = 0, token == 1
-	}
+	m.kind.messageGrant(&g)
 	return g, true
 }
 

@@ -1,0 +1,98 @@
+package netlock
+
+import "time"
+
+// The engine (a NetMutex's hold and watchdog, its per-call waiter, the
+// quorum fan-out, the reaper, the in-process queue) runs a kind of lock; a
+// kind says what differs between kinds: its keys and scripts, how a reply
+// becomes an outcome, and what its waiters ask for. Each kind's code is in
+// the file of its primitive: mutexKind in mutex.go, rwSide (a NetRWMutex's
+// read lease or write lock) in rwmutex.go, semLease (a Semaphore's lease) in
+// semaphore.go.
+
+// A leaseKind is what a hold needs of its kind: how to extend it, and how
+// observers and logs name it.
+type leaseKind interface {
+	// observed is the Kind an Observer's events carry.
+	observed() Kind
+	// extendCall returns the extend script, its keys and arguments, for
+	// the hold of value.
+	extendCall(value string) (*Script, []string, []string)
+	// extended takes in what a quorum's replies to an extend of h say
+	// besides its success.
+	extended(h *hold, replies []nodeReply)
+}
+
+// A kind is a kind of lock a NetMutex's waiter acquires: a leaseKind with
+// the scripts that take, give back and queue for the hold.
+type kind interface {
+	leaseKind
+	// acquireCall returns the acquire script, keys and arguments for an
+	// acquire of value (whose tombstone key is tomb) proposing the fencing
+	// token proposal, as the waiters' queue member q.
+	acquireCall(value, tomb, proposal string, q ask) (*Script, []string, []string)
+	// acquireReply reads one node's reply to the acquire script.
+	acquireReply(vals []int64) acquireReply
+	// releaseCall returns the release script, keys and arguments for value
+	// (whose tombstone key is tomb).
+	releaseCall(value, tomb string) (*Script, []string, []string)
+	// leaveCall returns the script, keys and arguments that take member off
+	// the waiters' queue and pass on a turn given to it.
+	leaveCall(member string) (*Script, []string, []string)
+	// waitFlags returns the acquire script's flags for a waiting call that
+	// is listening or not, whose turn came (a release named it), and that
+	// may be queued already.
+	waitFlags(listening, turn, queued bool) string
+	// ordered reports whether a waiter's place is its arrival time, the
+	// same on every node (see ask.arrival).
+	ordered() bool
+	// messageGrant completes a grant told by a release's message, whose
+	// last number is in g.token.
+	messageGrant(g *grant)
+}
+
+// Reply statuses of the acquire scripts (lua/acquire.lua,
+// lua/rw_acquire.lua), read by acquireReply.
+const (
+	acquireHeld   = 1  // acquired, or our own hold confirmed (a retry)
+	acquireBusy   = -1 // held by another value
+	acquireFenced = -2 // free, but the proposed token is not above the counter
+	acquireLate   = -3 // our value was already released: a late request
+)
+
+// Reply statuses of the release and extend scripts (lua/release.lua,
+// lua/extend.lua, lua/rw_release.lua, lua/rw_extend.lua), read by settle.
+const (
+	releaseDone   = 1  // released, or extended
+	releaseAbsent = 0  // the key does not exist (expired or deleted)
+	releaseOther  = -1 // the key holds another value: left untouched
+)
+
+// An acquireReply is one node's reply to an acquire script.
+type acquireReply struct {
+	status  int64
+	counter int64 // held: the token; otherwise the fence counter (a ballot's)
+	// granted, held: n > 0 when a release granted us the hold under the
+	// value "<nonce>.<n>" (see lua/handon.lua).
+	granted int64
+	pttl    time.Duration // busy: the holder's remaining TTL, -1 if none
+	// rejoin, busy: our member is no longer queued; join again under a
+	// fresh nonce.
+	rejoin bool
+	// writerWaits, a read lease held: a writer waits (see lua/rw_acquire.lua).
+	writerWaits bool
+}
+
+// readAcquire reads the reply of acquire.lua (and, as far as they agree,
+// rw_acquire.lua's): {status, counter, n or pttl[, rejoin]}.
+func readAcquire(vals []int64) acquireReply {
+	r := acquireReply{status: vals[0], counter: vals[1]}
+	switch r.status {
+	case acquireHeld:
+		r.granted = vals[2]
+	case acquireBusy:
+		r.pttl = time.Duration(vals[2]) * time.Millisecond
+		r.rejoin = len(vals) > 3 && vals[3] == 1
+	}
+	return r
+}

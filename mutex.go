@@ -1,0 +1,66 @@
+package netlock
+
+// mutexKind is the kind of a NetMutex: one key, one owner (lua/acquire.lua,
+// release.lua, extend.lua, leave.lua).
+type mutexKind struct {
+	m *NetMutex
+}
+
+func (mutexKind) observed() Kind { return KindMutex }
+
+func (k mutexKind) acquireCall(value, tomb, proposal string, q ask) (*Script, []string, []string) {
+	m := k.m
+	arg := m.freeArg // an uncontended attempt on one node
+	if proposal != "0" || q != (ask{}) {
+		arg = m.acquireArg(proposal, q)
+	}
+	keys, args := m.keys.lockCall(tomb, value, m.expiryMS, arg)
+	return acquireScript, keys, args
+}
+
+func (mutexKind) acquireReply(vals []int64) acquireReply { return readAcquire(vals) }
+
+func (k mutexKind) releaseCall(value, tomb string) (*Script, []string, []string) {
+	m := k.m
+	keys, args := m.keys.lockCall(tomb, value, m.tombMS, m.wakeTries)
+	return releaseScript, keys, args
+}
+
+func (k mutexKind) extendCall(value string) (*Script, []string, []string) {
+	m := k.m
+	return extendScript, m.extendKeys, []string{value, m.expiryMS, m.queueMS}
+}
+
+func (mutexKind) extended(*hold, []nodeReply) {}
+
+func (k mutexKind) leaveCall(member string) (*Script, []string, []string) {
+	m := k.m
+	keys := []string{m.keys.waiters, m.keys.lock, m.keys.fence}
+	if m.keys.fence == "" {
+		keys = keys[:2]
+	}
+	return leaveScript, keys, []string{member, m.wakeTries}
+}
+
+// waitFlags: join the queue while listening (at its head if a turn was
+// lost), leave it on success if we may be in it. A waiter that cannot
+// listen polls without a place.
+func (mutexKind) waitFlags(listening, turn, queued bool) string {
+	switch {
+	case listening && turn && queued:
+		return "jtq"
+	case listening && turn:
+		return "jt"
+	case listening && queued:
+		return "jq"
+	case listening:
+		return "j"
+	case queued:
+		return "q"
+	}
+	return ""
+}
+
+func (mutexKind) ordered() bool { return false }
+
+func (mutexKind) messageGrant(*grant) {}
