@@ -98,13 +98,7 @@ func (m *NetMutex) passOwnership() {
 // row have not reached their bound. It reports whether it did. The caller
 // holds m.mu, owns m and has just taken h out of m.hold.
 func (m *NetMutex) handOffLocked(h *hold) bool {
-	if len(m.waiters) == 0 || !m.cfg.autoExtend || m.handoffs >= m.cfg.handoffs {
-		return false
-	}
-	// With auto-extend the watchdog keeps at least two thirds of the expiry
-	// ahead; less than half means extends are failing: release instead of
-	// handing over a hold about to be lost.
-	if until, held := h.deadline(); !held || time.Until(until) < m.cfg.expiry/2 {
+	if len(m.waiters) == 0 || !m.mayHandOffLocked(h) {
 		return false
 	}
 	w := m.waiters[0]
@@ -113,6 +107,35 @@ func (m *NetMutex) handOffLocked(h *hold) bool {
 	m.hold = h
 	w.turn <- h
 	return true
+}
+
+// mayHandOffLocked reports whether h may be handed to another goroutine of
+// this process: auto-extend is on, the hand-offs in a row have not reached
+// their bound, and h is well within its validity. The caller holds m.mu.
+func (m *NetMutex) mayHandOffLocked(h *hold) bool {
+	if !m.cfg.autoExtend || m.handoffs >= m.cfg.handoffs {
+		return false
+	}
+	// With auto-extend the watchdog keeps at least two thirds of the expiry
+	// ahead; less than half means extends are failing: release instead of
+	// handing over a hold about to be lost.
+	until, held := h.deadline()
+	return held && time.Until(until) >= m.cfg.expiry/2
+}
+
+// lend counts a hand-off of m's hold to goroutines of this process that use
+// it in its holder's stead (a NetRWMutex's readers under its write lock),
+// if one may be made now (see mayHandOffLocked), and reports whether it
+// did; m stays owned and held. It returns the hold, and how long its last
+// holder held it (for the observer's UnlockDone).
+func (m *NetMutex) lend() (h *hold, held time.Duration, ok bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.hold == nil || !m.mayHandOffLocked(m.hold) {
+		return nil, 0, false
+	}
+	m.handoffs++
+	return m.hold, time.Since(m.since), true
 }
 
 // setHold makes h m's hold, acquired in Redis by the owner of m.

@@ -229,6 +229,7 @@ type rwAcq struct {
 	start, end int64
 	token      uint64
 	who        int
+	hold       *hold // the write lock's hold, which a hand-off passes on within its process
 }
 
 func checkRWModel(rt *rapid.T, nNodes int, stats *propStats, steps *atomic.Int64) {
@@ -369,7 +370,7 @@ func checkRWModel(rt *rapid.T, nNodes int, stats *propStats, steps *atomic.Int64
 	// with a deadline ahead of the node's clock. believes* report whether c
 	// thinks it holds (Lost, RLost not closed).
 	writeHold := func(c *rwPropClient) (*hold, bool) {
-		h := c.rw.w.current()
+		h := c.rw.writeHold()
 		if h == nil {
 			return nil, false
 		}
@@ -381,9 +382,7 @@ func checkRWModel(rt *rapid.T, nNodes int, stats *propStats, steps *atomic.Int64
 		}
 	}
 	leaseHold := func(c *rwPropClient) (*hold, bool) {
-		c.rw.mu.Lock()
-		h := c.rw.lease
-		c.rw.mu.Unlock()
+		h, _ := c.rw.readHold() // the lease, or the write lock lent to the readers
 		if h == nil {
 			return nil, false
 		}
@@ -413,6 +412,14 @@ func checkRWModel(rt *rapid.T, nNodes int, stats *propStats, steps *atomic.Int64
 		}
 		return n
 	}
+	// readLive counts the nodes that hold live the hold h c's readers read
+	// under: its read lease, or its write lock lent to them.
+	readLive := func(c *rwPropClient, h *hold) int {
+		if h.m == c.rw.w {
+			return writeIntact(h)
+		}
+		return leaseLive(h)
+	}
 	// protected reports whether c holds for writing (w) and for reading (r)
 	// with its hold believed and live on a quorum; believing, whether it
 	// thinks it holds either.
@@ -423,7 +430,7 @@ func checkRWModel(rt *rapid.T, nNodes int, stats *propStats, steps *atomic.Int64
 		}
 		if h, ok := leaseHold(c); ok {
 			believing = true
-			r = leaseLive(h) >= quorum
+			r = readLive(c, h) >= quorum
 		}
 		return w, r, believing
 	}
@@ -467,7 +474,11 @@ func checkRWModel(rt *rapid.T, nNodes int, stats *propStats, steps *atomic.Int64
 		if tok == 0 {
 			rt.Fatalf("client %d acquired the write lock with no token", i)
 		}
+		h := c.rw.writeHold()
 		for _, a := range acqs {
+			if a.token == tok && a.who == c.id && a.hold == h {
+				continue // handed on by a writer of its process: the same hold
+			}
 			if a.token == tok {
 				rt.Fatalf("client %d acquired with token %d, already given to client %d", i, tok, a.who)
 			}
@@ -475,7 +486,7 @@ func checkRWModel(rt *rapid.T, nNodes int, stats *propStats, steps *atomic.Int64
 				rt.Fatalf("client %d acquired with token %d after client %d's acquisition with token %d had returned", i, tok, a.who, a.token)
 			}
 		}
-		acqs = append(acqs, rwAcq{start: start, end: end, token: tok, who: c.id})
+		acqs = append(acqs, rwAcq{start: start, end: end, token: tok, who: c.id, hold: h})
 		c.writer = true
 		acquired(rt, i, true, "the write lock")
 	}
@@ -560,13 +571,13 @@ func checkRWModel(rt *rapid.T, nNodes int, stats *propStats, steps *atomic.Int64
 	// (write) or read lease live.
 	holdLive := func(c *rwPropClient, write bool) int {
 		if write {
-			if h := c.rw.w.current(); h != nil {
+			if h := c.rw.writeHold(); h != nil {
 				return writeIntact(h)
 			}
 			return 0
 		}
 		if h, _ := leaseHold(c); h != nil {
-			return leaseLive(h)
+			return readLive(c, h)
 		}
 		return 0
 	}
@@ -962,10 +973,17 @@ func checkRWModel(rt *rapid.T, nNodes int, stats *propStats, steps *atomic.Int64
 				// background: no release then, and nothing to check.
 				live = nNodes
 			}
+			hr, _ := c.rw.readHold()
 			err := c.rw.RUnlockCtx(ctx)
-			c.rw.mu.Lock()
-			last := c.rw.readers == 0
-			c.rw.mu.Unlock()
+			_, left := c.rw.readHold()
+			if err == nil && left == 0 && c.readers == 0 && c.pend != nil && c.pend.write && hr != nil && hr.m == c.rw.w && c.rw.w.current() == hr {
+				// The write lock its readers read under, handed on to
+				// the writer of the process in the background: as for
+				// UnlockCtx.
+				step("runlock/handed on")
+				return
+			}
+			last := left == 0
 			if !last && err != nil && c.pend != nil && !c.pend.write && c.readers == 0 {
 				// Only the last reader's RUnlockCtx releases, and so
 				// fails: it was the last, and the reader in the
@@ -974,7 +992,7 @@ func checkRWModel(rt *rapid.T, nNodes int, stats *propStats, steps *atomic.Int64
 				last = true
 			}
 			if last != (c.readers == 0) && (c.pend == nil || c.pend.write) {
-				rt.Fatalf("client %d RUnlockCtx: %d readers left in the process, model says %d", i, c.rw.readers, c.readers)
+				rt.Fatalf("client %d RUnlockCtx: %d readers left in the process, model says %d", i, left, c.readers)
 			}
 			if last {
 				released(rt, i, false, live, err)
@@ -1003,7 +1021,15 @@ func checkRWModel(rt *rapid.T, nNodes int, stats *propStats, steps *atomic.Int64
 			}
 			c.writer = false
 			live := holdLive(c, true)
+			h := c.rw.writeHold()
 			err := c.rw.UnlockCtx(ctx)
+			if err == nil && c.pend != nil && h != nil && c.rw.w.current() == h {
+				// Handed on to the call in the background (a writer of
+				// the process, or its readers): no release, the hold goes
+				// on, and its release is checked when it comes.
+				step("unlock/handed on")
+				return
+			}
 			released(rt, i, true, live, err)
 			step("unlock/" + rwErrName(err))
 		},
@@ -1119,7 +1145,7 @@ func checkRWModel(rt *rapid.T, nNodes int, stats *propStats, steps *atomic.Int64
 					continue // its state may change under our eyes
 				}
 				_, believesW := writeHold(c)
-				hw := c.rw.w.current()
+				hw := c.rw.writeHold()
 				if (hw != nil) != c.writer {
 					rt.Fatalf("client %d: write hold %v, model says writer %v", i, hw != nil, c.writer)
 				}
@@ -1135,9 +1161,7 @@ func checkRWModel(rt *rapid.T, nNodes int, stats *propStats, steps *atomic.Int64
 				if lost == believesW {
 					rt.Fatalf("client %d: Lost() closed %v, write hold believed %v", i, lost, believesW)
 				}
-				c.rw.mu.Lock()
-				n, lease := c.rw.readers, c.rw.lease
-				c.rw.mu.Unlock()
+				lease, n := c.rw.readHold()
 				if n != c.readers || (lease != nil) != (c.readers > 0) {
 					rt.Fatalf("client %d: %d readers, lease %v; model says %d readers", i, n, lease != nil, c.readers)
 				}
