@@ -13,14 +13,14 @@ import (
 // NewRedigo returns a Backend that runs scripts on connections from pool.
 // The pool is the caller's to configure and close. A call alone takes a
 // connection with pool.GetContext and returns it when done. Calls made
-// while others are in flight are pipelined on one more connection (see
-// redigoMux), dialed with the pool's Dial (or DialContext) function, kept
-// out of the pool, and closed 2s after its last use; they take connections
-// of the pool only while it is being dialed, or after a dial failed. A pool
-// without a Dial function pipelines nothing: however many NetMutexes share
-// the Backend, netlock has at most 128 calls in flight on it (the Hub
-// bounds them), so a pool without a bound (MaxActive 0) keeps about as many
-// connections at most for netlock.
+// while others are in flight are pipelined on one more connection, dialed
+// with the pool's Dial (or DialContext) function, kept out of the pool, and
+// closed 2s after its last use; they take connections of the pool only
+// while it is being dialed, or after a dial failed. A pool without a Dial
+// function pipelines nothing: however many NetMutexes share the Backend,
+// netlock has at most 128 calls in flight on it (the Hub bounds them), so a
+// pool without a bound (MaxActive 0) keeps about as many connections at
+// most for netlock.
 //
 // While waiters of the Backend are waiting for a lock, it keeps one more
 // connection, dialed with the pool's Dial (or DialContext) function and kept

@@ -26,8 +26,8 @@ import (
 //
 // After a failed acquire or an Unlock that could not reach every node, a
 // NetMutex keeps one goroutine that delivers the release to those nodes when
-// they answer again (see reaper). It ends when all have answered, when their
-// clients are closed, or after ten expiries (tombstoneExpiries).
+// they answer again. It ends when all have answered, when their clients are
+// closed, or after ten expiries.
 //
 // While goroutines of this process wait on a NetMutex, Unlock passes the
 // hold straight to the first of them, without a round trip to Redis, a
@@ -273,7 +273,7 @@ func (m *NetMutex) TryLock() bool {
 // New. Whatever Redis does, it returns, with m unlocked in this process: a
 // hold that had been lost is logged at Warn (and Lost was closed when it
 // was found lost); a release that could not reach every node is logged at
-// Warn and delivered in the background when the nodes answer (see reaper).
+// Warn and delivered in the background when the nodes answer.
 // Use UnlockCtx to get these as errors.
 func (m *NetMutex) Unlock() {
 	err := m.UnlockCtx(context.Background())

@@ -18,7 +18,7 @@ import (
 //
 // While it waits, LockCtx costs Redis about one command per expiry: its turn
 // comes by a message from the release that makes it, not by polling (see
-// waiter). While Redis cannot be asked (connections refused or reset, a
+// Subscriber). While Redis cannot be asked (connections refused or reset, a
 // server restarting, calls slower than the node timeout), it keeps trying
 // for the outage window (WithOutageWindow, default the expiry); if the nodes
 // still do not answer, it returns an error matching ErrQuorum that names

@@ -75,7 +75,7 @@ type UnlockDone struct {
 	HandedOver bool
 	// Err is what UnlockCtx returned: nil, ErrLockLost (the hold had been
 	// lost), or an error matching ErrQuorum (the release did not reach
-	// enough nodes: the reaper delivers it when they answer).
+	// enough nodes: it is delivered in the background when they answer).
 	Err error
 }
 

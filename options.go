@@ -151,12 +151,13 @@ func WithOutageWindow(d time.Duration) Option {
 }
 
 // WithLogger sets where a NetMutex logs. At Warn: a hold lost, a release
-// that could not be delivered to every node (the reaper retries it), the
-// reaper giving up, and a server whose settings break the lock (a
-// maxmemory-policy that can evict lock keys; looked at once per Backend,
-// before the first acquire, when Warn is enabled). At Debug: every acquire, unlock and extend. Records carry
-// the attributes lock (the name), token, and node or error where they
-// apply. Without this option, records at Warn and above go to slog.Default(),
+// that could not be delivered to every node (it is delivered again in the
+// background), the background delivery giving up, and a server whose
+// settings break the lock (a maxmemory-policy that can evict lock keys;
+// looked at once per Backend, before the first acquire, when Warn is
+// enabled). At Debug: every acquire, unlock and extend. Records carry the
+// attributes lock (the name), token, and node or error where they apply.
+// Without this option, records at Warn and above go to slog.Default(),
 // whichever logger that is when they are logged; pass
 // slog.New(slog.DiscardHandler) to log nothing.
 func WithLogger(l *slog.Logger) Option {

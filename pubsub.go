@@ -42,14 +42,8 @@ var errHubDown = errors.New("netlock: pub/sub connection lost")
 // what a Subscriber gives netlock. Make it with NewHub, once per Backend.
 // Its methods are netlock's own; a Backend only hands it out. It also bounds
 // the script calls netlock has in flight on the Backend, from all its
-// NetMutexes (maxCalls), so that they take few connections of a pool that
-// has no bound of its own.
-//
-// Two locks: mu orders the links' lives and their sends (a SUBSCRIBE is
-// sent and its confirmation queued under mu); wmu guards the registry of
-// topics and watches and is never held across I/O, so that a message can be
-// dispatched from a connection's reading goroutine while a send waits.
-// Lock order: mu, then wmu.
+// NetMutexes (at most 128 at once), so that they take few connections of a
+// pool that has no bound of its own.
 type Hub struct {
 	listen func(ctx context.Context, onMessage func(channel, payload string)) (Listener, error)
 	// shard, when set (HubConfig.Shard), makes the Hub sharded: one link
@@ -65,6 +59,11 @@ type Hub struct {
 	// where the link of its slot is (see HubConfig.ListenShard).
 	counted bool
 
+	// Two locks: mu orders the links' lives and their sends (a SUBSCRIBE is
+	// sent and its confirmation queued under mu); wmu guards the registry of
+	// topics and watches and is never held across I/O, so that a message can
+	// be dispatched from a connection's reading goroutine while a send waits.
+	// Lock order: mu, then wmu.
 	mu sync.Mutex
 	// links holds the open links, by node ("" for the one link of a Hub
 	// that is not sharded).

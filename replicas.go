@@ -9,8 +9,8 @@ import (
 // A ReplicaWaiter is a Backend that can wait for its server's replicas to
 // acknowledge a script's writes: what WithSyncReplicas needs. NewRedigo,
 // NewRueidis and netlock/goredis implement it. A Backend that wraps another
-// should implement it by forwarding, as it does the interfaces of
-// subscriber.go, or New refuses it with WithSyncReplicas.
+// should implement it by forwarding, as it does Subscriber and
+// ErrorClassifier, or New refuses it with WithSyncReplicas.
 type ReplicaWaiter interface {
 	Backend
 	// EvalWait runs s as Eval does and then, on the same connection (so

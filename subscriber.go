@@ -112,8 +112,8 @@ type Listener interface {
 
 // An ErrorClassifier is a Backend that can tell which of its errors are
 // final. Without it, netlock takes every error for one that may have left
-// the call in flight: the reaper keeps delivering a release until the
-// tombstone's lifetime ends (ten expiries), and a waiter rides out even an
+// the call in flight: a release is delivered again in the background until
+// ten expiries have passed, and a waiter rides out even an
 // error reply like WRONGTYPE for the outage window (WithOutageWindow) before
 // it reports it.
 type ErrorClassifier interface {

@@ -2,13 +2,16 @@ module github.com/netlock-go/netlock/chaos
 
 go 1.26.0
 
-// Test the library checked out next to chaos/, not a published version.
+// Inside the repository this module builds against the library checked
+// out next to it: through ../go.work, and through this replace when the
+// workspace is off (GOWORK=off). A module that requires this one ignores
+// the replace and gets at least the netlock version required below.
 replace github.com/netlock-go/netlock => ../
 
 require (
 	github.com/Shopify/toxiproxy/v2 v2.12.0
 	github.com/gomodule/redigo v1.9.3
-	github.com/netlock-go/netlock v0.0.0-00010101000000-000000000000
+	github.com/netlock-go/netlock v0.0.0-20261124022100-c5f098386197
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/redis/rueidis v1.0.79
 	github.com/rs/zerolog v1.33.0

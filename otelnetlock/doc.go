@@ -52,8 +52,8 @@
 // netlock.unlock.handed_over true, the unlock passed the hold to a goroutine
 // of this process waiting for it, whose own hold time starts then. error.type
 // is set when UnlockCtx returned an error: "lock_lost" (the hold had been
-// lost) or "quorum" (the release did not reach enough nodes; netlock's
-// reaper delivers it later).
+// lost) or "quorum" (the release did not reach enough nodes; netlock
+// delivers it later, in the background).
 //
 // netlock.lock.extend_time records every extend round, the watchdog's and
 // ExtendCtx's: the time it took, and error.type when it failed.

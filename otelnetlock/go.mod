@@ -2,13 +2,16 @@ module github.com/netlock-go/netlock/otelnetlock
 
 go 1.25.0
 
-// Build against the library checked out next to otelnetlock/.
+// Inside the repository this module builds against the library checked
+// out next to it: through ../go.work, and through this replace when the
+// workspace is off (GOWORK=off). A module that requires this one ignores
+// the replace and gets at least the netlock version required below.
 replace github.com/netlock-go/netlock => ../
 
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/gomodule/redigo v1.9.3
-	github.com/netlock-go/netlock v0.0.0-00010101000000-000000000000
+	github.com/netlock-go/netlock v0.0.0-20261124022100-c5f098386197
 	go.opentelemetry.io/otel v1.46.0
 	go.opentelemetry.io/otel/metric v1.46.0
 	go.opentelemetry.io/otel/sdk v1.46.0
