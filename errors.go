@@ -11,10 +11,12 @@ import (
 // are misuse found before any work: New's validation errors and the use of a
 // NetMutex not made by New, which say what is wrong in their message.
 var (
-	// ErrNotObtained means the lock could not be obtained: it was held by
-	// someone else (TryLock, TryLockCtx) or the caller's context ended while
-	// waiting (LockCtx, Do). In the second case the error also matches the
-	// context's error.
+	// ErrNotObtained means the lock was held by another when the call
+	// stopped: at once (TryLock, TryLockCtx), or when the caller's context
+	// ended while waiting (LockCtx, Do); the error then also matches the
+	// context's error. A wait that ended while Redis could not be asked
+	// (too few nodes answered its last attempt) matches ErrQuorum and the
+	// context's error instead.
 	ErrNotObtained = errors.New("netlock: not obtained")
 
 	// ErrNotHeld means Unlock, UnlockCtx or ExtendCtx was called on a NetMutex
@@ -52,11 +54,50 @@ type wrapError struct {
 func (e *wrapError) Error() string { return e.msg }
 func (e *wrapError) Unwrap() error { return e.err }
 
-// notObtained returns the error for a context that ended while acquiring:
-// both errors.Is(err, ErrNotObtained) and errors.Is(err, cause) hold.
+// notObtained returns the error for a context that ended while acquiring
+// a lock held by another: both errors.Is(err, ErrNotObtained) and
+// errors.Is(err, cause) hold.
 func notObtained(cause error) error {
-	return errors.Join(ErrNotObtained, cause)
+	return join(ErrNotObtained, cause)
 }
+
+// unreachable returns the error for a context that ended while acquiring
+// with Redis not answering (down, an error matching ErrQuorum): it matches
+// cause and down, not ErrNotObtained.
+func unreachable(cause, down error) error {
+	return join(cause, down)
+}
+
+// join is errors.Join with the messages on one line, joined with "; ", so
+// that a log line or an HTTP body is not split. It returns nil if every
+// error is nil.
+func join(errs ...error) error {
+	e := &joinError{errs: make([]error, 0, len(errs))}
+	for _, err := range errs {
+		if err != nil {
+			e.errs = append(e.errs, err)
+		}
+	}
+	if len(e.errs) == 0 {
+		return nil
+	}
+	return e
+}
+
+type joinError struct{ errs []error }
+
+func (e *joinError) Error() string {
+	var b strings.Builder
+	for i, err := range e.errs {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(err.Error())
+	}
+	return b.String()
+}
+
+func (e *joinError) Unwrap() []error { return e.errs }
 
 // nodeError names the node an error came from.
 func nodeError(i int, err error) error {

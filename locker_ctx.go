@@ -11,10 +11,13 @@ import (
 // arrival, then for other clients.
 //
 // It returns nil when m is held. If ctx ends first, it returns an error
-// matching both ErrNotObtained and ctx's error, and nothing is left held on
-// any node: an acquisition that was under way is released under a context
-// that ctx's cancellation does not reach, and a hold that came as ctx ended
-// is passed on.
+// matching ctx's error, and nothing is left held on any node: an
+// acquisition that was under way is released under a context that ctx's
+// cancellation does not reach, and a hold that came as ctx ended is passed
+// on. The error also matches ErrNotObtained if the lock was held by another
+// then, or ErrQuorum (naming each node's error) if the nodes did not
+// answer the last attempt: a short deadline does not report an outage as a
+// busy lock.
 //
 // While it waits, LockCtx costs Redis about one command per expiry: its turn
 // comes by a message from the release that makes it, not by polling (see
@@ -22,8 +25,7 @@ import (
 // server restarting, calls slower than the node timeout), it keeps trying
 // for the outage window (WithOutageWindow, default the expiry); if the nodes
 // still do not answer, it returns an error matching ErrQuorum that names
-// each node's last error, joined with ctx's error if ctx ended first. An
-// answer that retrying cannot change (a key of another type, a missing
+// each node's last error. An answer that retrying cannot change (a key of another type, a missing
 // permission) is returned at once, the same way.
 func (m *NetMutex) LockCtx(ctx context.Context) (err error) {
 	if err := m.check(); err != nil {
@@ -199,6 +201,27 @@ func Do[T any](ctx context.Context, m *NetMutex, fn func(ctx context.Context) (T
 	if err := m.LockCtx(ctx); err != nil {
 		return result, err
 	}
+	return runLocked(ctx, m, fn)
+}
+
+// TryDo is Do without waiting: it tries once to lock m, as TryLockCtx does,
+// and runs fn only if the lock was free; then it returns fn's result, true,
+// and fn's error joined with the unlock's. It returns the zero T, false and
+// nil when another goroutine of this process or another client holds the
+// lock, and the zero T, false and the error when the attempt could not be
+// made (ctx ended, Redis could not be asked). It fits a job that must run
+// on one replica per tick: the others skip it.
+func TryDo[T any](ctx context.Context, m *NetMutex, fn func(ctx context.Context) (T, error)) (result T, ran bool, err error) {
+	ok, err := m.TryLockCtx(ctx)
+	if !ok {
+		return result, false, err
+	}
+	result, err = runLocked(ctx, m, fn)
+	return result, true, err
+}
+
+// runLocked runs fn for Do and TryDo, m locked, and unlocks m.
+func runLocked[T any](ctx context.Context, m *NetMutex, fn func(ctx context.Context) (T, error)) (result T, err error) {
 	lost := m.Lost()
 	fctx, cancel := context.WithCancelCause(ctx)
 	watched := make(chan struct{})
@@ -215,7 +238,7 @@ func Do[T any](ctx context.Context, m *NetMutex, fn func(ctx context.Context) (T
 		cancel(nil)
 		<-watched
 		if uerr := m.UnlockCtx(context.WithoutCancel(ctx)); uerr != nil {
-			err = errors.Join(err, uerr)
+			err = join(err, uerr)
 		}
 	}()
 	return fn(fctx)

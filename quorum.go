@@ -3,7 +3,9 @@ package netlock
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -46,6 +48,9 @@ type outcome struct {
 	// rejoin: busy, and our member is no longer queued; it must join
 	// again under a fresh nonce (see lua/acquire.lua).
 	rejoin bool
+	// down, ended: too few nodes answered, for reasons other than ctx's
+	// end (an error matching ErrQuorum); err is ctx's cause.
+	down error
 }
 
 type outcomeKind int
@@ -380,7 +385,12 @@ func (v *votes) refused() []bool {
 func (m *NetMutex) lostRound(ctx context.Context, v *votes, took time.Duration) outcome {
 	switch err := ctxEnded(ctx); {
 	case err != nil:
-		return outcome{kind: ended, err: notObtained(err), took: took}
+		o := outcome{kind: ended, err: err, took: took}
+		if v.answered < m.quorum && !onlyCtxErrs(v.errs) {
+			// Redis could not be asked, not only cut short by ctx.
+			o.down = &quorumError{nodes: len(m.nodes), answered: v.answered, need: m.quorum, errs: v.errs}
+		}
+		return o
 	case v.answered < m.quorum:
 		kind := down
 		if v.permanent {
@@ -531,6 +541,20 @@ func (m *NetMutex) settle(replies []nodeReply) error {
 		return ErrLockLost
 	}
 	return &quorumError{nodes: len(m.nodes), answered: ok + gone, need: m.quorum, errs: errs}
+}
+
+// onlyCtxErrs reports whether every error may be the caller's ctx ending
+// under a call: a context's end, or a timeout (a client library that turns
+// the deadline into a socket deadline, as redigo does, reports an i/o
+// timeout). A call cut short says nothing of an outage.
+func onlyCtxErrs(errs []error) bool {
+	for _, err := range errs {
+		var ne net.Error
+		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) && !(errors.As(err, &ne) && ne.Timeout()) {
+			return false
+		}
+	}
+	return true
 }
 
 // ctxEnded returns ctx's cause if ctx is done or its deadline has passed. A

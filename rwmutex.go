@@ -492,9 +492,10 @@ func (rw *NetRWMutex) RLost() <-chan struct{} {
 
 // LockCtx locks rw for writing, waiting until no reader or writer of any
 // process holds it, until ctx ends. Its errors are NetMutex.LockCtx's: an
-// error matching ErrNotObtained (and ctx's error) if ctx ends first, with
-// nothing left held or queued; an error matching ErrQuorum if Redis could
-// not be asked for the outage window.
+// error matching ctx's error and ErrNotObtained (or ErrQuorum if Redis did
+// not answer the last attempt) if ctx ends first, with nothing left held or
+// queued; an error matching ErrQuorum if Redis could not be asked for the
+// outage window.
 func (rw *NetRWMutex) LockCtx(ctx context.Context) error {
 	if err := rw.check(); err != nil {
 		return err

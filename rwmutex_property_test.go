@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -475,9 +476,12 @@ func checkRWModel(rt *rapid.T, nNodes int, stats *propStats, steps *atomic.Int64
 			rt.Fatalf("client %d acquired the write lock with no token", i)
 		}
 		h := c.rw.writeHold()
+		handed := slices.ContainsFunc(acqs, func(a rwAcq) bool { return a.who == c.id && a.hold == h })
 		for _, a := range acqs {
-			if a.token == tok && a.who == c.id && a.hold == h {
-				continue // handed on by a writer of its process: the same hold
+			if handed {
+				// Handed on by a writer of its process: the same hold,
+				// whose token was checked when it was acquired.
+				break
 			}
 			if a.token == tok {
 				rt.Fatalf("client %d acquired with token %d, already given to client %d", i, tok, a.who)

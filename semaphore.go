@@ -209,8 +209,9 @@ func (s *Semaphore) check(n int64, what string) error {
 
 // Acquire acquires n permits, waiting until they are free and every waiter
 // that came before has been served, or until ctx ends. On success it
-// returns nil. If ctx ends first, it returns an error matching
-// ErrNotObtained and ctx's error, leaving nothing held or queued. Unlike
+// returns nil. If ctx ends first, it returns an error matching ctx's error
+// and ErrNotObtained (or ErrQuorum if Redis did not answer the last
+// attempt), leaving nothing held or queued. Unlike
 // x/sync's, an Acquire of more than size permits fails at once, since no
 // wait could grant it. Other errors: ErrSizeMismatch; an error matching
 // ErrQuorum once Redis has not answered for the outage window
@@ -401,7 +402,7 @@ func (s *Semaphore) wait(ctx context.Context, w *semWaiter) (contended bool, err
 		case semRetry:
 			continue
 		case semRefused:
-			contended, sw.down = true, time.Time{}
+			contended, sw.down, sw.downErr = true, time.Time{}, nil
 			var again bool
 			if look, again = sw.refused(ctx, r.look); again {
 				continue // a wake-up sent before we listened is not lost: look again now
@@ -426,6 +427,7 @@ type semWait struct {
 	wt        *watch
 	attempted bool      // a call was made: leaving must be told to Redis
 	down      time.Time // when Redis stopped answering, zero while it answers
+	downErr   error     // the last attempt's error while Redis does not answer
 	bo        backoff
 }
 
@@ -484,8 +486,9 @@ func (sw *semWait) refused(ctx context.Context, look time.Duration) (time.Durati
 func (sw *semWait) failed(ctx context.Context, r semResult) (time.Duration, error) {
 	if cause := ctxEnded(ctx); cause != nil {
 		sw.leave(ctx)
-		return 0, notObtained(cause)
+		return 0, unreachable(cause, r.err)
 	}
+	sw.downErr = r.err
 	if r.permanent {
 		sw.leave(ctx)
 		return 0, r.err
@@ -515,6 +518,11 @@ func (sw *semWait) sleep(ctx context.Context, look time.Duration) (granted bool,
 	case <-timer.C:
 	case <-ctx.Done():
 		sw.leave(ctx)
+		if sw.downErr != nil {
+			// Redis did not answer the last attempt: not a semaphore
+			// found full.
+			return false, unreachable(context.Cause(ctx), sw.downErr)
+		}
 		return false, notObtained(context.Cause(ctx))
 	}
 	return false, nil

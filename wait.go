@@ -3,7 +3,6 @@ package netlock
 import (
 	"context"
 	"crypto/rand"
-	"errors"
 	mrand "math/rand/v2"
 	"strconv"
 	"strings"
@@ -123,7 +122,10 @@ func (w *waiter) run(ctx context.Context) (bool, error) {
 			w.acquired(ctx, o.grant, o.unqueue)
 			return true, nil
 		case ended:
-			return false, w.withDownErr(o.err)
+			if o.down != nil {
+				w.downErr = o.down
+			}
+			return false, w.ended(o.err)
 		case failed:
 			return false, o.err
 		case down:
@@ -337,13 +339,15 @@ func (w *waiter) answered() {
 	clear(w.failed)
 }
 
-// withDownErr joins err (ctx's end) with the nodes' last error, if they
-// were not answering when ctx ended.
-func (w *waiter) withDownErr(err error) error {
+// ended returns the error of a wait that ctx's end (cause) stopped: the
+// lock was held by another (ErrNotObtained), or, if the nodes did not
+// answer the last attempt, Redis could not be asked (their error, which
+// matches ErrQuorum).
+func (w *waiter) ended(cause error) error {
 	if w.downErr != nil {
-		return errors.Join(err, w.downErr)
+		return unreachable(cause, w.downErr)
 	}
-	return err
+	return notObtained(cause)
 }
 
 // sleep waits for d, a wake-up, or ctx's end (then it returns ctx's cause
@@ -363,7 +367,7 @@ func (w *waiter) sleepFor(ctx context.Context, d time.Duration) (payload string,
 	}
 	select {
 	case <-ctx.Done():
-		return "", false, w.withDownErr(notObtained(context.Cause(ctx)))
+		return "", false, w.ended(context.Cause(ctx))
 	case <-w.timer.C:
 		return "", false, nil
 	case payload = <-w.wake: // nil, blocking for ever, while not listening

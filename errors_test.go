@@ -1,0 +1,112 @@
+package netlock
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/netlock-go/netlock/internal/redistest"
+)
+
+// TestOutageIsNotBusy: a wait that a short deadline ends while Redis cannot
+// be asked reports the outage (ErrQuorum and the deadline), not a lock held
+// elsewhere (ErrNotObtained); a wait that ends while another holds the lock
+// reports ErrNotObtained and the deadline, not ErrQuorum. On one server and
+// on a quorum of three with two down, on every client; the errors are one
+// line.
+func TestOutageIsNotBusy(t *testing.T) {
+	for _, client := range testClients() {
+		t.Run(client, func(t *testing.T) {
+			for _, n := range []int{1, 3} {
+				servers := startServers(t, n)
+				name := "outage" + client
+				busy := quorumMutex(t, client, servers, name)
+				holder := quorumMutex(t, client, servers, name)
+				mustLock(t, holder)
+
+				err := lockFor(busy, 300*time.Millisecond)
+				wantErrs(t, "held elsewhere", err, []error{ErrNotObtained, context.DeadlineExceeded}, []error{ErrQuorum})
+				if err := holder.UnlockCtx(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+
+				// A majority down: refused connections.
+				for _, s := range servers[:n/2+1] {
+					s.Kill()
+				}
+				// As long as `netlock run --wait 2s`: go-redis's own dial
+				// retries take most of a second.
+				err = lockFor(busy, 2*time.Second)
+				wantErrs(t, "Redis down", err, []error{ErrQuorum, context.DeadlineExceeded}, []error{ErrNotObtained})
+				ok, err := busy.TryLockCtx(context.Background())
+				if ok {
+					t.Fatal("TryLockCtx with Redis down: got true")
+				}
+				wantErrs(t, "TryLockCtx, Redis down", err, []error{ErrQuorum}, []error{ErrNotObtained})
+			}
+		})
+	}
+}
+
+// TestSemaphoreOutageIsNotFull: the same for a Semaphore's Acquire.
+func TestSemaphoreOutageIsNotFull(t *testing.T) {
+	for _, client := range testClients() {
+		t.Run(client, func(t *testing.T) {
+			srv := redistest.Start(t)
+			b := newBackend(t, client, srv.Addr())
+			full, err := NewSemaphore("outage", 1, []Backend{newBackend(t, client, srv.Addr())})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, err := NewSemaphore("outage", 1, []Backend{b})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := full.Acquire(context.Background(), 1); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			err = s.Acquire(ctx, 1)
+			cancel()
+			wantErrs(t, "full", err, []error{ErrNotObtained, context.DeadlineExceeded}, []error{ErrQuorum})
+			full.Release(1)
+
+			srv.Kill()
+			ctx, cancel = context.WithTimeout(context.Background(), 2*time.Second)
+			err = s.Acquire(ctx, 1)
+			cancel()
+			wantErrs(t, "Redis down", err, []error{ErrQuorum, context.DeadlineExceeded}, []error{ErrNotObtained})
+		})
+	}
+}
+
+// lockFor runs m.LockCtx with a deadline d from now.
+func lockFor(m *NetMutex, d time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	return m.LockCtx(ctx)
+}
+
+// wantErrs checks that err matches every error of want and none of
+// unwanted, and that its message is one line.
+func wantErrs(t *testing.T, what string, err error, want, unwanted []error) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("%s: got nil, want an error matching %v", what, want)
+	}
+	for _, w := range want {
+		if !errors.Is(err, w) {
+			t.Errorf("%s: got %q, want it to match %v", what, err, w)
+		}
+	}
+	for _, u := range unwanted {
+		if errors.Is(err, u) {
+			t.Errorf("%s: got %q, which matches %v: want it not to", what, err, u)
+		}
+	}
+	if strings.Contains(err.Error(), "\n") {
+		t.Errorf("%s: got %q, want one line", what, err)
+	}
+}
