@@ -3,6 +3,7 @@ package netlock
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -109,4 +110,65 @@ func wantErrs(t *testing.T, what string, err error, want, unwanted []error) {
 	if strings.Contains(err.Error(), "\n") {
 		t.Errorf("%s: got %q, want one line", what, err)
 	}
+}
+
+// TestFailedAcquireQuiet: an acquire that no node granted logs nothing at
+// Warn, however many rounds it tried (Redis refusing connections, or
+// stalled past the node timeout and then closed by its client), and the
+// error it returns is the one report.
+func TestFailedAcquireQuiet(t *testing.T) {
+	for _, client := range testClients() {
+		t.Run(client+"/refused", func(t *testing.T) {
+			srv := redistest.Start(t)
+			logs := &logRecords{level: slog.LevelWarn}
+			m, err := New("quiet", []Backend{newBackend(t, client, srv.Addr())}, WithLogger(slog.New(logs)), WithExpiry(time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv.Kill()
+			if err := lockFor(m, 2*time.Second); !errors.Is(err, ErrQuorum) {
+				t.Fatalf("LockCtx with Redis down: got %v, want ErrQuorum", err)
+			}
+			waitQuiet(t, m)
+			if n := logs.count(slog.LevelWarn); n != 0 {
+				t.Fatalf("a failed LockCtx logged %d records at Warn, want none: %v", n, logs.recs)
+			}
+		})
+		t.Run(client+"/stalled then closed", func(t *testing.T) {
+			srv := redistest.Start(t)
+			logs := &logRecords{level: slog.LevelWarn}
+			b := newBackend(t, client, srv.Addr())
+			m, err := New("quiet", []Backend{b}, WithLogger(slog.New(logs)), WithExpiry(time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			mustLock(t, m) // the scripts loaded, the connections made
+			m.Unlock()
+			srv.Pause()
+			if ok, err := m.TryLockCtx(context.Background()); ok || !errors.Is(err, ErrQuorum) {
+				t.Fatalf("TryLockCtx with Redis stalled: got %v, %v; want false, ErrQuorum", ok, err)
+			}
+			srv.Kill() // as a client closed after the failed call: deliveries fail for good
+			waitQuiet(t, m)
+			if n := logs.count(slog.LevelWarn); n != 0 {
+				t.Fatalf("a failed TryLockCtx logged %d records at Warn, want none: %v", n, logs.recs)
+			}
+		})
+	}
+}
+
+// waitQuiet waits until m's reaper has nothing left to deliver.
+func waitQuiet(t *testing.T, m *NetMutex) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		m.reaper.mu.Lock()
+		idle := !m.reaper.running
+		m.reaper.mu.Unlock()
+		if idle {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatal("the reaper still delivers after 10s")
 }

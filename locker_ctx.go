@@ -127,7 +127,7 @@ func (m *NetMutex) UnlockCtx(ctx context.Context) error {
 
 	wasLost := h.end()
 	start := time.Now()
-	replies := m.release(detached(ctx), h.value, h.tomb, nil)
+	replies := m.release(detached(ctx), h.value, h.tomb, nil, true)
 	err := m.settle(replies)
 	if err == nil && woke(replies) {
 		// Other clients were subscribed when we released: an acquire of

@@ -200,10 +200,16 @@ func (m *NetMutex) lostHold(h *hold, reason LostReason) {
 	}
 }
 
-// reapGaveUp logs that the reaper stopped delivering a release to node i.
-func (m *NetMutex) reapGaveUp(node int, why string, err error) {
-	if l := m.log(context.Background(), slog.LevelWarn); l != nil {
-		l.LogAttrs(context.Background(), slog.LevelWarn, "netlock: gave up delivering a release", m.lockAttr(), slog.Int("node", node), slog.String("reason", why), errAttr(err))
+// reapGaveUp logs that the reaper stopped delivering release p: at Warn for
+// the release of a hold, at Debug for that of an acquire no node granted
+// (its call may have reached the node; nothing was held).
+func (m *NetMutex) reapGaveUp(p pendingRelease, why string, err error) {
+	level := slog.LevelWarn
+	if !p.held {
+		level = slog.LevelDebug
+	}
+	if l := m.log(context.Background(), level); l != nil {
+		l.LogAttrs(context.Background(), level, "netlock: gave up delivering a release", m.lockAttr(), slog.Int("node", p.node), slog.String("reason", why), errAttr(err))
 	}
 }
 

@@ -291,7 +291,7 @@ func (m *NetMutex) acquireRound(ctx context.Context, q ask) outcome {
 			return outcome{kind: acquired, grant: g, took: took, unqueue: v.refused()}
 		}
 	}
-	m.releaseDetached(ctx, value, tomb, v.cleanup)
+	m.releaseDetached(ctx, value, tomb, v.cleanup, v.nGranted > 0)
 	return m.lostRound(ctx, &v, took)
 }
 
@@ -426,14 +426,15 @@ func (m *NetMutex) learn(counter int64) {
 // releaseDetached releases value (whose tombstone key is tomb, "" to
 // derive it) on the targeted nodes under a context that ctx's cancellation
 // does not reach (the caller may have given up; the key must go anyway),
-// each call still bounded by the node timeout.
-func (m *NetMutex) releaseDetached(ctx context.Context, value, tomb string, targets []bool) {
+// each call still bounded by the node timeout. held: some node granted
+// the acquire (see release).
+func (m *NetMutex) releaseDetached(ctx context.Context, value, tomb string, targets []bool, held bool) {
 	any := false
 	for _, t := range targets {
 		any = any || t
 	}
 	if any {
-		m.release(detached(ctx), value, tomb, targets)
+		m.release(detached(ctx), value, tomb, targets, held)
 	}
 }
 
@@ -481,10 +482,12 @@ func (m *NetMutex) tomb(value, tomb string) string {
 // release runs the release script for value (whose tombstone key is tomb,
 // "" to derive it) on the targeted nodes (all when targets is nil). Nodes
 // that could not be asked get the release again later, from the reaper.
-func (m *NetMutex) release(ctx context.Context, value, tomb string, targets []bool) []nodeReply {
+// held says whether value was held on some node: the release of an acquire
+// that no node granted is not worth a warning when the reaper gives up.
+func (m *NetMutex) release(ctx context.Context, value, tomb string, targets []bool, held bool) []nodeReply {
 	s, keys, args := m.kind.releaseCall(value, m.tomb(value, tomb))
 	replies := m.fanout(ctx, s, keys, args, targets)
-	m.reapLater(value, replies, targets)
+	m.reapLater(value, replies, targets, held)
 	return replies
 }
 

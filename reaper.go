@@ -31,17 +31,18 @@ type pendingRelease struct {
 	value  string
 	giveUp time.Time
 	err    error // the last delivery's
+	held   bool  // value was held on some node (see NetMutex.release)
 }
 
 // reapLater queues releases of value for the nodes whose replies were
 // errors, and starts the reaper's goroutine if it is not running.
-func (m *NetMutex) reapLater(value string, replies []nodeReply, targets []bool) {
+func (m *NetMutex) reapLater(value string, replies []nodeReply, targets []bool, held bool) {
 	r := &m.reaper
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for i, rep := range replies {
 		if (targets == nil || targets[i]) && rep.err != nil && !finalErr(m.nodes[i], rep.err) {
-			r.pending = append(r.pending, pendingRelease{node: i, value: value, giveUp: time.Now().Add(tombstoneExpiries * m.cfg.expiry), err: rep.err})
+			r.pending = append(r.pending, pendingRelease{node: i, value: value, giveUp: time.Now().Add(tombstoneExpiries * m.cfg.expiry), err: rep.err, held: held})
 		}
 	}
 	if len(r.pending) > 0 && !r.running {
@@ -75,7 +76,7 @@ func (m *NetMutex) reap() {
 		var left []pendingRelease
 		for _, p := range batch {
 			if time.Now().After(p.giveUp) {
-				m.reapGaveUp(p.node, "the tombstone's lifetime ended: a late acquire can no longer take the key", p.err)
+				m.reapGaveUp(p, "the tombstone's lifetime ended: a late acquire can no longer take the key", p.err)
 				continue
 			}
 			sent, cancel := m.bound(context.Background())
@@ -85,7 +86,7 @@ func (m *NetMutex) reap() {
 			switch {
 			case rep.err == nil:
 			case finalErr(m.nodes[p.node], rep.err):
-				m.reapGaveUp(p.node, "the node answered with an error, refused the connection, or its client is closed", rep.err)
+				m.reapGaveUp(p, "the node answered with an error, refused the connection, or its client is closed", rep.err)
 			default:
 				p.err = rep.err
 				left = append(left, p)

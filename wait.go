@@ -291,7 +291,7 @@ func (w *waiter) granted(ctx context.Context, payload string) (grant, bool) {
 	m := w.m
 	value := nonce + "." + n
 	if nonce != w.nonce {
-		m.release(detached(ctx), value, "", nil)
+		m.release(detached(ctx), value, "", nil, true) // granted: held on the node
 		return grant{}, false
 	}
 	until := w.joined.Add(m.cfg.expiry - m.driftTerm)
