@@ -32,7 +32,19 @@
 // A NetMutex is safe for concurrent use. Goroutines of one process that share
 // it queue locally first, in order of arrival; only one of them at a time
 // talks to Redis, and Unlock hands the hold to the next of them without a
-// round trip, a bounded number of times in a row (WithLocalHandoffs).
+// round trip, a bounded number of times in a row (WithLocalHandoffs). A
+// Client, made once with the backends and options, gives the goroutines
+// that ask it for one name the same lock object while it is in use:
+//
+//	locks, err := netlock.NewClient([]netlock.Backend{goredis.New(rdb)})
+//	...
+//	mu, err := locks.Mutex("balance:" + account)
+//
+// TryDo runs a function under the lock only if it was free, for a job that
+// one replica of many must run.
+//
+// ErrNotObtained means the lock was held by another when a call stopped; a
+// wait that ended while Redis could not be asked matches ErrQuorum instead.
 //
 // # Holding a lock
 //

@@ -729,72 +729,87 @@ func (rw *NetRWMutex) RLockCtx(ctx context.Context) error {
 	}
 	for {
 		rw.mu.Lock()
-		if rw.lease == nil && rw.leasing == nil && (rw.writers > 0 || rw.wreaders > 0) {
-			admitted, err := rw.underWriteLock(ctx)
-			if admitted || err != nil {
-				return err
-			}
-			continue
+		var in bool
+		var err error
+		switch {
+		case rw.lease == nil && rw.leasing == nil && (rw.writers > 0 || rw.wreaders > 0):
+			in, err = rw.underWriteLock(ctx)
+		case rw.lease != nil:
+			in, err = rw.joinLease(ctx)
+		case rw.leasing != nil:
+			in, err = rw.awaitLeasing(ctx, rw.leasing)
+		default:
+			return rw.newLease(ctx)
 		}
-		if rw.lease != nil {
-			if rw.joinable() {
-				rw.readers++
-				rw.mu.Unlock()
-				return nil
-			}
-			if rw.recheckDue {
-				rw.recheckDue = false
-				lease := rw.lease
-				rw.mu.Unlock()
-				rw.recheck(lease)
-				continue
-			}
-			if err := rw.awaitJoinable(ctx); err != nil {
-				return err
-			}
-			continue
+		if in || err != nil {
+			return err
 		}
-		if rw.leasing != nil {
-			leasing := rw.leasing
-			rw.mu.Unlock()
-			if err := awaitClose(ctx, leasing); err != nil {
-				return err
-			}
-			// The readers that waited for a lease being acquired came
-			// before any writer its acquire found waiting (that writer
-			// came after the acquire, in Redis's order): they share it,
-			// as sync.RWMutex lets in every reader waiting when a writer
-			// leaves.
-			rw.mu.Lock()
-			if rw.lease != nil && rw.leaseFrom == leasing && ctx.Err() == nil {
-				if _, held := rw.lease.deadline(); held {
-					rw.readers++
-					rw.mu.Unlock()
-					return nil
-				}
-			}
-			rw.mu.Unlock()
-			continue
-		}
-		leasing := make(chan struct{})
-		rw.leasing = leasing
-		rw.mu.Unlock()
-
-		listen := rw.newLeaseWatch()
-		err := rw.r.LockCtx(ctx)
-
-		rw.mu.Lock()
-		rw.leasing = nil
-		close(leasing)
-		if err == nil {
-			rw.leased(listen, leasing)
-		}
-		rw.mu.Unlock()
-		if err != nil {
-			listen.stop()
-		}
-		return err
 	}
+}
+
+// joinLease lets a reader join the lease this process holds if no writer
+// waits; otherwise it waits until it may look again. The caller holds
+// rw.mu, and rw.lease is set; joinLease returns without rw.mu.
+func (rw *NetRWMutex) joinLease(ctx context.Context) (joined bool, err error) {
+	if rw.joinable() {
+		rw.readers++
+		rw.mu.Unlock()
+		return true, nil
+	}
+	if rw.recheckDue {
+		rw.recheckDue = false
+		lease := rw.lease
+		rw.mu.Unlock()
+		rw.recheck(lease)
+		return false, nil
+	}
+	return false, rw.awaitJoinable(ctx)
+}
+
+// awaitLeasing waits for the lease another reader of this process is
+// acquiring (leasing), and joins it. The caller holds rw.mu; awaitLeasing
+// returns without it.
+func (rw *NetRWMutex) awaitLeasing(ctx context.Context, leasing chan struct{}) (joined bool, err error) {
+	rw.mu.Unlock()
+	if err := awaitClose(ctx, leasing); err != nil {
+		return false, err
+	}
+	// The readers that waited for a lease being acquired came before any
+	// writer its acquire found waiting (that writer came after the
+	// acquire, in Redis's order): they share it, as sync.RWMutex lets in
+	// every reader waiting when a writer leaves.
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	if rw.lease != nil && rw.leaseFrom == leasing && ctx.Err() == nil {
+		if _, held := rw.lease.deadline(); held {
+			rw.readers++
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// newLease acquires a read lease in Redis for this process's readers. The
+// caller holds rw.mu; newLease returns without it.
+func (rw *NetRWMutex) newLease(ctx context.Context) error {
+	leasing := make(chan struct{})
+	rw.leasing = leasing
+	rw.mu.Unlock()
+
+	listen := rw.newLeaseWatch()
+	err := rw.r.LockCtx(ctx)
+
+	rw.mu.Lock()
+	rw.leasing = nil
+	close(leasing)
+	if err == nil {
+		rw.leased(listen, leasing)
+	}
+	rw.mu.Unlock()
+	if err != nil {
+		listen.stop()
+	}
+	return err
 }
 
 // TryRLockCtx tries to lock rw for reading once, without waiting. It
