@@ -272,12 +272,15 @@ func (m *NetMutex) acquireRound(ctx context.Context, q ask) outcome {
 	took := time.Since(start)
 	validity := m.cfg.expiry - took - m.driftTerm
 
-	var one [1]acquireReply // a plain lock's read, kept off the heap
-	v := votes{reads: one[:]}
+	// Each node's reply as its kind reads it; a plain lock's kept off the
+	// heap (out of v, whose errors escape with an outcome).
+	var one [1]acquireReply
+	reads := one[:]
 	if len(replies) > 1 {
-		v.reads = make([]acquireReply, len(replies))
+		reads = make([]acquireReply, len(replies))
 	}
-	m.tally(&v, replies)
+	var v votes
+	m.tally(&v, reads, replies)
 	if v.handed > 0 && q.nonce != "" && len(replies) == 1 {
 		// A release granted us the lock; this round found it and
 		// refreshed its TTL (after start): it is ours, under the value
@@ -286,7 +289,7 @@ func (m *NetMutex) acquireRound(ctx context.Context, q ask) outcome {
 		value, tomb = q.nonce+"."+strconv.FormatInt(v.handed, 10), ""
 	}
 	if validity > 0 && ctxEnded(ctx) == nil {
-		if token, ok := v.quorum(m.quorum); ok {
+		if token, ok := v.quorum(reads, m.quorum); ok {
 			g := grant{value: value, tomb: tomb, token: uint64(token), start: start, until: start.Add(validity), writerWaits: v.writerWaits}
 			return outcome{kind: acquired, grant: g, took: took, unqueue: v.refused()}
 		}
@@ -297,9 +300,8 @@ func (m *NetMutex) acquireRound(ctx context.Context, q ask) outcome {
 
 // votes is what the nodes answered one acquire round.
 type votes struct {
-	reads   []acquireReply // per node, as its kind reads it; zero where it did not answer
-	granted []bool         // the node granted
-	cleanup []bool         // the node may hold our value
+	granted []bool // the node granted
+	cleanup []bool // the node may hold our value
 	// handed: a release granted us the hold, under "<nonce>.<handed>".
 	handed                     int64
 	nGranted, fenced, answered int
@@ -309,8 +311,10 @@ type votes struct {
 	errs                       []error
 }
 
-// tally reads the nodes' replies to an acquire round into v.
-func (m *NetMutex) tally(v *votes, replies []nodeReply) {
+// tally reads the nodes' replies to an acquire round into v, and each
+// node's reply as its kind reads it into reads (zero where it did not
+// answer).
+func (m *NetMutex) tally(v *votes, reads []acquireReply, replies []nodeReply) {
 	marks := make([]bool, 2*len(replies)) // one allocation for both
 	v.granted = marks[:len(replies):len(replies)]
 	v.cleanup = marks[len(replies):]
@@ -323,7 +327,7 @@ func (m *NetMutex) tally(v *votes, replies []nodeReply) {
 			continue
 		}
 		a := m.kind.acquireReply(r.vals)
-		v.reads[i] = a
+		reads[i] = a
 		v.answered++
 		m.learn(a.counter)
 		switch a.status {
@@ -349,21 +353,21 @@ func (m *NetMutex) tally(v *votes, replies []nodeReply) {
 	}
 }
 
-// quorum returns the token granted by at least need nodes: a hold needs a
-// quorum granting the same token.
-func (v *votes) quorum(need int) (token int64, ok bool) {
-	for i := range v.reads {
+// quorum returns the token granted by at least need nodes (reads: their
+// replies): a hold needs a quorum granting the same token.
+func (v *votes) quorum(reads []acquireReply, need int) (token int64, ok bool) {
+	for i := range reads {
 		if !v.granted[i] {
 			continue
 		}
 		n := 0
-		for j := i; j < len(v.reads); j++ {
-			if v.granted[j] && v.reads[j].counter == v.reads[i].counter {
+		for j := i; j < len(reads); j++ {
+			if v.granted[j] && reads[j].counter == reads[i].counter {
 				n++
 			}
 		}
 		if n >= need {
-			return v.reads[i].counter, true
+			return reads[i].counter, true
 		}
 	}
 	return 0, false
