@@ -390,8 +390,9 @@ func (m *NetMutex) lostRound(ctx context.Context, v *votes, took time.Duration) 
 	switch err := ctxEnded(ctx); {
 	case err != nil:
 		o := outcome{kind: ended, err: err, took: took}
-		if v.answered < m.quorum && !onlyCtxErrs(v.errs) {
-			// Redis could not be asked, not only cut short by ctx.
+		if failed := notCutShort(v.errs); failed > len(m.nodes)-m.quorum {
+			// So many nodes failed, not only cut short by ctx, that no
+			// quorum could have answered: Redis could not be asked.
 			o.down = &quorumError{nodes: len(m.nodes), answered: v.answered, need: m.quorum, errs: v.errs}
 		}
 		return o
@@ -550,18 +551,19 @@ func (m *NetMutex) settle(replies []nodeReply) error {
 	return &quorumError{nodes: len(m.nodes), answered: ok + gone, need: m.quorum, errs: errs}
 }
 
-// onlyCtxErrs reports whether every error may be the caller's ctx ending
-// under a call: a context's end, or a timeout (a client library that turns
-// the deadline into a socket deadline, as redigo does, reports an i/o
-// timeout). A call cut short says nothing of an outage.
-func onlyCtxErrs(errs []error) bool {
+// notCutShort counts the errors that are not the caller's ctx ending under
+// a call: a context's end, or a timeout (a client library that turns the
+// deadline into a socket deadline, as redigo does, reports an i/o timeout).
+// A call cut short says nothing of an outage.
+func notCutShort(errs []error) int {
+	n := 0
 	for _, err := range errs {
 		var ne net.Error
 		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) && !(errors.As(err, &ne) && ne.Timeout()) {
-			return false
+			n++
 		}
 	}
-	return true
+	return n
 }
 
 // ctxEnded returns ctx's cause if ctx is done or its deadline has passed. A

@@ -6,7 +6,9 @@
 # ./test.sh -race, ./test.sh -run TestChaos.
 set -euo pipefail
 cd "$(dirname "$0")"
+# The root package runs about 10 minutes with -race on 2 cores: go test's
+# default timeout (10m) would cut it; a -timeout among the flags wins.
 for m in . chaos otelnetlock bench; do
 	echo "== go test $* ./... in $m"
-	(cd "$m" && go test "$@" ./...)
+	(cd "$m" && go test -timeout 30m "$@" ./...)
 done
