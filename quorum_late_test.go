@@ -73,8 +73,8 @@ func lateNeverHeld(t *testing.T, servers []*redistest.Server, name string, d tim
 	}
 }
 
-// Regression: the network delays an acquire past the node timeout, and the
-// cleanup release, sent on another connection, reaches the server first. The
+// The network delays an acquire past the node timeout, and the cleanup
+// release, sent on another connection, reaches the server first. The
 // release finds nothing to delete; the acquire, arriving afterwards, must not
 // take the key (the release's tombstone refuses it), or the key would be
 // stranded until its TTL with nobody holding the lock.

@@ -197,7 +197,7 @@ func TestQuorumMajorityDown(t *testing.T) {
 	settlesFree(t, servers[1:], "majority")
 }
 
-// Regression: one node held by a foreign value, one stalled, the caller's ctx
+// One node held by a foreign value, one stalled, the caller's ctx
 // cancelled mid-acquire. After return, and after the stalled node resumes and
 // runs our delayed request, no node holds our value.
 func TestQuorumCancelledWithStalledNode(t *testing.T) {
@@ -232,7 +232,7 @@ func TestQuorumCancelledWithStalledNode(t *testing.T) {
 	}
 }
 
-// Regression: a caller whose ctx ends before a quorum forms never gets nil,
+// A caller whose ctx ends before a quorum forms never gets nil,
 // even if the grants arrive afterwards.
 func TestQuorumDeadlineBeforeQuorum(t *testing.T) {
 	servers := startServers(t, 3)
@@ -266,7 +266,7 @@ func TestQuorumDeadlineBeforeQuorum(t *testing.T) {
 	settlesFree(t, servers, "late")
 }
 
-// Regression: a slow node that applies our SET after our deadline never
+// A slow node that applies our SET after our deadline never
 // strands the key.
 func TestSlowNodeAppliesLate(t *testing.T) {
 	for _, client := range testClients() {
@@ -288,7 +288,7 @@ func TestSlowNodeAppliesLate(t *testing.T) {
 	}
 }
 
-// Regression: extend after the keys expired, with the lock taken and released
+// Extend after the keys expired, with the lock taken and released
 // by another client meanwhile, reports ErrLockLost and never re-acquires.
 func TestExtendAfterExpiryIsLost(t *testing.T) {
 	servers := startServers(t, 3)

@@ -12,11 +12,16 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/gomodule/redigo/redis"
 )
 
-// semRegressBackend wraps a redigo Backend on miniredis for the regression
-// tests of TestSemProperty's findings.
-type semRegressBackend struct {
+// Tests of a Semaphore's waiters across processes: the order in which they
+// get in, and what a waiter that gives up leaves behind (nothing). The
+// basic cases (FIFO, a cancelled head, batches) are in semaphore_test.go.
+
+// semFaultBackend wraps a redigo Backend on miniredis: its calls can be
+// made to lose their reply, to reach Redis late, or to be slow.
+type semFaultBackend struct {
 	inner Backend
 	// fail: 1 makes the next call fail with a non-final error (its reply
 	// lost) and every later one with a final error (the client closed).
@@ -31,7 +36,7 @@ type semRegressBackend struct {
 	slow atomic.Int64
 }
 
-func (b *semRegressBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
+func (b *semFaultBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
 	switch b.fail.Load() {
 	case 1:
 		b.fail.Store(2)
@@ -61,15 +66,17 @@ func (b *semRegressBackend) Eval(ctx context.Context, s *Script, keys, args []st
 	return b.inner.Eval(ctx, s, keys, args)
 }
 
-func (b *semRegressBackend) Hub() *Hub { return b.inner.(Subscriber).Hub() }
+func (b *semFaultBackend) Hub() *Hub { return b.inner.(Subscriber).Hub() }
 
-func (b *semRegressBackend) Final(err error) bool {
+func (b *semFaultBackend) Final(err error) bool {
 	return errors.Is(err, errCrashed) || finalErr(b.inner, err)
 }
 
-func newSemRegress(t *testing.T, srv *miniredis.Miniredis, name string, size int64, opts ...Option) (*Semaphore, *semRegressBackend) {
+// newFaultSem returns a Semaphore on a semFaultBackend of its own, as
+// another process would have.
+func newFaultSem(t *testing.T, srv *miniredis.Miniredis, name string, size int64, opts ...Option) (*Semaphore, *semFaultBackend) {
 	t.Helper()
-	b := &semRegressBackend{inner: newBackend(t, "redigo", srv.Addr()),
+	b := &semFaultBackend{inner: newBackend(t, "redigo", srv.Addr()),
 		entered: make(chan struct{}), lateGo: make(chan struct{}), lateDone: make(chan struct{})}
 	s, err := NewSemaphore(name, size, []Backend{b}, opts...)
 	if err != nil {
@@ -78,88 +85,22 @@ func newSemRegress(t *testing.T, srv *miniredis.Miniredis, name string, size int
 	return s, b
 }
 
+// semQueued returns how many waiters of semaphore name are queued in Redis.
 func semQueued(t *testing.T, srv *miniredis.Miniredis, name string) int {
 	t.Helper()
 	m, _ := srv.ZMembers("netlock:{" + name + "}:sem:queue")
 	return len(m)
 }
 
-// A Release whose reply was lost is sent again in the background (fix);
-// once the client is closed (a final error), fix stops at once rather
-// than for ten expiries (found by TestSemProperty: the fix goroutine
-// outlived the pools it sent on).
-func TestSemRegressFixStopsOnFinalError(t *testing.T) {
-	srv := miniredis.RunT(t)
-	s, b := newSemRegress(t, srv, "fixstop", 2, WithExpiry(10*time.Second), WithAutoExtend(false), WithRetryDelay(time.Millisecond, 2*time.Millisecond))
-	if !s.TryAcquire(2) {
-		t.Fatal("TryAcquire(2) of a free semaphore: false")
-	}
-	b.fail.Store(1)
-	if err := s.ReleaseCtx(context.Background(), 1); !errors.Is(err, ErrQuorum) {
-		t.Fatalf("ReleaseCtx with its reply lost: %v, want ErrQuorum", err)
-	}
-	deadline := time.Now().Add(3 * time.Second)
-	for {
-		s.mu.Lock()
-		fixing := s.fixing
-		s.mu.Unlock()
-		if !fixing {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("fix still sending 3s after every call got a final error (it stops only when the lease ends, or after ten expiries)")
-		}
-		time.Sleep(time.Millisecond)
-	}
-	s.mu.Lock()
-	lease := s.lease
-	s.mu.Unlock()
-	if lease != nil {
-		lease.end()
-	}
-}
-
-// A waiter whose ctx ends while its attempt is on the wire leaves nothing
-// queued, even if the attempt reaches Redis after the leave (found by
-// TestSemProperty: the place, requeued by the late attempt, kept every
-// later waiter out for three expiries).
-func TestSemRegressCancelledAttemptLeavesNoPlace(t *testing.T) {
-	srv := miniredis.RunT(t)
-	holder, _ := newSemRegress(t, srv, "late", 1)
-	w, b := newSemRegress(t, srv, "late", 1, WithRetryDelay(time.Hour, time.Hour))
-	if !holder.TryAcquire(1) {
-		t.Fatal("TryAcquire(1): false")
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- w.Acquire(ctx, 1) }()
-	waitFor(t, func() bool { return semQueued(t, srv, "late") == 1 })
-	time.Sleep(10 * time.Millisecond) // listening for its wake-up
-	b.late.Store(true)
-	srv.Publish(w.channel, "w") // it looks again
-	<-b.entered
-	cancel()
-	if err := <-done; !errors.Is(err, context.Canceled) {
-		t.Fatalf("cancelled Acquire: %v", err)
-	}
-	close(b.lateGo)
-	<-b.lateDone
-	if n := semQueued(t, srv, "late"); n != 0 {
-		t.Fatalf("%d waiters queued after the only one gave up (its attempt reached Redis after its leave)", n)
-	}
-	holder.Release(1)
-}
-
 // Waiters get in in order of arrival across processes, a process's second
 // waiter included: when its first waiter gets in, the second takes its
 // place in Redis at once, so a later waiter of another process that fits
-// does not pass it (found by TestSemProperty).
-func TestSemRegressSecondLocalWaiterKeepsOrder(t *testing.T) {
+// does not pass it.
+func TestSemaphoreSecondLocalWaiterKeepsOrder(t *testing.T) {
 	srv := miniredis.RunT(t)
-	h, _ := newSemRegress(t, srv, "order", 2)
-	p, pb := newSemRegress(t, srv, "order", 2)
-	q, _ := newSemRegress(t, srv, "order", 2)
+	h, _ := newFaultSem(t, srv, "order", 2)
+	p, pb := newFaultSem(t, srv, "order", 2)
+	q, _ := newFaultSem(t, srv, "order", 2)
 	if !h.TryAcquire(2) {
 		t.Fatal("TryAcquire(2): false")
 	}
@@ -206,13 +147,13 @@ func TestSemRegressSecondLocalWaiterKeepsOrder(t *testing.T) {
 // waiter's entry in Redis, which named the second's arrival as its next, is
 // rewritten at once, so a release that grants the first does not keep the
 // process's place (flagged "-") for a waiter that is gone, keeping every
-// later waiter out for three expiries (found by TestSemProperty).
-func TestSemRegressCancelledSecondWaiterKeepsNoPlace(t *testing.T) {
+// later waiter out for three expiries.
+func TestSemaphoreCancelledSecondWaiterKeepsNoPlace(t *testing.T) {
 	srv := miniredis.RunT(t)
 	opts := []Option{WithExpiry(5 * time.Second)}
-	h, _ := newSemRegress(t, srv, "second", 1, opts...)
-	p, _ := newSemRegress(t, srv, "second", 1, opts...)
-	q, _ := newSemRegress(t, srv, "second", 1, opts...)
+	h, _ := newFaultSem(t, srv, "second", 1, opts...)
+	p, _ := newFaultSem(t, srv, "second", 1, opts...)
+	q, _ := newFaultSem(t, srv, "second", 1, opts...)
 	if !h.TryAcquire(1) {
 		t.Fatal("TryAcquire(1): false")
 	}
@@ -250,14 +191,14 @@ func TestSemRegressCancelledSecondWaiterKeepsNoPlace(t *testing.T) {
 // A process's first waiter at the head of the queue that gives up, while
 // another waiter of the process still waits, moves the process's place back
 // to that waiter's arrival: the waiters of other processes it kept out that
-// fit are told at once, as when a waiter at the head leaves (found by
-// TestSemProperty: they waited for their timers, up to an expiry).
-func TestSemRegressPlaceMovedBackWakes(t *testing.T) {
+// fit are told at once, as when a waiter at the head leaves, not when
+// their timers fire, up to an expiry later.
+func TestSemaphorePlaceMovedBackWakes(t *testing.T) {
 	srv := miniredis.RunT(t)
 	opts := []Option{WithExpiry(5 * time.Second)}
-	h, _ := newSemRegress(t, srv, "moved", 3, opts...)
-	p, _ := newSemRegress(t, srv, "moved", 3, opts...)
-	q, _ := newSemRegress(t, srv, "moved", 3, opts...)
+	h, _ := newFaultSem(t, srv, "moved", 3, opts...)
+	p, _ := newFaultSem(t, srv, "moved", 3, opts...)
+	q, _ := newFaultSem(t, srv, "moved", 3, opts...)
 	if !h.TryAcquire(1) {
 		t.Fatal("TryAcquire(1): false")
 	}
@@ -291,4 +232,61 @@ func TestSemRegressPlaceMovedBackWakes(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.Release(2)
+}
+
+// Two waiters of a process give up together (one ctx), as a release of
+// another process comes. Whatever the order in which they leave, the
+// process's place in Redis is given up, and a grant made to the first
+// one's call, which nobody takes in, is taken back. Neither may stay
+// behind for an expiry (the place would keep the other processes' waiters
+// out, the grant its permits).
+func TestSemaphoreWaitersGiveUpTogether(t *testing.T) {
+	forEachEnv(t, realOnly, func(t *testing.T, e *env) {
+		holder := e.newSem(t, "together", 1)
+		for i := range 30 {
+			p := e.newSem(t, "together", 1, WithRetryDelay(time.Hour, time.Hour))
+			mustAcquire(t, holder, 1)
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 2)
+			for range 2 {
+				go func() { done <- p.Acquire(ctx, 1) }()
+			}
+			// Queued, and the first waiter's attempt that tells Redis of
+			// the second (see semWaiter.poke) has run: an attempt still on
+			// its way when the waiters give up may reach Redis after their
+			// leave, which is another matter.
+			waitFor(t, func() bool {
+				p.mu.Lock()
+				queued := len(p.queue)
+				p.mu.Unlock()
+				w, _ := redis.String(e.do(t, "HGET", "netlock:{together}:sem:wants", p.m.waiterID), nil)
+				f := strings.Split(w, ":")
+				return queued == 2 && len(f) >= 5 && f[4] != "0"
+			})
+			go func() {
+				time.Sleep(time.Duration(i%4) * 200 * time.Microsecond)
+				holder.Release(1)
+			}()
+			time.Sleep(time.Duration(i%3) * 200 * time.Microsecond)
+			cancel()
+			for range 2 {
+				if err := <-done; err == nil {
+					p.Release(1) // granted before it gave up
+				}
+			}
+			deadline := time.Now().Add(time.Second) // the expiry is DefaultExpiry
+			for {
+				queued, _ := redis.Int(e.do(t, "ZCARD", "netlock:{together}:sem:queue"), nil)
+				out := semOut(t, e, "together")
+				if queued == 0 && out == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					permits, _ := redis.Strings(e.do(t, "HGETALL", "netlock:{together}:sem:permits"), nil)
+					t.Fatalf("round %d: both waiters gave up, the holder released: %d waiters still queued, %d permits out (%q) a second later", i, queued, out, permits)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}
+	})
 }
