@@ -76,19 +76,6 @@ func lockInBackground(t *testing.T, m *NetMutex, cb *countingBackend) <-chan err
 	return locked
 }
 
-// eventually fails the test unless cond holds within d, checking every
-// millisecond.
-func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, d)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // A waiter subscribed to the release channel makes no attempt while the
 // holder holds, however long that is, and one as soon as it releases. The
 // retry delay is long (seconds), so an attempt count of three (the failed

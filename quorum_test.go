@@ -57,13 +57,9 @@ func holders(t *testing.T, servers []*redistest.Server, name string) (n int) {
 // stay for the whole expiry (8s).
 func settlesFree(t *testing.T, servers []*redistest.Server, name string) {
 	t.Helper()
-	deadline := time.Now().Add(time.Second)
-	for holders(t, servers, name) != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("lock key %q still on %d servers 1s after the caller gave up", name, holders(t, servers, name))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	eventually(t, time.Second, fmt.Sprintf("lock key %q gone from every server after the caller gave up", name), func() bool {
+		return holders(t, servers, name) == 0
+	})
 	for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
 		if n := holders(t, servers, name); n != 0 {
 			t.Fatalf("lock key %q reappeared on %d servers after the caller gave up", name, n)

@@ -306,8 +306,7 @@ func TestRWBadInput(t *testing.T) {
 				s.Resume()
 				wantNodeErr(t, "LockCtx on a stalled server", werr, "")
 				wantNodeErr(t, "RLockCtx on a stalled server", rerr, "")
-				deadline := time.Now().Add(3 * time.Second)
-				for {
+				eventually(t, 3*time.Second, "every lease and the write lock gone after the failed attempts", func() bool {
 					left := 0
 					for _, k := range rwKeysOf("stalled") {
 						switch {
@@ -326,14 +325,8 @@ func TestRWBadInput(t *testing.T) {
 							}
 						}
 					}
-					if left == 0 {
-						break
-					}
-					if time.Now().After(deadline) {
-						t.Fatal("a lease or the write lock was left 3s after the failed attempts")
-					}
-					time.Sleep(20 * time.Millisecond)
-				}
+					return left == 0
+				})
 				rw.Lock()
 				rw.Unlock()
 				rw.RLock()

@@ -182,7 +182,7 @@ func TestRWReadersBeforeLaterWriter(t *testing.T) {
 				in.Add(1)
 			})
 		}
-		waitUntil(t, func() bool { return e.do(t, "ZCARD", DefaultPrefix+"{order}:rw:readers") == int64(3) })
+		eventually(t, 5*time.Second, "the three readers queued", func() bool { return e.do(t, "ZCARD", DefaultPrefix+"{order}:rw:readers") == int64(3) })
 		w2 := e.newRW(t, "order")
 		w2in := make(chan int64, 1)
 		go func() {
@@ -191,7 +191,7 @@ func TestRWReadersBeforeLaterWriter(t *testing.T) {
 			}
 			w2in <- in.Load()
 		}()
-		waitUntil(t, func() bool { return e.do(t, "ZCARD", DefaultPrefix+"{order}:rw:writers") == int64(1) })
+		eventually(t, 5*time.Second, "the later writer queued", func() bool { return e.do(t, "ZCARD", DefaultPrefix+"{order}:rw:writers") == int64(1) })
 		w1.Unlock()
 		wg.Wait()
 		for _, r := range readers {
@@ -353,7 +353,7 @@ func TestRWReaderAfterWriterGaveUp(t *testing.T) {
 	errc := make(chan error, 1)
 	go func() { errc <- b.LockCtx(bctx) }()
 	writers := a.w.rwk.Writers
-	waitUntil(t, func() bool { return srv.Exists(writers) })
+	eventually(t, 5*time.Second, "the writer queued", func() bool { return srv.Exists(writers) })
 	// The lease's next extend (its watchdog's, every expiry/3) learns
 	// that a writer waits.
 	if err := a.r.ExtendCtx(ctx); err != nil {
@@ -396,7 +396,7 @@ func TestRWReaderAfterOwnWriterGaveUp(t *testing.T) {
 	defer cancel()
 	errc := make(chan error, 1)
 	go func() { errc <- a.LockCtx(wctx) }()
-	waitUntil(t, func() bool { return srv.Exists(a.w.rwk.Writers) })
+	eventually(t, 5*time.Second, "the writer queued", func() bool { return srv.Exists(a.w.rwk.Writers) })
 	// A second reader arrives while the writer waits, and waits; the
 	// writer gives up at 300ms.
 	rctx, rcancel := context.WithTimeout(ctx, 1500*time.Millisecond)
@@ -410,17 +410,6 @@ func TestRWReaderAfterOwnWriterGaveUp(t *testing.T) {
 		t.Fatalf("a second reader, waiting while a writer of its process waits, after that writer gave up (%v ago): %v", time.Since(start)-300*time.Millisecond, err)
 	}
 	a.RUnlock()
-}
-
-func waitUntil(t testing.TB, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal(fmt.Sprintf("condition not met in 5s"))
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // TestRWObserverKinds: an Observer tells a read lease from the write lock.
@@ -532,7 +521,7 @@ func TestRWLocalReadersBeforeLaterWriter(t *testing.T) {
 				in.Add(1)
 			})
 		}
-		waitUntil(t, func() bool { return e.do(t, "ZCARD", DefaultPrefix+"{localorder}:rw:readers") == int64(1) })
+		eventually(t, 5*time.Second, "the process's readers queued", func() bool { return e.do(t, "ZCARD", DefaultPrefix+"{localorder}:rw:readers") == int64(1) })
 		time.Sleep(20 * time.Millisecond) // the other four wait for the lease being acquired
 		w2 := e.newRW(t, "localorder")
 		w2in := make(chan int64, 1)
@@ -542,7 +531,7 @@ func TestRWLocalReadersBeforeLaterWriter(t *testing.T) {
 			}
 			w2in <- in.Load()
 		}()
-		waitUntil(t, func() bool { return e.do(t, "ZCARD", DefaultPrefix+"{localorder}:rw:writers") == int64(1) })
+		eventually(t, 5*time.Second, "the later writer queued", func() bool { return e.do(t, "ZCARD", DefaultPrefix+"{localorder}:rw:writers") == int64(1) })
 		w1.Unlock()
 		wg.Wait()
 		for range in.Load() {

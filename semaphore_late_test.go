@@ -43,13 +43,8 @@ func TestSemaphoreFixStopsOnClosedClient(t *testing.T) {
 		t.Fatal("no fix goroutine after a release whose reply was lost")
 	}
 	pool.Close()
-	deadline := time.Now().Add(time.Second) // a few retry delays; giving up takes ten expiries
-	for fixRuns(sem) {
-		if time.Now().After(deadline) {
-			t.Fatal("fix still sends the lease's count a second after the client was closed")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	// A second is a few retry delays; giving up would take ten expiries.
+	eventually(t, time.Second, "fix stopped after the client was closed", func() bool { return !fixRuns(sem) })
 }
 
 // fixRuns reports whether sem's fix runs.
@@ -73,19 +68,8 @@ func TestSemaphoreFixStopsOnFinalError(t *testing.T) {
 	if err := s.ReleaseCtx(context.Background(), 1); !errors.Is(err, ErrQuorum) {
 		t.Fatalf("ReleaseCtx with its reply lost: %v, want ErrQuorum", err)
 	}
-	deadline := time.Now().Add(3 * time.Second)
-	for {
-		s.mu.Lock()
-		fixing := s.fixing
-		s.mu.Unlock()
-		if !fixing {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("fix still sending 3s after every call got a final error (it stops only when the lease ends, or after ten expiries)")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	// Not when the lease ends, or after ten expiries.
+	eventually(t, 3*time.Second, "fix stopped after every call got a final error", func() bool { return !fixRuns(s) })
 	s.mu.Lock()
 	lease := s.lease
 	s.mu.Unlock()
@@ -223,7 +207,7 @@ func TestSemaphoreLateReleaseAfterAdoptedGrant(t *testing.T) {
 				defer cancel()
 				got <- a.Acquire(ctx, 2)
 			}()
-			waitFor(t, func() bool { // a's waiter is queued: b's release grants it
+			eventually(t, 10*time.Second, "a's waiter queued, for b's release to grant it", func() bool {
 				n, err := s.Do("HLEN", "netlock:{adopted}:sem:wants")
 				return err == nil && n != "0"
 			})
@@ -315,7 +299,7 @@ func TestSemaphoreCancelledAttemptLeavesNoPlace(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- w.Acquire(ctx, 1) }()
-	waitFor(t, func() bool { return semQueued(t, srv, "late") == 1 })
+	eventually(t, 10*time.Second, "the waiter queued", func() bool { return semQueued(t, srv, "late") == 1 })
 	time.Sleep(10 * time.Millisecond) // listening for its wake-up
 	b.late.Store(true)
 	srv.Publish(w.channel, "w") // it looks again

@@ -107,15 +107,15 @@ func TestSemaphoreSecondLocalWaiterKeepsOrder(t *testing.T) {
 	ctx := context.Background()
 	aDone, bDone, cDone := make(chan error, 1), make(chan error, 1), make(chan error, 1)
 	go func() { aDone <- p.Acquire(ctx, 1) }()
-	waitFor(t, func() bool { return semQueued(t, srv, "order") == 1 })
+	eventually(t, 10*time.Second, "one process queued in Redis", func() bool { return semQueued(t, srv, "order") == 1 })
 	go func() { bDone <- p.Acquire(ctx, 2) }()
-	waitFor(t, func() bool { p.mu.Lock(); defer p.mu.Unlock(); return len(p.queue) == 2 })
+	eventually(t, 10*time.Second, "p's second waiter queued in its process", func() bool { p.mu.Lock(); defer p.mu.Unlock(); return len(p.queue) == 2 })
 	p.mu.Lock()
 	pb.slow.Store(p.queue[1].arrival) // B's own attempts are slow
 	p.mu.Unlock()
 	time.Sleep(time.Millisecond)
 	go func() { cDone <- q.Acquire(ctx, 1) }()
-	waitFor(t, func() bool { return semQueued(t, srv, "order") == 2 })
+	eventually(t, 10*time.Second, "two processes queued in Redis", func() bool { return semQueued(t, srv, "order") == 2 })
 	h.Release(2)
 	select {
 	case err := <-aDone:
@@ -160,18 +160,18 @@ func TestSemaphoreCancelledSecondWaiterKeepsNoPlace(t *testing.T) {
 	ctx := context.Background()
 	aDone, bDone, cDone := make(chan error, 1), make(chan error, 1), make(chan error, 1)
 	go func() { aDone <- p.Acquire(ctx, 1) }()
-	waitFor(t, func() bool { return semQueued(t, srv, "second") == 1 })
+	eventually(t, 10*time.Second, "one process queued in Redis", func() bool { return semQueued(t, srv, "second") == 1 })
 	bctx, cancel := context.WithCancel(ctx)
 	go func() { bDone <- p.Acquire(bctx, 1) }()
 	wants := "netlock:{second}:sem:wants"
-	waitFor(t, func() bool { return !strings.HasSuffix(srv.HGet(wants, p.m.waiterID), ":0") }) // names B
+	eventually(t, 10*time.Second, "p's entry in Redis naming B", func() bool { return !strings.HasSuffix(srv.HGet(wants, p.m.waiterID), ":0") })
 	cancel()
 	if err := <-bDone; !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled Acquire: %v", err)
 	}
 	time.Sleep(50 * time.Millisecond)
 	go func() { cDone <- q.Acquire(ctx, 1) }()
-	waitFor(t, func() bool { return semQueued(t, srv, "second") == 2 })
+	eventually(t, 10*time.Second, "two processes queued in Redis", func() bool { return semQueued(t, srv, "second") == 2 })
 	h.Release(1) // grants A
 	if err := <-aDone; err != nil {
 		t.Fatal(err)
@@ -206,13 +206,13 @@ func TestSemaphorePlaceMovedBackWakes(t *testing.T) {
 	actx, cancel := context.WithCancel(ctx)
 	aDone, bDone, cDone := make(chan error, 1), make(chan error, 1), make(chan error, 1)
 	go func() { aDone <- p.Acquire(actx, 3) }()
-	waitFor(t, func() bool { return semQueued(t, srv, "moved") == 1 })
+	eventually(t, 10*time.Second, "one process queued in Redis", func() bool { return semQueued(t, srv, "moved") == 1 })
 	time.Sleep(time.Millisecond)
 	go func() { bDone <- q.Acquire(ctx, 2) }()
-	waitFor(t, func() bool { return semQueued(t, srv, "moved") == 2 })
+	eventually(t, 10*time.Second, "two processes queued in Redis", func() bool { return semQueued(t, srv, "moved") == 2 })
 	time.Sleep(time.Millisecond)
 	go func() { cDone <- p.Acquire(ctx, 2) }()
-	waitFor(t, func() bool { p.mu.Lock(); defer p.mu.Unlock(); return len(p.queue) == 2 })
+	eventually(t, 10*time.Second, "p's second waiter queued in its process", func() bool { p.mu.Lock(); defer p.mu.Unlock(); return len(p.queue) == 2 })
 	time.Sleep(20 * time.Millisecond)
 	cancel() // A gives up; P's place moves back behind B, who fits
 	if err := <-aDone; !errors.Is(err, context.Canceled) {
@@ -255,7 +255,7 @@ func TestSemaphoreWaitersGiveUpTogether(t *testing.T) {
 			// the second (see semWaiter.poke) has run: an attempt still on
 			// its way when the waiters give up may reach Redis after their
 			// leave, which is another matter.
-			waitFor(t, func() bool {
+			eventually(t, 10*time.Second, "both waiters queued, the second told to Redis", func() bool {
 				p.mu.Lock()
 				queued := len(p.queue)
 				p.mu.Unlock()

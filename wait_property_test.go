@@ -1060,15 +1060,10 @@ func (mc *waitMachine) fatalf(format string, args ...any) {
 	mc.rt.Fatalf("step %d (%s): %s", mc.steps+1, mc.step, fmt.Sprintf(format, args...))
 }
 
-// eventually fails the check unless cond holds within d.
+// eventually fails the check unless cond holds within d, naming the step.
 func (mc *waitMachine) eventually(d time.Duration, what string, cond func() bool) {
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			mc.fatalf("%s: got not within %v, want it", what, d.Round(time.Millisecond))
-		}
-		time.Sleep(time.Millisecond)
-	}
+	mc.rt.Helper()
+	eventually(mc.rt, d, fmt.Sprintf("step %d (%s): %s", mc.steps+1, mc.step, what), cond)
 }
 
 // do1 runs one command on the server, directly (not through a proxy).
