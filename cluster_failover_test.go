@@ -96,7 +96,7 @@ func testClusterFailover(t *testing.T, rowOpts []Option, safe bool) {
 					// A master without its replica yet (the killed one
 					// not back): refused, not held. Try again.
 					notReplicated.Add(1)
-					time.Sleep(50 * time.Millisecond)
+					time.Sleep(50 * time.Millisecond) // a pause before the next try, not an ordering
 					continue
 				}
 				if err != nil {
@@ -109,7 +109,7 @@ func testClusterFailover(t *testing.T, rowOpts []Option, safe bool) {
 				if st.inside.Add(1) != 1 {
 					st.overlaps.Add(1)
 				}
-				time.Sleep(2 * time.Millisecond)
+				time.Sleep(2 * time.Millisecond) // the critical section's length
 				st.inside.Add(-1)
 				switch err := w.m.UnlockCtx(context.Background()); {
 				case err == nil:

@@ -80,7 +80,7 @@ func TestUnlockNeverPanicsOnWhatRedisDoes(t *testing.T) {
 			e.server.Pause()
 			lost := m.Lost()
 			redistest.Within(t, 5*time.Second, "Lost()", func() { <-lost })
-			time.Sleep(time.Second - 500*time.Millisecond)
+			time.Sleep(time.Second - 500*time.Millisecond) // stalled 1s in all: the stall's length
 			e.server.Resume()
 			if err := recoverErr(m.Unlock); err != nil {
 				t.Fatalf("Unlock of a hold lost to a stall: got panic %v, want none", err)

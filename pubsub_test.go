@@ -125,7 +125,8 @@ func TestWaiterPollsWithoutPubSub(t *testing.T) {
 		mustLock(t, holder)
 		locked := make(chan error, 1)
 		go func() { locked <- waiter.LockCtx(context.Background()) }()
-		time.Sleep(150 * time.Millisecond)
+		// Past the attempts where a subscribed waiter would have queued.
+		eventually(t, 5*time.Second, "the polling waiter's fourth attempt", func() bool { return cb.count("acquire") >= 4 })
 		// It cannot hear its turn, so it does not queue for one.
 		if n, _ := redis.Int(e.do(t, "ZCARD", "netlock:{poll}:waiters"), nil); n != 0 {
 			t.Errorf("a polling waiter queued: %d ids in the waiters' queue, want 0", n)

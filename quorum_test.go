@@ -60,6 +60,8 @@ func settlesFree(t *testing.T, servers []*redistest.Server, name string) {
 	eventually(t, time.Second, fmt.Sprintf("lock key %q gone from every server after the caller gave up", name), func() bool {
 		return holders(t, servers, name) == 0
 	})
+	// Looked at every 20ms for 300ms: that it stays gone is a check over a
+	// period, not an ordering.
 	for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
 		if n := holders(t, servers, name); n != 0 {
 			t.Fatalf("lock key %q reappeared on %d servers after the caller gave up", name, n)
@@ -296,7 +298,7 @@ func TestExtendAfterExpiryIsLost(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(5 * time.Millisecond)
+	eventually(t, 5*time.Second, "the keys expired", func() bool { return holders(t, servers, "lapse") == 0 })
 	mustLock(t, b)
 	mustUnlock(t, b)
 	if err := a.ExtendCtx(context.Background()); !errors.Is(err, ErrLockLost) {
@@ -359,7 +361,7 @@ func TestQuorumFencingUnderFaults(t *testing.T) {
 				tokens = append(tokens, m.Token())
 				acquisitions++
 				mu.Unlock()
-				time.Sleep(time.Millisecond)
+				time.Sleep(time.Millisecond) // the section's length
 				m.UnlockCtx(context.Background())
 			}
 		})
@@ -379,7 +381,7 @@ func TestQuorumFencingUnderFaults(t *testing.T) {
 			}
 			faults[kind]++
 		}
-		time.Sleep(time.Duration(50+rng.IntN(150)) * time.Millisecond)
+		time.Sleep(time.Duration(50+rng.IntN(150)) * time.Millisecond) // the fault's length
 		for _, v := range victims {
 			if kind == "pause" {
 				servers[v].Resume()
@@ -387,7 +389,7 @@ func TestQuorumFencingUnderFaults(t *testing.T) {
 				servers[v].Restart()
 			}
 		}
-		time.Sleep(time.Duration(rng.IntN(100)) * time.Millisecond)
+		time.Sleep(time.Duration(rng.IntN(100)) * time.Millisecond) // the time between faults
 	}
 	close(stop)
 	wg.Wait()

@@ -232,7 +232,7 @@ func TestRedigoMuxIdleClose(t *testing.T) {
 	if idle() {
 		t.Fatal("the pipeline's connection was never dialed, or closed while in use")
 	}
-	time.Sleep(muxIdle / 2)
+	time.Sleep(muxIdle / 2) // unused for that long: the point of the test
 	if idle() {
 		t.Fatalf("the pipeline's connection closed after %v unused, before muxIdle (%v)", muxIdle/2, muxIdle)
 	}

@@ -154,9 +154,13 @@ func TestRWWriterHeardAtOnce(t *testing.T) {
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
 		r.RLock() // the lease, and its watch, before the writer comes
-		time.Sleep(100 * time.Millisecond)
+		joined := keyspace.RW(DefaultPrefix, "heard", true).Joined
+		eventually(t, 5*time.Second, "the lease's watch listening", func() bool { return numsub(t, e, joined) >= 1 })
+		var reading sync.WaitGroup // every reader in its first section
+		reading.Add(3)
 		for range 3 {
 			wg.Go(func() {
+				first := true
 				for {
 					select {
 					case <-stop:
@@ -164,12 +168,16 @@ func TestRWWriterHeardAtOnce(t *testing.T) {
 					default:
 					}
 					r.RLock()
-					time.Sleep(2 * time.Millisecond)
+					if first {
+						reading.Done()
+						first = false
+					}
+					time.Sleep(2 * time.Millisecond) // a read section's length
 					r.RUnlock()
 				}
 			})
 		}
-		time.Sleep(20 * time.Millisecond)
+		redistest.Within(t, 5*time.Second, "every reader reading", reading.Wait)
 		r.RUnlock()
 		w := e.newRW(t, "heard", opts...)
 		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
@@ -367,7 +375,11 @@ func TestRWCluster(t *testing.T) {
 		in.Store(true)
 		rws[1].RUnlock()
 	}()
-	time.Sleep(200 * time.Millisecond)
+	check := newClusterClient(t, cluster)
+	readers := keyspace.RW(DefaultPrefix, "crw", true).Readers
+	eventually(t, 5*time.Second, "the reader queued behind the writer", func() bool {
+		return clusterInt(t, check, check.B().Zcard().Key(readers).Build()) == 1
+	})
 	if in.Load() {
 		t.Fatal("a reader got in while a writer held")
 	}
@@ -434,6 +446,6 @@ func waitGoRedisRedials(t testing.TB) {
 			t.Logf("go-redis's redial goroutines still running after 5s; goleak will report them")
 			return
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // between looks at the stacks
 	}
 }

@@ -38,7 +38,7 @@ func (c *rwChecker) read(pause time.Duration) {
 	if c.writers.Load() != 0 {
 		c.violations.Add(1)
 	}
-	time.Sleep(pause)
+	time.Sleep(pause) // the section's length
 	if c.writers.Load() != 0 {
 		c.violations.Add(1)
 	}
@@ -50,7 +50,7 @@ func (c *rwChecker) write(pause time.Duration) {
 	if c.writers.Add(1) != 1 || c.readers.Load() != 0 {
 		c.violations.Add(1)
 	}
-	time.Sleep(pause)
+	time.Sleep(pause) // the section's length
 	if c.writers.Load() != 1 || c.readers.Load() != 0 {
 		c.violations.Add(1)
 	}
@@ -73,7 +73,7 @@ func TestRWReadersShareWritersExclude(t *testing.T) {
 		c.RUnlock()
 		got := make(chan error, 1)
 		go func() { got <- c.LockCtx(ctx) }()
-		time.Sleep(50 * time.Millisecond)
+		eventually(t, 5*time.Second, "the writer queued", func() bool { return e.do(t, "ZCARD", DefaultPrefix+"{rw}:rw:writers") == int64(1) })
 		select {
 		case err := <-got:
 			t.Fatalf("writer got in while readers hold: %v", err)
@@ -228,7 +228,7 @@ func TestRWWriterNotStarved(t *testing.T) {
 				})
 			}
 		}
-		time.Sleep(50 * time.Millisecond)
+		eventually(t, 5*time.Second, "the readers reading", func() bool { return c.reads.Load() >= 6 })
 		w := e.newRW(t, "starve", WithExpiry(900*time.Millisecond))
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -522,7 +522,10 @@ func TestRWLocalReadersBeforeLaterWriter(t *testing.T) {
 			})
 		}
 		eventually(t, 5*time.Second, "the process's readers queued", func() bool { return e.do(t, "ZCARD", DefaultPrefix+"{localorder}:rw:readers") == int64(1) })
-		time.Sleep(20 * time.Millisecond) // the other four wait for the lease being acquired
+		// The other four wait for the lease being acquired. Nothing counts
+		// the readers waiting for it, so this is a pause, not an observed
+		// event.
+		time.Sleep(20 * time.Millisecond)
 		w2 := e.newRW(t, "localorder")
 		w2in := make(chan int64, 1)
 		go func() {

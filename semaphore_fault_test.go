@@ -151,7 +151,7 @@ func TestSemWaitersRideOutRestart(t *testing.T) {
 				err := s.Acquire(ctx, 1)
 				errs <- err
 				if err == nil {
-					time.Sleep(10 * time.Millisecond)
+					time.Sleep(10 * time.Millisecond) // held a while
 					s.Release(1)
 				}
 			})
@@ -161,7 +161,7 @@ func TestSemWaitersRideOutRestart(t *testing.T) {
 			return q == n
 		})
 		e.server.Stop()
-		time.Sleep(300 * time.Millisecond)
+		time.Sleep(300 * time.Millisecond) // down for 300ms: the outage's length
 		e.server.Restart()
 		redistest.Within(t, 20*time.Second, "every waiter acquiring", wg.Wait)
 		close(errs)
@@ -237,7 +237,7 @@ func TestSemCluster(t *testing.T) {
 					now := in.Add(1)
 					for m := most.Load(); now > m && !most.CompareAndSwap(m, now); m = most.Load() {
 					}
-					time.Sleep(time.Millisecond)
+					time.Sleep(time.Millisecond) // the section's length
 					in.Add(-1)
 					s.Release(1)
 				}
@@ -255,7 +255,11 @@ func TestSemCluster(t *testing.T) {
 		defer cancel()
 		done <- sems[1].Acquire(ctx, 1)
 	}()
-	time.Sleep(200 * time.Millisecond)
+	check := newClusterClient(t, cluster)
+	queue := keyspace.Sem(DefaultPrefix, "csem").Queue
+	eventually(t, 5*time.Second, "the waiter queued", func() bool {
+		return clusterInt(t, check, check.B().Zcard().Key(queue).Build()) == 1
+	})
 	if len(done) != 0 {
 		t.Fatal("a waiter got in while the semaphore was full")
 	}

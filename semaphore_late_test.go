@@ -94,7 +94,7 @@ func TestSemaphoreLateCallAfterGrant(t *testing.T) {
 	if err := a.ReleaseCtx(context.Background(), 2); !errors.Is(err, ErrQuorum) {
 		t.Fatalf("ReleaseCtx with its reply lost: got %v, want ErrQuorum", err)
 	}
-	time.Sleep(30 * time.Millisecond) // fix sends it again, held back too
+	eventually(t, 5*time.Second, "fix sending the release again, held back too", func() bool { return late.heldBack.Load() >= 2 })
 	mustAcquire(t, a, 2)
 	late.deliver() // the held-back calls arrive
 	if b.TryAcquire(1) {
@@ -113,7 +113,7 @@ func TestSemaphoreLateReleaseAfterGrow(t *testing.T) {
 	if err := a.ReleaseCtx(context.Background(), 1); !errors.Is(err, ErrQuorum) {
 		t.Fatalf("ReleaseCtx with its reply lost: got %v, want ErrQuorum", err)
 	}
-	time.Sleep(30 * time.Millisecond) // fix sends it again, held back too
+	eventually(t, 5*time.Second, "fix sending the release again, held back too", func() bool { return late.heldBack.Load() >= 2 })
 	mustAcquire(t, a, 1)
 	late.deliver() // the held-back calls arrive
 	if b.TryAcquire(1) {
@@ -146,10 +146,11 @@ func lateSemPair(t *testing.T) (a, b *Semaphore, late *heldBackBackend) {
 // arrive is closed (as bytes held up on a link the client gave up on).
 type heldBackBackend struct {
 	Backend
-	script string
-	hold   atomic.Bool
-	arrive chan struct{} // closed: the held-back calls go on
-	wg     sync.WaitGroup
+	script   string
+	hold     atomic.Bool
+	heldBack atomic.Int64  // the calls held back so far
+	arrive   chan struct{} // closed: the held-back calls go on
+	wg       sync.WaitGroup
 }
 
 // deliver stops holding calls back and lets the held-back ones reach the
@@ -164,6 +165,7 @@ func (b *heldBackBackend) Eval(ctx context.Context, s *Script, keys, args []stri
 	if s.Name() != b.script || !b.hold.Load() {
 		return b.Backend.Eval(ctx, s, keys, args)
 	}
+	b.heldBack.Add(1)
 	b.wg.Go(func() {
 		<-b.arrive
 		b.Backend.Eval(context.Background(), s, keys, args)
@@ -300,7 +302,7 @@ func TestSemaphoreCancelledAttemptLeavesNoPlace(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- w.Acquire(ctx, 1) }()
 	eventually(t, 10*time.Second, "the waiter queued", func() bool { return semQueued(t, srv, "late") == 1 })
-	time.Sleep(10 * time.Millisecond) // listening for its wake-up
+	eventually(t, 10*time.Second, "the waiter listening for its wake-up", func() bool { return listening(srv, w.channel) })
 	b.late.Store(true)
 	srv.Publish(w.channel, "w") // it looks again
 	<-b.entered

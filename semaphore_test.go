@@ -207,7 +207,7 @@ func TestSemaphoreBoundConcurrent(t *testing.T) {
 								break
 							}
 						}
-						time.Sleep(time.Millisecond)
+						time.Sleep(time.Millisecond) // the section's length
 						in.Add(-n)
 						s.Release(n)
 					}

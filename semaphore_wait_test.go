@@ -46,7 +46,7 @@ func (b *semFaultBackend) Eval(ctx context.Context, s *Script, keys, args []stri
 	}
 	if s == semAcquireScript {
 		if a := b.slow.Load(); a != 0 && strings.Split(args[0], ":")[8] == strconv.FormatInt(a, 10) {
-			time.Sleep(300 * time.Millisecond)
+			time.Sleep(300 * time.Millisecond) // a slow attempt, on purpose
 		}
 		if b.late.CompareAndSwap(true, false) {
 			close(b.entered)
@@ -85,6 +85,18 @@ func newFaultSem(t *testing.T, srv *miniredis.Miniredis, name string, size int64
 	return s, b
 }
 
+// semNext returns the arrival of the next waiter of its process that
+// waiter id's entry in Redis names (0: none; -1: no entry).
+func semNext(srv *miniredis.Miniredis, name, id string) int64 {
+	// "<n>:<grant to>:<nonce>:<g>:<next arrival>:<seq>" (lua/sem_acquire.lua)
+	f := strings.Split(srv.HGet("netlock:{"+name+"}:sem:wants", id), ":")
+	if len(f) < 5 {
+		return -1
+	}
+	next, _ := strconv.ParseInt(f[4], 10, 64)
+	return next
+}
+
 // semQueued returns how many waiters of semaphore name are queued in Redis.
 func semQueued(t *testing.T, srv *miniredis.Miniredis, name string) int {
 	t.Helper()
@@ -113,7 +125,7 @@ func TestSemaphoreSecondLocalWaiterKeepsOrder(t *testing.T) {
 	p.mu.Lock()
 	pb.slow.Store(p.queue[1].arrival) // B's own attempts are slow
 	p.mu.Unlock()
-	time.Sleep(time.Millisecond)
+	time.Sleep(time.Millisecond) // arrivals are the clock's µs: the next waiter's comes later
 	go func() { cDone <- q.Acquire(ctx, 1) }()
 	eventually(t, 10*time.Second, "two processes queued in Redis", func() bool { return semQueued(t, srv, "order") == 2 })
 	h.Release(2)
@@ -164,12 +176,13 @@ func TestSemaphoreCancelledSecondWaiterKeepsNoPlace(t *testing.T) {
 	bctx, cancel := context.WithCancel(ctx)
 	go func() { bDone <- p.Acquire(bctx, 1) }()
 	wants := "netlock:{second}:sem:wants"
-	eventually(t, 10*time.Second, "p's entry in Redis naming B", func() bool { return !strings.HasSuffix(srv.HGet(wants, p.m.waiterID), ":0") })
+	eventually(t, 10*time.Second, "p's entry in Redis naming B", func() bool { return semNext(srv, "second", p.m.waiterID) > 0 })
 	cancel()
 	if err := <-bDone; !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled Acquire: %v", err)
 	}
-	time.Sleep(50 * time.Millisecond)
+	// At once: well before A's timer, seconds away.
+	eventually(t, time.Second, "p's entry in Redis naming no next waiter", func() bool { return semNext(srv, "second", p.m.waiterID) == 0 })
 	go func() { cDone <- q.Acquire(ctx, 1) }()
 	eventually(t, 10*time.Second, "two processes queued in Redis", func() bool { return semQueued(t, srv, "second") == 2 })
 	h.Release(1) // grants A
@@ -207,13 +220,13 @@ func TestSemaphorePlaceMovedBackWakes(t *testing.T) {
 	aDone, bDone, cDone := make(chan error, 1), make(chan error, 1), make(chan error, 1)
 	go func() { aDone <- p.Acquire(actx, 3) }()
 	eventually(t, 10*time.Second, "one process queued in Redis", func() bool { return semQueued(t, srv, "moved") == 1 })
-	time.Sleep(time.Millisecond)
+	time.Sleep(time.Millisecond) // arrivals are the clock's µs: the next waiter's comes later
 	go func() { bDone <- q.Acquire(ctx, 2) }()
 	eventually(t, 10*time.Second, "two processes queued in Redis", func() bool { return semQueued(t, srv, "moved") == 2 })
-	time.Sleep(time.Millisecond)
+	time.Sleep(time.Millisecond) // arrivals are the clock's µs: the next waiter's comes later
 	go func() { cDone <- p.Acquire(ctx, 2) }()
 	eventually(t, 10*time.Second, "p's second waiter queued in its process", func() bool { p.mu.Lock(); defer p.mu.Unlock(); return len(p.queue) == 2 })
-	time.Sleep(20 * time.Millisecond)
+	eventually(t, 10*time.Second, "p's entry in Redis naming C", func() bool { return semNext(srv, "moved", p.m.waiterID) > 0 })
 	cancel() // A gives up; P's place moves back behind B, who fits
 	if err := <-aDone; !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled Acquire: %v", err)
@@ -264,10 +277,10 @@ func TestSemaphoreWaitersGiveUpTogether(t *testing.T) {
 				return queued == 2 && len(f) >= 5 && f[4] != "0"
 			})
 			go func() {
-				time.Sleep(time.Duration(i%4) * 200 * time.Microsecond)
+				time.Sleep(time.Duration(i%4) * 200 * time.Microsecond) // rounds vary the interleaving
 				holder.Release(1)
 			}()
-			time.Sleep(time.Duration(i%3) * 200 * time.Microsecond)
+			time.Sleep(time.Duration(i%3) * 200 * time.Microsecond) // rounds vary the interleaving
 			cancel()
 			for range 2 {
 				if err := <-done; err == nil {
@@ -285,7 +298,7 @@ func TestSemaphoreWaitersGiveUpTogether(t *testing.T) {
 					permits, _ := redis.Strings(e.do(t, "HGETALL", "netlock:{together}:sem:permits"), nil)
 					t.Fatalf("round %d: both waiters gave up, the holder released: %d waiters still queued, %d permits out (%q) a second later", i, queued, out, permits)
 				}
-				time.Sleep(5 * time.Millisecond)
+				time.Sleep(5 * time.Millisecond) // between looks
 			}
 		}
 	})
