@@ -1177,6 +1177,7 @@ func (mc *rwMachine) writerVsReaders() {
 	stillWaits := func(when string) {
 		select {
 		case err := <-op.done:
+			op.done <- err // for close, which waits for it
 			mc.rt.Fatalf("the writer's LockCtx returned %v %s", err, when)
 		default:
 		}
