@@ -262,14 +262,8 @@ func BenchmarkHandoverDeadWaiters(b *testing.B) {
 // waitQueued waits until the waiters' queue holds n members.
 func waitQueued(b *testing.B, s *redistest.Server, queue string, n int) {
 	b.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if v, err := s.Do("ZCARD", queue); err == nil && v == strconv.Itoa(n) {
-			return
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("waiters' queue did not reach %d members", n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	eventually(b, 5*time.Second, fmt.Sprintf("the waiters' queue reaching %d members", n), func() bool {
+		v, err := s.Do("ZCARD", queue)
+		return err == nil && v == strconv.Itoa(n)
+	})
 }

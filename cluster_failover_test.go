@@ -96,7 +96,7 @@ func testClusterFailover(t *testing.T, rowOpts []Option, safe bool) {
 					// A master without its replica yet (the killed one
 					// not back): refused, not held. Try again.
 					notReplicated.Add(1)
-					time.Sleep(50 * time.Millisecond)
+					time.Sleep(50 * time.Millisecond) // a pause before the next try, not an ordering
 					continue
 				}
 				if err != nil {
@@ -109,7 +109,7 @@ func testClusterFailover(t *testing.T, rowOpts []Option, safe bool) {
 				if st.inside.Add(1) != 1 {
 					st.overlaps.Add(1)
 				}
-				time.Sleep(2 * time.Millisecond)
+				time.Sleep(2 * time.Millisecond) // the critical section's length
 				st.inside.Add(-1)
 				switch err := w.m.UnlockCtx(context.Background()); {
 				case err == nil:
@@ -169,7 +169,7 @@ func testClusterFailover(t *testing.T, rowOpts []Option, safe bool) {
 			// Back as the new master's replica: for the next round, and,
 			// with WithSyncReplicas, for its master to take locks again.
 			master.Restart()
-			poll(t, 30*time.Second, master.Addr()+" linked to its master again", func() bool {
+			eventually(t, 30*time.Second, master.Addr()+" linked to its master again", func() bool {
 				info, err := master.Do("INFO", "replication")
 				return err == nil && infoField(info, "master_link_status") == "up"
 			})
@@ -189,7 +189,7 @@ func testClusterFailover(t *testing.T, rowOpts []Option, safe bool) {
 	// delivers those that failed) or, for a hold lost, by its TTL.
 	check := newClusterClient(t, cluster)
 	stranded := time.Now()
-	poll(t, 10*time.Second, "no lock key left", func() bool {
+	eventually(t, 10*time.Second, "no lock key left", func() bool {
 		for _, name := range names {
 			if clusterInt(t, check, check.B().Exists().Key("netlock:{"+name+"}").Build()) != 0 {
 				return false
@@ -262,7 +262,7 @@ func replicaOf(t testing.TB, cluster *redistest.Cluster, master *redistest.Serve
 	t.Helper()
 	_, port, _ := strings.Cut(master.Addr(), ":")
 	var found *redistest.Server
-	poll(t, 10*time.Second, "a replica of "+master.Addr()+" in sync", func() bool {
+	eventually(t, 10*time.Second, "a replica of "+master.Addr()+" in sync", func() bool {
 		for _, s := range cluster.Servers() {
 			info, err := s.Do("INFO", "replication")
 			if err == nil && infoField(info, "master_port") == port && infoField(info, "master_link_status") == "up" {
@@ -279,7 +279,7 @@ func replicaOf(t testing.TB, cluster *redistest.Cluster, master *redistest.Serve
 // and the cluster is healthy in its view.
 func awaitTakeover(t testing.TB, cluster *redistest.Cluster, replica *redistest.Server, name string) {
 	t.Helper()
-	poll(t, 30*time.Second, replica.Addr()+" taking over", func() bool {
+	eventually(t, 30*time.Second, replica.Addr()+" taking over", func() bool {
 		info, err := replica.Do("CLUSTER", "INFO")
 		if err != nil || infoField(info, "cluster_state") != "ok" {
 			return false
@@ -287,19 +287,6 @@ func awaitTakeover(t testing.TB, cluster *redistest.Cluster, replica *redistest.
 		_, err = replica.Do("EXISTS", "netlock:{"+name+"}")
 		return err == nil // not MOVED: it serves the slot
 	})
-}
-
-// poll is eventually for conditions that ask the servers: it looks every
-// 20ms, not every millisecond.
-func poll(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, d)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // infoField returns the value of field in an INFO or CLUSTER INFO reply.

@@ -56,7 +56,7 @@ func waitRueidisDelayedCloses(t testing.TB) {
 			t.Logf("rueidis's delayed connection closes still pending after 10s; goleak will report them")
 			return
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // between looks at the stacks
 	}
 }
 

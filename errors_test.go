@@ -160,15 +160,9 @@ func TestFailedAcquireQuiet(t *testing.T) {
 // waitQuiet waits until m's reaper has nothing left to deliver.
 func waitQuiet(t *testing.T, m *NetMutex) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
+	eventually(t, 10*time.Second, "the reaper done", func() bool {
 		m.reaper.mu.Lock()
-		idle := !m.reaper.running
-		m.reaper.mu.Unlock()
-		if idle {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatal("the reaper still delivers after 10s")
+		defer m.reaper.mu.Unlock()
+		return !m.reaper.running
+	})
 }

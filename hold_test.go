@@ -213,7 +213,7 @@ func holdMany(t *testing.T, b Backend, s *redistest.Server, n int, holdFor, expi
 	r.acquireTook = time.Since(start)
 	phase.Store(holding)
 	held := time.Now()
-	time.Sleep(holdFor)
+	time.Sleep(holdFor) // the holds last that long: the point of the test
 	phase.Store(unlocking)
 	r.held = time.Since(held)
 	r.extends = extends.Load()
@@ -267,7 +267,7 @@ type stuckExtends struct {
 
 func (b stuckExtends) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
 	if s.op == opExtend {
-		time.Sleep(b.stuck)
+		time.Sleep(b.stuck) // a stall of that length, as a stuck link
 		return nil, context.DeadlineExceeded
 	}
 	return b.Backend.Eval(ctx, s, keys, args)

@@ -80,7 +80,7 @@ func TestLimiterBoundsCallsInFlight(t *testing.T) {
 			}
 		})
 	}
-	waitFor(t, func() bool { return g.inFlight.Load() >= int64(others) })
+	eventually(t, 10*time.Second, "every call but the waiting ones in flight", func() bool { return g.inFlight.Load() >= int64(others) })
 
 	// The extends' budget is their own.
 	if err := held.ExtendCtx(ctx); err != nil {

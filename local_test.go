@@ -194,7 +194,7 @@ func TestLocalHandoffExcludes(t *testing.T) {
 			}
 			n++
 			mu.Unlock()
-			time.Sleep(50 * time.Microsecond)
+			time.Sleep(50 * time.Microsecond) // the section's length
 			mu.Lock()
 			inside--
 			mu.Unlock()

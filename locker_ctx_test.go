@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gomodule/redigo/redis"
+
 	"github.com/netlock-go/netlock/internal/redistest"
 )
 
@@ -137,7 +139,10 @@ func TestCancelWhileWaiting(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		errc := make(chan error, 1)
 		go func() { errc <- waiter.LockCtx(ctx) }()
-		time.Sleep(20 * time.Millisecond) // let it try and start waiting
+		eventually(t, 5*time.Second, "the waiter queued", func() bool {
+			n, _ := redis.Int(e.do(t, "ZCARD", "netlock:{cancel}:waiters"), nil)
+			return n == 1
+		})
 		cancel()
 		var err error
 		redistest.Within(t, 5*time.Second, "LockCtx after cancel", func() { err = <-errc })

@@ -22,7 +22,7 @@ func (s *section) run(pause time.Duration) {
 		s.overlaps.Add(1)
 	}
 	c := s.count
-	time.Sleep(pause)
+	time.Sleep(pause) // the section's length: a lost update shows if another enters
 	s.count = c + 1
 	s.inside.Add(-1)
 }

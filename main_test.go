@@ -9,6 +9,7 @@ import (
 	"github.com/gomodule/redigo/redis"
 	"github.com/redis/rueidis"
 	"go.uber.org/goleak"
+	"pgregory.net/rapid"
 
 	"github.com/netlock-go/netlock/internal/redistest"
 )
@@ -166,5 +167,22 @@ func mustUnlock(t testing.TB, m *NetMutex) {
 	t.Helper()
 	if err := m.UnlockCtx(context.Background()); err != nil {
 		t.Fatalf("UnlockCtx: %v", err)
+	}
+}
+
+// eventually fails the test unless cond holds within d, saying what was
+// awaited. It is the tests' one way to wait for something to happen (a
+// waiter queued, a message delivered, a key gone): cond is checked at once,
+// then after 1ms, 2ms, 4ms… and every 20ms from then on, so a cond that asks
+// a server does not flood it, and once more after d. t is a *testing.T, a
+// *testing.B or a *rapid.T.
+func eventually(t rapid.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for pause := time.Millisecond; !cond(); pause = min(2*pause, 20*time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, d)
+		}
+		time.Sleep(pause) // between checks of cond, not an ordering
 	}
 }

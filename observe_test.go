@@ -80,7 +80,7 @@ func TestUnlockNeverPanicsOnWhatRedisDoes(t *testing.T) {
 			e.server.Pause()
 			lost := m.Lost()
 			redistest.Within(t, 5*time.Second, "Lost()", func() { <-lost })
-			time.Sleep(time.Second - 500*time.Millisecond)
+			time.Sleep(time.Second - 500*time.Millisecond) // stalled 1s in all: the stall's length
 			e.server.Resume()
 			if err := recoverErr(m.Unlock); err != nil {
 				t.Fatalf("Unlock of a hold lost to a stall: got panic %v, want none", err)
@@ -128,7 +128,7 @@ func TestUnlockNeverPanicsOnWhatRedisDoes(t *testing.T) {
 			// deliver at once is delivered by the reaper.
 			mustLock(t, m)
 			m.Unlock()
-			waitFor(t, func() bool { return !e.exists(t, "netlock:{down}") })
+			eventually(t, 10*time.Second, "the lock key gone", func() bool { return !e.exists(t, "netlock:{down}") })
 		})
 	})
 }
@@ -236,7 +236,7 @@ func TestObserver(t *testing.T) {
 		// Released only once the waiter is queued in Redis: it has been
 		// refused, so its acquire is contended however slow the machine.
 		look := []Backend{e.backend(t)}
-		waitFor(t, func() bool {
+		eventually(t, 10*time.Second, "the waiter queued in Redis", func() bool {
 			info, err := Inspect(context.Background(), "seen", look)
 			return err == nil && info.Nodes[0].Waiters == 1
 		})
@@ -295,7 +295,7 @@ func TestObserverHandOffAndLost(t *testing.T) {
 		mustLock(t, m)
 		done := make(chan error, 1)
 		go func() { done <- m.LockCtx(context.Background()) }()
-		waitFor(t, func() bool { m.mu.Lock(); defer m.mu.Unlock(); return len(m.waiters) == 1 })
+		eventually(t, 10*time.Second, "the waiter queued in this process", func() bool { m.mu.Lock(); defer m.mu.Unlock(); return len(m.waiters) == 1 })
 		token := m.Token()
 		m.Unlock() // handed over
 		if err := <-done; err != nil {
@@ -318,18 +318,6 @@ func TestObserverHandOffAndLost(t *testing.T) {
 			t.Errorf("lost holds: got %+v, want one of token %d, reason LostExtend", losts, token)
 		}
 	})
-}
-
-// waitFor polls cond until it holds, failing the test after 10s.
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 // ctxSeenBackend records whether its Eval calls carried a context value.

@@ -76,19 +76,6 @@ func lockInBackground(t *testing.T, m *NetMutex, cb *countingBackend) <-chan err
 	return locked
 }
 
-// eventually fails the test unless cond holds within d, checking every
-// millisecond.
-func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, d)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // A waiter subscribed to the release channel makes no attempt while the
 // holder holds, however long that is, and one as soon as it releases. The
 // retry delay is long (seconds), so an attempt count of three (the failed
@@ -138,7 +125,8 @@ func TestWaiterPollsWithoutPubSub(t *testing.T) {
 		mustLock(t, holder)
 		locked := make(chan error, 1)
 		go func() { locked <- waiter.LockCtx(context.Background()) }()
-		time.Sleep(150 * time.Millisecond)
+		// Past the attempts where a subscribed waiter would have queued.
+		eventually(t, 5*time.Second, "the polling waiter's fourth attempt", func() bool { return cb.count("acquire") >= 4 })
 		// It cannot hear its turn, so it does not queue for one.
 		if n, _ := redis.Int(e.do(t, "ZCARD", "netlock:{poll}:waiters"), nil); n != 0 {
 			t.Errorf("a polling waiter queued: %d ids in the waiters' queue, want 0", n)

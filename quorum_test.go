@@ -57,13 +57,11 @@ func holders(t *testing.T, servers []*redistest.Server, name string) (n int) {
 // stay for the whole expiry (8s).
 func settlesFree(t *testing.T, servers []*redistest.Server, name string) {
 	t.Helper()
-	deadline := time.Now().Add(time.Second)
-	for holders(t, servers, name) != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("lock key %q still on %d servers 1s after the caller gave up", name, holders(t, servers, name))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	eventually(t, time.Second, fmt.Sprintf("lock key %q gone from every server after the caller gave up", name), func() bool {
+		return holders(t, servers, name) == 0
+	})
+	// Looked at every 20ms for 300ms: that it stays gone is a check over a
+	// period, not an ordering.
 	for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
 		if n := holders(t, servers, name); n != 0 {
 			t.Fatalf("lock key %q reappeared on %d servers after the caller gave up", name, n)
@@ -197,7 +195,7 @@ func TestQuorumMajorityDown(t *testing.T) {
 	settlesFree(t, servers[1:], "majority")
 }
 
-// Regression: one node held by a foreign value, one stalled, the caller's ctx
+// One node held by a foreign value, one stalled, the caller's ctx
 // cancelled mid-acquire. After return, and after the stalled node resumes and
 // runs our delayed request, no node holds our value.
 func TestQuorumCancelledWithStalledNode(t *testing.T) {
@@ -232,7 +230,7 @@ func TestQuorumCancelledWithStalledNode(t *testing.T) {
 	}
 }
 
-// Regression: a caller whose ctx ends before a quorum forms never gets nil,
+// A caller whose ctx ends before a quorum forms never gets nil,
 // even if the grants arrive afterwards.
 func TestQuorumDeadlineBeforeQuorum(t *testing.T) {
 	servers := startServers(t, 3)
@@ -266,7 +264,7 @@ func TestQuorumDeadlineBeforeQuorum(t *testing.T) {
 	settlesFree(t, servers, "late")
 }
 
-// Regression: a slow node that applies our SET after our deadline never
+// A slow node that applies our SET after our deadline never
 // strands the key.
 func TestSlowNodeAppliesLate(t *testing.T) {
 	for _, client := range testClients() {
@@ -288,7 +286,7 @@ func TestSlowNodeAppliesLate(t *testing.T) {
 	}
 }
 
-// Regression: extend after the keys expired, with the lock taken and released
+// Extend after the keys expired, with the lock taken and released
 // by another client meanwhile, reports ErrLockLost and never re-acquires.
 func TestExtendAfterExpiryIsLost(t *testing.T) {
 	servers := startServers(t, 3)
@@ -300,7 +298,7 @@ func TestExtendAfterExpiryIsLost(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(5 * time.Millisecond)
+	eventually(t, 5*time.Second, "the keys expired", func() bool { return holders(t, servers, "lapse") == 0 })
 	mustLock(t, b)
 	mustUnlock(t, b)
 	if err := a.ExtendCtx(context.Background()); !errors.Is(err, ErrLockLost) {
@@ -363,7 +361,7 @@ func TestQuorumFencingUnderFaults(t *testing.T) {
 				tokens = append(tokens, m.Token())
 				acquisitions++
 				mu.Unlock()
-				time.Sleep(time.Millisecond)
+				time.Sleep(time.Millisecond) // the section's length
 				m.UnlockCtx(context.Background())
 			}
 		})
@@ -383,7 +381,7 @@ func TestQuorumFencingUnderFaults(t *testing.T) {
 			}
 			faults[kind]++
 		}
-		time.Sleep(time.Duration(50+rng.IntN(150)) * time.Millisecond)
+		time.Sleep(time.Duration(50+rng.IntN(150)) * time.Millisecond) // the fault's length
 		for _, v := range victims {
 			if kind == "pause" {
 				servers[v].Resume()
@@ -391,7 +389,7 @@ func TestQuorumFencingUnderFaults(t *testing.T) {
 				servers[v].Restart()
 			}
 		}
-		time.Sleep(time.Duration(rng.IntN(100)) * time.Millisecond)
+		time.Sleep(time.Duration(rng.IntN(100)) * time.Millisecond) // the time between faults
 	}
 	close(stop)
 	wg.Wait()

@@ -108,7 +108,7 @@ func TestRedigoMuxStalled(t *testing.T) {
 	long := make(chan error, 2)
 	for i := range 2 {
 		wg.Go(func() { long <- echo(b, i, time.Second) })
-		waitFor(t, func() bool { return rb.inFlight.Load() == int32(i+1) })
+		eventually(t, 10*time.Second, fmt.Sprintf("%d calls in flight", i+1), func() bool { return rb.inFlight.Load() == int32(i+1) })
 	}
 	start := time.Now()
 	err := echo(b, 2, 100*time.Millisecond)
@@ -165,7 +165,7 @@ func TestRedigoMuxConnectionKilled(t *testing.T) {
 		defer cancel()
 		b.Eval(c, busy, []string{"k"}, nil) // alone: a connection of the pool
 	})
-	waitFor(t, func() bool { return rb.inFlight.Load() == 1 })
+	eventually(t, 10*time.Second, "the call alone in flight", func() bool { return rb.inFlight.Load() == 1 })
 	errs := make(chan error, 4)
 	for i := range 4 {
 		wg.Go(func() {
@@ -177,7 +177,7 @@ func TestRedigoMuxConnectionKilled(t *testing.T) {
 			errs <- err
 		})
 	}
-	waitFor(t, func() bool { return rb.inFlight.Load() == 5 })
+	eventually(t, 10*time.Second, "5 calls in flight", func() bool { return rb.inFlight.Load() == 5 })
 	kill, err := redis.Dial("tcp", server.Addr())
 	if err != nil {
 		t.Fatal(err)
@@ -232,11 +232,11 @@ func TestRedigoMuxIdleClose(t *testing.T) {
 	if idle() {
 		t.Fatal("the pipeline's connection was never dialed, or closed while in use")
 	}
-	time.Sleep(muxIdle / 2)
+	time.Sleep(muxIdle / 2) // unused for that long: the point of the test
 	if idle() {
 		t.Fatalf("the pipeline's connection closed after %v unused, before muxIdle (%v)", muxIdle/2, muxIdle)
 	}
-	waitFor(t, idle)
+	eventually(t, 10*time.Second, "the pipeline's connection closed once unused for muxIdle", idle)
 }
 
 // TestRedigoMuxTestOnBorrow: the pool's TestOnBorrow is asked about the

@@ -156,9 +156,13 @@ func TestRWWriterHeardAtOnce(t *testing.T) {
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
 		r.RLock() // the lease, and its watch, before the writer comes
-		time.Sleep(100 * time.Millisecond)
+		joined := keyspace.RW(DefaultPrefix, "heard", true).Joined
+		eventually(t, 5*time.Second, "the lease's watch listening", func() bool { return numsub(t, e, joined) >= 1 })
+		var reading sync.WaitGroup // every reader in its first section
+		reading.Add(3)
 		for range 3 {
 			wg.Go(func() {
+				first := true
 				for {
 					select {
 					case <-stop:
@@ -166,12 +170,16 @@ func TestRWWriterHeardAtOnce(t *testing.T) {
 					default:
 					}
 					r.RLock()
-					time.Sleep(2 * time.Millisecond)
+					if first {
+						reading.Done()
+						first = false
+					}
+					time.Sleep(2 * time.Millisecond) // a read section's length
 					r.RUnlock()
 				}
 			})
 		}
-		time.Sleep(20 * time.Millisecond)
+		redistest.Within(t, 5*time.Second, "every reader reading", reading.Wait)
 		r.RUnlock()
 		w := e.newRW(t, "heard", opts...)
 		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
@@ -308,8 +316,7 @@ func TestRWBadInput(t *testing.T) {
 				s.Resume()
 				wantNodeErr(t, "LockCtx on a stalled server", werr, "")
 				wantNodeErr(t, "RLockCtx on a stalled server", rerr, "")
-				deadline := time.Now().Add(3 * time.Second)
-				for {
+				eventually(t, 3*time.Second, "every lease and the write lock gone after the failed attempts", func() bool {
 					left := 0
 					for _, k := range rwKeysOf("stalled") {
 						switch {
@@ -328,14 +335,8 @@ func TestRWBadInput(t *testing.T) {
 							}
 						}
 					}
-					if left == 0 {
-						break
-					}
-					if time.Now().After(deadline) {
-						t.Fatal("a lease or the write lock was left 3s after the failed attempts")
-					}
-					time.Sleep(20 * time.Millisecond)
-				}
+					return left == 0
+				})
 				rw.Lock()
 				rw.Unlock()
 				rw.RLock()
@@ -376,7 +377,11 @@ func TestRWCluster(t *testing.T) {
 		in.Store(true)
 		rws[1].RUnlock()
 	}()
-	time.Sleep(200 * time.Millisecond)
+	check := newClusterClient(t, cluster)
+	readers := keyspace.RW(DefaultPrefix, "crw", true).Readers
+	eventually(t, 5*time.Second, "the reader queued behind the writer", func() bool {
+		return clusterInt(t, check, check.B().Zcard().Key(readers).Build()) == 1
+	})
 	if in.Load() {
 		t.Fatal("a reader got in while a writer held")
 	}
@@ -443,6 +448,6 @@ func waitGoRedisRedials(t testing.TB) {
 			t.Logf("go-redis's redial goroutines still running after 5s; goleak will report them")
 			return
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // between looks at the stacks
 	}
 }

@@ -58,7 +58,7 @@ func TestRWGrantWriter(t *testing.T) {
 	a.RLock()
 	errc := make(chan error, 1)
 	go func() { errc <- b.LockCtx(ctx) }()
-	waitUntil(t, func() bool { return listening(srv, b.w.waitChan) && b.acquires() >= 2 })
+	eventually(t, 5*time.Second, "b's writer refused and listening", func() bool { return listening(srv, b.w.waitChan) && b.acquires() >= 2 })
 	before := b.acquires()
 	a.RUnlock()
 	if err := <-errc; err != nil {
@@ -99,16 +99,16 @@ func TestRWGrantReaders(t *testing.T) {
 	a.Lock()
 	errc := make(chan error, 2)
 	go func() { errc <- b.RLockCtx(ctx) }()
-	waitUntil(t, func() bool { n, _ := srv.ZMembers(a.keys.Readers); return len(n) == 1 })
+	eventually(t, 5*time.Second, "b's reader queued", func() bool { n, _ := srv.ZMembers(a.keys.Readers); return len(n) == 1 })
 	go func() { errc <- c.RLockCtx(ctx) }()
-	waitUntil(t, func() bool { n, _ := srv.ZMembers(a.keys.Readers); return len(n) == 2 })
-	waitUntil(t, func() bool {
+	eventually(t, 5*time.Second, "c's reader queued", func() bool { n, _ := srv.ZMembers(a.keys.Readers); return len(n) == 2 })
+	eventually(t, 5*time.Second, "both readers refused and listening", func() bool {
 		return listening(srv, b.r.waitChan) && listening(srv, c.r.waitChan) && b.acquires() >= 2 && c.acquires() >= 2
 	})
 	// A writer that came after them.
 	werr := make(chan error, 1)
 	go func() { werr <- d.LockCtx(ctx) }()
-	waitUntil(t, func() bool { return srv.Exists(a.keys.Writers) })
+	eventually(t, 5*time.Second, "d's writer queued", func() bool { return srv.Exists(a.keys.Writers) })
 	rb, rc := b.acquires(), c.acquires()
 	a.Unlock()
 	for range 2 {
@@ -202,7 +202,7 @@ func TestRWGrantDeadWriter(t *testing.T) {
 		fakeWaiter(t, srv, k, 'w', time.Now().UnixMicro(), listen)
 		errc := make(chan error, 1)
 		go func() { errc <- b.LockCtx(ctx) }()
-		waitUntil(t, func() bool { return listening(srv, b.w.waitChan) && b.acquires() >= 2 })
+		eventually(t, 5*time.Second, "b's writer refused and listening", func() bool { return listening(srv, b.w.waitChan) && b.acquires() >= 2 })
 		a.RUnlock()
 		cur, _ := srv.Get(k.Writer)
 		if listen {
@@ -245,7 +245,7 @@ func TestRWGrantLeft(t *testing.T) {
 	member, _ := fakeWaiter(t, srv, k, 'w', time.Now().UnixMicro(), true)
 	errc := make(chan error, 1)
 	go func() { errc <- b.LockCtx(ctx) }()
-	waitUntil(t, func() bool { return listening(srv, b.w.waitChan) && b.acquires() >= 2 })
+	eventually(t, 5*time.Second, "b's writer refused and listening", func() bool { return listening(srv, b.w.waitChan) && b.acquires() >= 2 })
 	a.RUnlock()
 	if cur, _ := srv.Get(k.Writer); !strings.HasPrefix(cur, "NONCEw.") {
 		t.Fatalf("writer key %q: the first writer was not granted the lock", cur)
@@ -267,7 +267,7 @@ func TestRWGrantLeft(t *testing.T) {
 	member, value := fakeWaiter(t, srv, k, 'r', time.Now().UnixMicro(), true)
 	werr := make(chan error, 1)
 	go func() { werr <- a.LockCtx(ctx) }()
-	waitUntil(t, func() bool { return listening(srv, a.w.waitChan) && a.acquires() >= 2 })
+	eventually(t, 5*time.Second, "a's writer refused and listening", func() bool { return listening(srv, a.w.waitChan) && a.acquires() >= 2 })
 	b.Unlock()
 	if s, err := srv.ZScore(k.Leases, value); err != nil || s <= 0 {
 		t.Fatalf("the reader ahead of the writer was not granted its lease (%v, %v)", s, err)
@@ -299,7 +299,7 @@ func TestRWGrantDeadReader(t *testing.T) {
 	_, value := fakeWaiter(t, srv, k, 'r', time.Now().UnixMicro(), false)
 	errc := make(chan error, 1)
 	go func() { errc <- b.LockCtx(ctx) }()
-	waitUntil(t, func() bool { return listening(srv, b.w.waitChan) && b.acquires() >= 2 })
+	eventually(t, 5*time.Second, "b's writer refused and listening", func() bool { return listening(srv, b.w.waitChan) && b.acquires() >= 2 })
 	a.Unlock()
 	select {
 	case err := <-errc:

@@ -16,6 +16,7 @@ import (
 	"github.com/gomodule/redigo/redis"
 	"pgregory.net/rapid"
 
+	"github.com/netlock-go/netlock/internal/keyspace"
 	"github.com/netlock-go/netlock/internal/redistest"
 )
 
@@ -233,17 +234,48 @@ type rwAcq struct {
 	hold       *hold // the write lock's hold, which a hand-off passes on within its process
 }
 
-func checkRWModel(rt *rapid.T, nNodes int, stats *propStats, steps *atomic.Int64) {
-	const (
-		expiry  = 8 * time.Second
-		clients = 4
-	)
-	quorum := nNodes/2 + 1
-	ctx := context.Background()
-	base := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+// The model's constants.
+const (
+	rwPropExpiry  = 8 * time.Second
+	rwPropClients = 4
+)
 
-	nodes := make([]*rwPropNode, nNodes)
-	for k := range nodes {
+// checkRWModel runs one check of TestRWProperty on nNodes nodes: rapid
+// draws the actions, and the invariants are checked after each.
+func checkRWModel(rt *rapid.T, nNodes int, stats *propStats, steps *atomic.Int64) {
+	mc := newRWMachine(rt, nNodes, stats, steps)
+	defer mc.close()
+	rt.Repeat(mc.actions())
+}
+
+// rwMachine is one check of TestRWProperty: the nodes, the clients, and
+// what the model knows of them.
+type rwMachine struct {
+	rt     *rapid.T
+	nNodes int
+	quorum int
+	stats  *propStats
+	steps  *atomic.Int64 // the actions run, over every check
+
+	nodes    []*rwPropNode
+	all      []*rwPropClient // every client made, crashed ones included
+	cs       []*rwPropClient // the live clients, rwPropClients of them
+	nextID   int             // the next client's id
+	keys     keyspace.RWKeys
+	lockKeys []string // the writer key, the writers', the readers', the leases
+	client   *rapid.Generator[int]
+
+	seq  atomic.Int64 // orders the acquisitions' calls and returns
+	acqs []rwAcq
+}
+
+// newRWMachine starts nNodes miniredis nodes, each on a clock of its own,
+// and the clients on them.
+func newRWMachine(rt *rapid.T, nNodes int, stats *propStats, steps *atomic.Int64) *rwMachine {
+	mc := &rwMachine{rt: rt, nNodes: nNodes, quorum: nNodes/2 + 1, stats: stats, steps: steps}
+	base := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	mc.nodes = make([]*rwPropNode, nNodes)
+	for k := range mc.nodes {
 		n := &rwPropNode{modelNode: &modelNode{srv: miniredis.NewMiniRedis(), queued: map[string]bool{}}, now: base}
 		n.srv.SetTime(base)
 		n.srv.ClockTTL(true)
@@ -251,940 +283,1036 @@ func checkRWModel(rt *rapid.T, nNodes int, stats *propStats, steps *atomic.Int64
 			rt.Fatal(err)
 		}
 		n.addr, n.up = n.srv.Addr(), true
-		nodes[k] = n
+		mc.nodes[k] = n
 	}
+	mc.cs = make([]*rwPropClient, rwPropClients)
+	for i := range mc.cs {
+		mc.cs[i] = mc.newClient()
+	}
+	mc.keys = mc.cs[0].rw.keys
+	mc.lockKeys = []string{mc.keys.Writer, mc.keys.Writers, mc.keys.Readers, mc.keys.Leases}
+	mc.client = rapid.IntRange(0, rwPropClients-1)
+	return mc
+}
 
-	var all []*rwPropClient // every client made, crashed ones included
-	nextID := 0
-	newClient := func(rt *rapid.T) *rwPropClient {
-		c := &rwPropClient{id: nextID}
-		nextID++
-		backends := make([]Backend, nNodes)
-		for k, n := range nodes {
-			p := n.newPool()
-			c.pools = append(c.pools, p)
-			backends[k] = &rwPropBackend{inner: NewRedigo(p), node: n, dead: &c.dead}
+// close ends every call and hold, and stops the clients and the nodes.
+func (mc *rwMachine) close() {
+	ctx := context.Background()
+	for _, c := range mc.all {
+		if c.pend != nil {
+			c.pend.cancel()
+			<-c.pend.done
 		}
-		rw, err := NewRW("rwprop", backends, WithExpiry(expiry),
-			WithNodeTimeout(200*time.Millisecond), WithRetryDelay(time.Millisecond, 2*time.Millisecond),
-			WithOutageWindow(0))
-		if err != nil {
-			rt.Fatal(err)
+		for c.rw.RUnlockCtx(ctx) == nil {
 		}
-		c.rw = rw
-		all = append(all, c)
-		return c
+		c.rw.UnlockCtx(ctx)
 	}
-	cs := make([]*rwPropClient, clients)
-	for i := range cs {
-		cs[i] = newClient(rt)
+	for _, c := range mc.all {
+		for _, p := range c.pools {
+			p.Close()
+		}
 	}
-	keys := cs[0].rw.keys
-
-	// waitOp waits for a background call to return and returns its error.
-	waitOp := func(rt *rapid.T, op *rwPropOp) error {
-		select {
-		case err := <-op.done:
-			op.done <- err // for a later wait
-			return err
-		case <-time.After(20 * time.Second):
-			rt.Fatalf("a background lock call did not return within 20s")
-		}
-		return nil
-	}
-	defer func() {
-		for _, c := range all {
-			if c.pend != nil {
-				c.pend.cancel()
-				<-c.pend.done
-			}
-			for c.rw.RUnlockCtx(ctx) == nil {
-			}
-			c.rw.UnlockCtx(ctx)
-		}
-		for _, c := range all {
-			for _, p := range c.pools {
-				p.Close()
-			}
-		}
-		deadline := time.Now().Add(10 * time.Second)
-		for _, c := range all {
+	eventually(mc.rt, 10*time.Second, "every reaper done", func() bool {
+		for _, c := range mc.all {
 			for _, m := range []*NetMutex{c.rw.w, c.rw.r} {
-				for {
-					m.reaper.mu.Lock()
-					running := m.reaper.running
-					m.reaper.mu.Unlock()
-					if !running {
-						break
-					}
-					if time.Now().After(deadline) {
-						rt.Fatalf("reaper still running after 10s")
-					}
-					time.Sleep(time.Millisecond)
+				m.reaper.mu.Lock()
+				running := m.reaper.running
+				m.reaper.mu.Unlock()
+				if running {
+					return false
 				}
 			}
 		}
-		for _, n := range nodes {
-			n.srv.Close()
-		}
-	}()
+		return true
+	})
+	for _, n := range mc.nodes {
+		n.srv.Close()
+	}
+}
 
-	var seq atomic.Int64 // orders the acquisitions' calls and returns
-	var acqs []rwAcq
-	client := rapid.IntRange(0, clients-1)
-	// holder draws, three times in four, a client for which holds is true
-	// (if any), else any client.
-	holder := func(rt *rapid.T, holds func(c *rwPropClient) bool) int {
-		var is []int
-		for i, c := range cs {
-			if holds(c) {
-				is = append(is, i)
-			}
-		}
-		if len(is) == 0 || rapid.IntRange(0, 3).Draw(rt, "any client") == 0 {
-			return client.Draw(rt, "client")
-		}
-		return is[rapid.IntRange(0, len(is)-1).Draw(rt, "holder")]
+// actions are TestRWProperty's actions, by name, and its invariants ("").
+func (mc *rwMachine) actions() map[string]func(*rapid.T) {
+	return map[string]func(*rapid.T){
+		"TryRLockCtx":                     mc.tryRLockCtx,
+		"RLockCtx short deadline":         mc.rLockCtxShortDeadline,
+		"TryLockCtx":                      mc.tryLockCtx,
+		"LockCtx short deadline":          mc.lockCtxShortDeadline,
+		"background LockCtx or RLockCtx":  mc.lockInBackground,
+		"wait for the background call":    mc.waitBackground,
+		"RUnlockCtx":                      mc.rUnlockCtx,
+		"UnlockCtx":                       mc.unlockCtx,
+		"crash client":                    mc.crashClient,
+		"node down":                       mc.nodeDown,
+		"node up":                         mc.bringNodeUp,
+		"flush the lock's keys on a node": mc.flushKeys,
+		"SCRIPT FLUSH":                    mc.scriptFlush,
+		"time passes":                     mc.timePasses,
+		"clock jump":                      mc.clockJump,
+		"everyone leaves":                 mc.everyoneLeaves,
+		"":                                mc.check,
 	}
+}
 
-	step := func(name string) {
-		steps.Add(1)
-		stats.add(name)
+// tryRLockCtx: a client's TryRLockCtx.
+func (mc *rwMachine) tryRLockCtx(rt *rapid.T) {
+	ctx := context.Background()
+	mc.pollAll()
+	i := mc.client.Draw(rt, "client")
+	c := mc.cs[i]
+	ok, err := c.rw.TryRLockCtx(ctx)
+	mc.checkErr(fmt.Sprintf("client %d TryRLockCtx", i), err, ErrQuorum)
+	if ok && err != nil {
+		rt.Fatalf("client %d TryRLockCtx: got true with %v", i, err)
 	}
-	checkErr := func(rt *rapid.T, what string, err error, allowed ...error) {
-		if err == nil {
-			return
-		}
-		if !documented(err) {
-			rt.Fatalf("%s: error %v matches no documented sentinel", what, err)
-		}
-		for _, a := range allowed {
-			if errors.Is(err, a) {
-				return
-			}
-		}
-		rt.Fatalf("%s: got %v, want one of %v", what, err, allowed)
+	if ok && c.writer {
+		// (A writer of its own in the background may have given
+		// up meanwhile: not checked.)
+		rt.Fatalf("client %d TryRLockCtx: got true while it holds the write lock", i)
 	}
+	if ok {
+		mc.read(i)
+		mc.step("tryrlock/ok")
+		return
+	}
+	mc.step("tryrlock/" + map[bool]string{true: "err", false: "busy"}[err != nil])
+}
 
-	// writeIntact counts the nodes, up or down, whose writer key holds c's
-	// current write lock; leaseLive those whose leases hold c's read lease
-	// with a deadline ahead of the node's clock. believes* report whether c
-	// thinks it holds (Lost, RLost not closed).
-	writeHold := func(c *rwPropClient) (*hold, bool) {
-		h := c.rw.writeHold()
-		if h == nil {
-			return nil, false
-		}
-		select {
-		case <-h.lostChan():
-			return h, false
-		default:
-			return h, true
-		}
+// rLockCtxShortDeadline: a client's RLockCtx, with a short deadline (see
+// shortDeadline).
+func (mc *rwMachine) rLockCtxShortDeadline(rt *rapid.T) {
+	ctx := context.Background()
+	mc.pollAll()
+	i := mc.client.Draw(rt, "client")
+	c := mc.cs[i]
+	dctx, cancel := context.WithTimeout(ctx, shortDeadline(rt))
+	defer cancel()
+	err := c.rw.RLockCtx(dctx)
+	mc.checkErr(fmt.Sprintf("client %d RLockCtx", i), err, ErrNotObtained, ErrQuorum)
+	if err == nil {
+		// Its own write lock does not keep it out locally: only
+		// if that lock was lost on the servers (acquired checks).
+		mc.read(i)
+		mc.step("rlock/ok")
+		return
 	}
-	leaseHold := func(c *rwPropClient) (*hold, bool) {
-		h, _ := c.rw.readHold() // the lease, or the write lock lent to the readers
-		if h == nil {
-			return nil, false
-		}
-		select {
-		case <-h.lostChan():
-			return h, false
-		default:
-			return h, true
-		}
+	mc.step("rlock/failed")
+}
+
+// tryLockCtx: a client's TryLockCtx.
+func (mc *rwMachine) tryLockCtx(rt *rapid.T) {
+	ctx := context.Background()
+	mc.pollAll()
+	i := mc.client.Draw(rt, "client")
+	c := mc.cs[i]
+	start := mc.seq.Add(1)
+	ok, err := c.rw.TryLockCtx(ctx)
+	mc.checkErr(fmt.Sprintf("client %d TryLockCtx", i), err, ErrQuorum)
+	if ok && err != nil {
+		rt.Fatalf("client %d TryLockCtx: got true with %v", i, err)
 	}
-	writeIntact := func(h *hold) int {
-		n := 0
-		want := h.value + ":" + strconv.FormatUint(h.token, 10)
-		for _, nd := range nodes {
-			if v, err := nd.srv.Get(keys.Writer); err == nil && v == want {
-				n++
-			}
-		}
-		return n
+	if ok && (c.writer || c.readers > 0) {
+		rt.Fatalf("client %d TryLockCtx: got true while it holds (writer %v, %d readers)", i, c.writer, c.readers)
 	}
-	leaseLive := func(h *hold) int {
-		n := 0
-		for _, nd := range nodes {
-			if s, err := nd.srv.ZScore(keys.Leases, h.value); err == nil && int64(s) > nd.nowMS() {
-				n++
-			}
-		}
-		return n
+	if ok {
+		mc.wrote(i, start)
+		mc.step("trylock/ok")
+		return
 	}
-	// readLive counts the nodes that hold live the hold h c's readers read
-	// under: its read lease, or its write lock lent to them.
-	readLive := func(c *rwPropClient, h *hold) int {
-		if h.m == c.rw.w {
-			return writeIntact(h)
-		}
-		return leaseLive(h)
+	mc.step("trylock/" + map[bool]string{true: "err", false: "busy"}[err != nil])
+}
+
+// lockCtxShortDeadline: a client's LockCtx, with a short deadline (see
+// shortDeadline).
+func (mc *rwMachine) lockCtxShortDeadline(rt *rapid.T) {
+	ctx := context.Background()
+	mc.pollAll()
+	i := mc.client.Draw(rt, "client")
+	c := mc.cs[i]
+	if c.readers > 0 {
+		// Would wait for its own readers: a deadlock in
+		// sync.RWMutex too. Tried with a short deadline anyway.
+		mc.stats.add("lock/own readers")
 	}
-	// protected reports whether c holds for writing (w) and for reading (r)
-	// with its hold believed and live on a quorum; believing, whether it
-	// thinks it holds either.
-	protected := func(c *rwPropClient) (w, r, believing bool) {
-		if h, ok := writeHold(c); ok {
-			believing = true
-			w = writeIntact(h) >= quorum
+	dctx, cancel := context.WithTimeout(ctx, shortDeadline(rt))
+	defer cancel()
+	start := mc.seq.Add(1)
+	err := c.rw.LockCtx(dctx)
+	mc.checkErr(fmt.Sprintf("client %d LockCtx", i), err, ErrNotObtained, ErrQuorum)
+	if err == nil {
+		if c.writer {
+			rt.Fatalf("client %d LockCtx: got in while it holds the write lock", i)
 		}
-		if h, ok := leaseHold(c); ok {
-			believing = true
-			r = readLive(c, h) >= quorum
-		}
-		return w, r, believing
+		// Its own readers do not keep it out locally: only if
+		// their lease was lost on the servers (acquired checks).
+		mc.wrote(i, start)
+		mc.step("lock/ok")
+		return
 	}
-	// acquired checks a new hold of client i (write or read) against every
-	// live client's, its own process's included: none may be protected in
-	// a conflicting mode; a believer that is not is overtaken (only
-	// possible once the model's assumptions were broken).
-	acquired := func(rt *rapid.T, i int, write bool, what string) {
-		if w, r, _ := protected(cs[i]); !(write && w || !write && r) {
-			// A reader that joined its process's lease after the lease
-			// was lost on the servers, or a hold lost on the servers
-			// (clock jump) before its background call was polled.
-			stats.add("acquired, not protected (assumptions broken)")
-			return
-		}
-		for j, o := range cs {
-			w, r, _ := protected(o)
-			if j == i {
-				// Its own hold of the other kind.
-				w, r = w && !write, r && write
-			}
-			if w || (write && r) {
-				rt.Fatalf("client %d acquired %s while client %d holds a protected hold (write %v read %v)", i, what, j, w, r)
-			}
-			if _, ok := writeHold(o); ok && (j != i || !write) && !o.overtakenW {
-				o.overtakenW = true
-				stats.add("overtaken writer (assumptions broken)")
-			}
-			if _, ok := leaseHold(o); ok && write && !o.overtakenR {
-				o.overtakenR = true
-				stats.add("overtaken readers (assumptions broken)")
-			}
-		}
+	mc.step("lock/failed")
+}
+
+// lockInBackground: another goroutine of a client's process locks (LockCtx
+// or RLockCtx), with a deadline of its own; the model goes on meanwhile.
+func (mc *rwMachine) lockInBackground(rt *rapid.T) {
+	ctx := context.Background()
+	mc.pollAll()
+	i := mc.client.Draw(rt, "client")
+	c := mc.cs[i]
+	if c.pend != nil {
+		mc.step("background/busy")
+		return
 	}
-	// wrote records a write acquisition of client i, whose call began at
-	// start, and checks its token.
-	wrote := func(rt *rapid.T, i int, start int64) {
-		c := cs[i]
-		end := seq.Add(1)
-		tok := c.rw.Token()
-		if tok == 0 {
-			rt.Fatalf("client %d acquired the write lock with no token", i)
-		}
-		h := c.rw.writeHold()
-		handed := slices.ContainsFunc(acqs, func(a rwAcq) bool { return a.who == c.id && a.hold == h })
-		for _, a := range acqs {
-			if handed {
-				// Handed on by a writer of its process: the same hold,
-				// whose token was checked when it was acquired.
-				break
-			}
-			if a.token == tok {
-				rt.Fatalf("client %d acquired with token %d, already given to client %d", i, tok, a.who)
-			}
-			if a.end < start && a.token > tok {
-				rt.Fatalf("client %d acquired with token %d after client %d's acquisition with token %d had returned", i, tok, a.who, a.token)
-			}
-		}
-		acqs = append(acqs, rwAcq{start: start, end: end, token: tok, who: c.id, hold: h})
-		c.writer = true
-		acquired(rt, i, true, "the write lock")
-	}
-	read := func(rt *rapid.T, i int) {
-		cs[i].readers++
-		acquired(rt, i, false, "a read lock")
-	}
-	// poll takes the result of client i's background call if it returned
-	// (wait: waits for it).
-	poll := func(rt *rapid.T, i int, wait bool) {
-		c := cs[i]
-		op := c.pend
-		if op == nil {
-			return
-		}
+	write := rapid.Bool().Draw(rt, "write")
+	wait := time.Duration(rapid.IntRange(20, 300).Draw(rt, "deadline ms")) * time.Millisecond
+	bctx, cancel := context.WithTimeout(ctx, wait)
+	op := &rwPropOp{write: write, cancel: cancel, done: make(chan error, 1), start: mc.seq.Add(1)}
+	rw := c.rw
+	go func() {
 		var err error
-		if wait {
-			err = waitOp(rt, op)
+		if write {
+			err = rw.LockCtx(bctx)
 		} else {
-			select {
-			case err = <-op.done:
-			default:
-				return
-			}
+			err = rw.RLockCtx(bctx)
 		}
-		c.pend = nil
-		kind := "rlock"
-		if op.write {
-			kind = "lock"
-		}
-		if err != nil {
-			checkErr(rt, fmt.Sprintf("client %d background %s", i, kind), err, ErrNotObtained, ErrQuorum)
-			stats.add("background " + kind + "/failed")
+		op.done <- err
+	}()
+	c.pend = op
+	mc.step(fmt.Sprintf("background/start write=%v", write))
+}
+
+// waitBackground waits for a client's background call, and takes its
+// result.
+func (mc *rwMachine) waitBackground(rt *rapid.T) {
+	i := mc.client.Draw(rt, "client")
+	mc.poll(i, true)
+	mc.step("background/wait")
+}
+
+// rUnlockCtx: a client's RUnlockCtx, most often of one that reads.
+func (mc *rwMachine) rUnlockCtx(rt *rapid.T) {
+	ctx := context.Background()
+	mc.pollAll()
+	i := mc.holder(func(c *rwPropClient) bool { return c.readers > 0 })
+	c := mc.cs[i]
+	if c.readers == 0 {
+		if c.pend != nil && !c.pend.write {
+			mc.step("runlock/pending") // might have got in meanwhile
 			return
 		}
-		stats.add("background " + kind + "/ok")
-		if op.write {
-			wrote(rt, i, op.start)
-		} else {
-			read(rt, i)
+		mc.checkErr(fmt.Sprintf("client %d RUnlockCtx without a read lock", i), c.rw.RUnlockCtx(ctx), ErrNotHeld)
+		if c.rw.RUnlockCtx(ctx) == nil {
+			rt.Fatalf("client %d RUnlockCtx without a read lock: got nil", i)
+		}
+		mc.step("runlock/notheld")
+		return
+	}
+	c.readers--
+	live := mc.holdLive(c, false)
+	if c.pend != nil && !c.pend.write {
+		// The lease may be handed over to the reader in the
+		// background: no release then, and nothing to check.
+		live = mc.nNodes
+	}
+	hr, _ := c.rw.readHold()
+	err := c.rw.RUnlockCtx(ctx)
+	_, left := c.rw.readHold()
+	last := left == 0
+	if err == nil && last && c.readers == 0 && c.pend != nil && c.pend.write && hr != nil && hr.m == c.rw.w && c.rw.w.current() == hr {
+		// The write lock its readers read under, handed on to the
+		// writer of the process in the background: as for UnlockCtx.
+		mc.step("runlock/handed on")
+		return
+	}
+	if !last && err != nil && c.pend != nil && !c.pend.write && c.readers == 0 {
+		// Only the last reader's RUnlockCtx releases, and so
+		// fails: it was the last, and the reader in the
+		// background (kept out by the lease, or waiting for it
+		// to end) has taken a new lease since.
+		last = true
+	}
+	if last != (c.readers == 0) && (c.pend == nil || c.pend.write) {
+		rt.Fatalf("client %d RUnlockCtx: %d readers left in the process, model says %d", i, left, c.readers)
+	}
+	if last {
+		mc.released(i, false, live, err)
+		mc.step("runlock/last/" + rwErrName(err))
+		return
+	}
+	if err != nil {
+		rt.Fatalf("client %d RUnlockCtx, other readers left: %v", i, err)
+	}
+	mc.step("runlock/other readers")
+}
+
+// unlockCtx: a client's UnlockCtx, most often of one that writes.
+func (mc *rwMachine) unlockCtx(rt *rapid.T) {
+	ctx := context.Background()
+	mc.pollAll()
+	i := mc.holder(func(c *rwPropClient) bool { return c.writer })
+	c := mc.cs[i]
+	if !c.writer {
+		if c.pend != nil && c.pend.write {
+			mc.step("unlock/pending")
+			return
+		}
+		if err := c.rw.UnlockCtx(ctx); !errors.Is(err, ErrNotHeld) {
+			rt.Fatalf("client %d UnlockCtx without the write lock: got %v, want ErrNotHeld", i, err)
+		}
+		mc.step("unlock/notheld")
+		return
+	}
+	c.writer = false
+	live := mc.holdLive(c, true)
+	h := c.rw.writeHold()
+	err := c.rw.UnlockCtx(ctx)
+	if err == nil && c.pend != nil && h != nil && c.rw.w.current() == h {
+		// Handed on to the call in the background (a writer of the
+		// process, or its readers): no release, the hold goes on, and
+		// its release is checked when it comes.
+		mc.step("unlock/handed on")
+		return
+	}
+	mc.released(i, true, live, err)
+	mc.step("unlock/" + rwErrName(err))
+}
+
+// crashClient: a client's process dies: nothing it sends reaches a node
+// any more, its holds and its waiters' places stay until they expire. A
+// fresh process takes its place.
+func (mc *rwMachine) crashClient(rt *rapid.T) {
+	mc.pollAll()
+	i := mc.client.Draw(rt, "client")
+	c := mc.cs[i]
+	c.dead.Store(true)
+	if c.pend != nil {
+		c.pend.cancel()
+		mc.waitOp(c.pend) // its error does not matter: it died
+	}
+	mc.step(fmt.Sprintf("crash/writer=%v/readers=%v", c.writer, c.readers > 0))
+	mc.cs[i] = mc.newClient()
+}
+
+// nodeDown crashes or partitions a node that is up (see modelNode).
+func (mc *rwMachine) nodeDown(rt *rapid.T) {
+	mc.pollAll()
+	n, ok := mc.drawNode(true)
+	if !ok {
+		mc.step("node down/none")
+		return
+	}
+	if rapid.Bool().Draw(rt, "partition") {
+		n.partitioned.Store(true)
+		n.srv.Close()
+		mc.step("node down/partition")
+	} else {
+		n.srv.Close()
+		n.gen.Add(1)
+		mc.step("node down/crash")
+	}
+	n.up = false
+}
+
+// bringNodeUp brings a node that is down back, with its data.
+func (mc *rwMachine) bringNodeUp(rt *rapid.T) {
+	mc.pollAll()
+	n, ok := mc.drawNode(false)
+	if !ok {
+		mc.step("node up/none")
+		return
+	}
+	mc.nodeUp(n)
+	mc.step("node up")
+}
+
+// flushKeys deletes the lock's keys on a node that is up, behind the
+// clients' back (the fence counter is kept, as in TestProperty: it never
+// expires).
+func (mc *rwMachine) flushKeys(rt *rapid.T) {
+	mc.pollAll()
+	n, ok := mc.drawNode(true)
+	if !ok {
+		mc.step("flush/none")
+		return
+	}
+	for _, k := range mc.lockKeys {
+		n.srv.Del(k)
+	}
+	mc.step("flush")
+}
+
+// scriptFlush flushes the scripts of a node that is up.
+func (mc *rwMachine) scriptFlush(rt *rapid.T) {
+	mc.pollAll()
+	n, ok := mc.drawNode(true)
+	if !ok {
+		mc.step("SCRIPT FLUSH/none")
+		return
+	}
+	conn, err := redis.Dial("tcp", n.addr)
+	if err != nil {
+		rt.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.Do("SCRIPT", "FLUSH"); err != nil {
+		rt.Fatal(err)
+	}
+	mc.step("SCRIPT FLUSH")
+}
+
+// timePasses moves the nodes' clocks by up to an extend interval, and
+// extends every hold, as the watchdogs do.
+func (mc *rwMachine) timePasses(rt *rapid.T) {
+	mc.pollAll()
+	mc.advance(time.Duration(rapid.IntRange(0, int(rwPropExpiry/extendsPerExpiry/time.Millisecond)).Draw(rt, "ms")) * time.Millisecond)
+	mc.extendAll()
+	mc.step("time passes")
+}
+
+// clockJump moves the nodes' clocks by up to three expiries, with no
+// extend.
+func (mc *rwMachine) clockJump(rt *rapid.T) {
+	mc.pollAll()
+	mc.advance(time.Duration(rapid.IntRange(0, int(3*rwPropExpiry/time.Millisecond)).Draw(rt, "ms")) * time.Millisecond)
+	mc.step("clock jump")
+}
+
+// everyoneLeaves: every call and hold ends (see leaveAll); then a fresh
+// client (fresh), or a writer waiting while readers come
+// (writerVsReaders).
+func (mc *rwMachine) everyoneLeaves(rt *rapid.T) {
+	mc.pollAll()
+	mc.leaveAll()
+	if rapid.Bool().Draw(rt, "writer waits while readers come") {
+		mc.writerVsReaders()
+		mc.step("everyone leaves/writer waits while readers come")
+		return
+	}
+	mc.fresh()
+	mc.step("everyone leaves/fresh client")
+}
+
+// check checks the invariants: each client's holds, Token, Lost and
+// RLost as the model says, and at most one writer, or readers alone, hold
+// protected holds.
+func (mc *rwMachine) check(rt *rapid.T) {
+	mc.pollAll()
+	writers, readers := 0, 0
+	for i, c := range mc.cs {
+		w, r, _ := mc.protected(c)
+		if w {
+			writers++
+		}
+		if r {
+			readers++
+		}
+		if c.pend != nil {
+			continue // its state may change under our eyes
+		}
+		_, believesW := mc.writeHold(c)
+		hw := c.rw.writeHold()
+		if (hw != nil) != c.writer {
+			rt.Fatalf("client %d: write hold %v, model says writer %v", i, hw != nil, c.writer)
+		}
+		if tok := c.rw.Token(); (tok != 0) != c.writer {
+			rt.Fatalf("client %d: Token() %d, model says writer %v", i, tok, c.writer)
+		}
+		lost := false
+		select {
+		case <-c.rw.Lost():
+			lost = true
+		default:
+		}
+		if lost == believesW {
+			rt.Fatalf("client %d: Lost() closed %v, write hold believed %v", i, lost, believesW)
+		}
+		lease, n := c.rw.readHold()
+		if n != c.readers || (lease != nil) != (c.readers > 0) {
+			rt.Fatalf("client %d: %d readers, lease %v; model says %d readers", i, n, lease != nil, c.readers)
+		}
+		_, believesR := mc.leaseHold(c)
+		rlost := false
+		select {
+		case <-c.rw.RLost():
+			rlost = true
+		default:
+		}
+		if rlost == believesR {
+			rt.Fatalf("client %d: RLost() closed %v, read lease believed %v", i, rlost, believesR)
 		}
 	}
-	pollAll := func(rt *rapid.T) {
-		for i := range cs {
-			poll(rt, i, false)
+	if writers > 1 || writers == 1 && readers > 0 {
+		rt.Fatalf("%d writers and %d reading processes hold protected holds at once", writers, readers)
+	}
+}
+
+// newClient starts a client (a process), on pools of its own.
+func (mc *rwMachine) newClient() *rwPropClient {
+	c := &rwPropClient{id: mc.nextID}
+	mc.nextID++
+	backends := make([]Backend, mc.nNodes)
+	for k, n := range mc.nodes {
+		p := n.newPool()
+		c.pools = append(c.pools, p)
+		backends[k] = &rwPropBackend{inner: NewRedigo(p), node: n, dead: &c.dead}
+	}
+	rw, err := NewRW("rwprop", backends, WithExpiry(rwPropExpiry),
+		WithNodeTimeout(200*time.Millisecond), WithRetryDelay(time.Millisecond, 2*time.Millisecond),
+		WithOutageWindow(0))
+	if err != nil {
+		mc.rt.Fatal(err)
+	}
+	c.rw = rw
+	mc.all = append(mc.all, c)
+	return c
+}
+
+// waitOp waits for a background call to return and returns its error.
+func (mc *rwMachine) waitOp(op *rwPropOp) error {
+	select {
+	case err := <-op.done:
+		op.done <- err // for a later wait
+		return err
+	case <-time.After(20 * time.Second):
+		mc.rt.Fatalf("a background lock call did not return within 20s")
+	}
+	return nil
+}
+
+// holder draws, three times in four, a client for which holds is true
+// (if any), else any client.
+func (mc *rwMachine) holder(holds func(c *rwPropClient) bool) int {
+	var is []int
+	for i, c := range mc.cs {
+		if holds(c) {
+			is = append(is, i)
 		}
 	}
-	cancelOp := func(rt *rapid.T, i int) {
-		if op := cs[i].pend; op != nil {
-			op.cancel()
-			poll(rt, i, true)
+	if len(is) == 0 || rapid.IntRange(0, 3).Draw(mc.rt, "any client") == 0 {
+		return mc.client.Draw(mc.rt, "client")
+	}
+	return is[rapid.IntRange(0, len(is)-1).Draw(mc.rt, "holder")]
+}
+
+// step counts an action done, by its outcome.
+func (mc *rwMachine) step(name string) {
+	mc.steps.Add(1)
+	mc.stats.add(name)
+}
+
+// checkErr fails the check unless err is nil, or matches a documented
+// sentinel and one of allowed.
+func (mc *rwMachine) checkErr(what string, err error, allowed ...error) {
+	if err == nil {
+		return
+	}
+	if !documented(err) {
+		mc.rt.Fatalf("%s: error %v matches no documented sentinel", what, err)
+	}
+	for _, a := range allowed {
+		if errors.Is(err, a) {
+			return
 		}
 	}
-	// unlocked checks the answer of a release that reached Redis (an
-	// UnlockCtx, the last RUnlockCtx) of a client whose hold may have been
-	// overtaken.
-	//
-	// live is how many nodes held the hold, live, just before the call (see
-	// holdLive): a release that reports success found it on a quorum.
-	released := func(rt *rapid.T, i int, write bool, live int, err error) {
-		c := cs[i]
-		what, overtaken := "RUnlockCtx", &c.overtakenR
-		if write {
-			what, overtaken = "UnlockCtx", &c.overtakenW
-		}
-		checkErr(rt, fmt.Sprintf("client %d %s", i, what), err, ErrLockLost, ErrQuorum)
-		if err == nil && live < quorum {
-			rt.Fatalf("client %d %s: got success, but only %d nodes held it live (quorum %d): the hold had expired or gone", i, what, live, quorum)
-		}
-		if err != nil && live < quorum {
-			stats.add(what + ": loss of a hold expired or gone on the servers reported")
-		}
-		if *overtaken {
-			if err == nil {
-				rt.Fatalf("client %d %s after another holder acquired over its hold: got success, want the loss reported", i, what)
-			}
-			stats.add("overtaken: " + what + " reported " + rwErrName(err))
-			*overtaken = false
+	mc.rt.Fatalf("%s: got %v, want one of %v", what, err, allowed)
+}
+
+// writeHold returns c's write hold, and whether c thinks it holds it
+// (Lost not closed).
+func (mc *rwMachine) writeHold(c *rwPropClient) (*hold, bool) {
+	h := c.rw.writeHold()
+	if h == nil {
+		return nil, false
+	}
+	select {
+	case <-h.lostChan():
+		return h, false
+	default:
+		return h, true
+	}
+}
+
+// leaseHold returns the hold c's readers read under (its read lease, or
+// its write lock lent to them), and whether c thinks it holds it (RLost not
+// closed).
+func (mc *rwMachine) leaseHold(c *rwPropClient) (*hold, bool) {
+	h, _ := c.rw.readHold()
+	if h == nil {
+		return nil, false
+	}
+	select {
+	case <-h.lostChan():
+		return h, false
+	default:
+		return h, true
+	}
+}
+
+// writeIntact counts the nodes, up or down, whose writer key holds the
+// write lock h.
+func (mc *rwMachine) writeIntact(h *hold) int {
+	n := 0
+	want := h.value + ":" + strconv.FormatUint(h.token, 10)
+	for _, nd := range mc.nodes {
+		if v, err := nd.srv.Get(mc.keys.Writer); err == nil && v == want {
+			n++
 		}
 	}
-	// holdLive counts the nodes, up or down, that hold client c's write lock
-	// (write) or read lease live.
-	holdLive := func(c *rwPropClient, write bool) int {
-		if write {
-			if h := c.rw.writeHold(); h != nil {
-				return writeIntact(h)
-			}
-			return 0
+	return n
+}
+
+// leaseLive counts the nodes, up or down, whose leases hold the read lease
+// h with a deadline ahead of the node's clock.
+func (mc *rwMachine) leaseLive(h *hold) int {
+	n := 0
+	for _, nd := range mc.nodes {
+		if s, err := nd.srv.ZScore(mc.keys.Leases, h.value); err == nil && int64(s) > nd.nowMS() {
+			n++
 		}
-		if h, _ := leaseHold(c); h != nil {
-			return readLive(c, h)
+	}
+	return n
+}
+
+// readLive counts the nodes that hold live the hold h c's readers read
+// under: its read lease, or its write lock lent to them.
+func (mc *rwMachine) readLive(c *rwPropClient, h *hold) int {
+	if h.m == c.rw.w {
+		return mc.writeIntact(h)
+	}
+	return mc.leaseLive(h)
+}
+
+// protected reports whether c holds for writing (w) and for reading (r)
+// with its hold believed and live on a quorum; believing, whether it
+// thinks it holds either.
+func (mc *rwMachine) protected(c *rwPropClient) (w, r, believing bool) {
+	if h, ok := mc.writeHold(c); ok {
+		believing = true
+		w = mc.writeIntact(h) >= mc.quorum
+	}
+	if h, ok := mc.leaseHold(c); ok {
+		believing = true
+		r = mc.readLive(c, h) >= mc.quorum
+	}
+	return w, r, believing
+}
+
+// acquired checks a new hold of client i (write or read) against every
+// live client's, its own process's included: none may be protected in
+// a conflicting mode; a believer that is not is overtaken (only
+// possible once the model's assumptions were broken).
+func (mc *rwMachine) acquired(i int, write bool, what string) {
+	if w, r, _ := mc.protected(mc.cs[i]); !(write && w || !write && r) {
+		// A reader that joined its process's lease after the lease
+		// was lost on the servers, or a hold lost on the servers
+		// (clock jump) before its background call was polled.
+		mc.stats.add("acquired, not protected (assumptions broken)")
+		return
+	}
+	for j, o := range mc.cs {
+		w, r, _ := mc.protected(o)
+		if j == i {
+			// Its own hold of the other kind.
+			w, r = w && !write, r && write
+		}
+		if w || (write && r) {
+			mc.rt.Fatalf("client %d acquired %s while client %d holds a protected hold (write %v read %v)", i, what, j, w, r)
+		}
+		if _, ok := mc.writeHold(o); ok && (j != i || !write) && !o.overtakenW {
+			o.overtakenW = true
+			mc.stats.add("overtaken writer (assumptions broken)")
+		}
+		if _, ok := mc.leaseHold(o); ok && write && !o.overtakenR {
+			o.overtakenR = true
+			mc.stats.add("overtaken readers (assumptions broken)")
+		}
+	}
+}
+
+// wrote records a write acquisition of client i, whose call began at
+// start, and checks its token.
+func (mc *rwMachine) wrote(i int, start int64) {
+	c := mc.cs[i]
+	end := mc.seq.Add(1)
+	tok := c.rw.Token()
+	if tok == 0 {
+		mc.rt.Fatalf("client %d acquired the write lock with no token", i)
+	}
+	h := c.rw.writeHold()
+	handed := slices.ContainsFunc(mc.acqs, func(a rwAcq) bool { return a.who == c.id && a.hold == h })
+	for _, a := range mc.acqs {
+		if handed {
+			// Handed on by a writer of its process: the same hold, whose
+			// token was checked when it was acquired.
+			break
+		}
+		if a.token == tok {
+			mc.rt.Fatalf("client %d acquired with token %d, already given to client %d", i, tok, a.who)
+		}
+		if a.end < start && a.token > tok {
+			mc.rt.Fatalf("client %d acquired with token %d after client %d's acquisition with token %d had returned", i, tok, a.who, a.token)
+		}
+	}
+	mc.acqs = append(mc.acqs, rwAcq{start: start, end: end, token: tok, who: c.id, hold: h})
+	c.writer = true
+	mc.acquired(i, true, "the write lock")
+}
+
+// read records a read lock of client i.
+func (mc *rwMachine) read(i int) {
+	mc.cs[i].readers++
+	mc.acquired(i, false, "a read lock")
+}
+
+// poll takes the result of client i's background call if it returned
+// (wait: waits for it).
+func (mc *rwMachine) poll(i int, wait bool) {
+	c := mc.cs[i]
+	op := c.pend
+	if op == nil {
+		return
+	}
+	var err error
+	if wait {
+		err = mc.waitOp(op)
+	} else {
+		select {
+		case err = <-op.done:
+		default:
+			return
+		}
+	}
+	c.pend = nil
+	kind := "rlock"
+	if op.write {
+		kind = "lock"
+	}
+	if err != nil {
+		mc.checkErr(fmt.Sprintf("client %d background %s", i, kind), err, ErrNotObtained, ErrQuorum)
+		mc.stats.add("background " + kind + "/failed")
+		return
+	}
+	mc.stats.add("background " + kind + "/ok")
+	if op.write {
+		mc.wrote(i, op.start)
+	} else {
+		mc.read(i)
+	}
+}
+
+// pollAll takes the results of the background calls that returned.
+func (mc *rwMachine) pollAll() {
+	for i := range mc.cs {
+		mc.poll(i, false)
+	}
+}
+
+// cancelOp cancels client i's background call, if any, and takes its
+// result.
+func (mc *rwMachine) cancelOp(i int) {
+	if op := mc.cs[i].pend; op != nil {
+		op.cancel()
+		mc.poll(i, true)
+	}
+}
+
+// released checks the answer of a release that reached Redis (an
+// UnlockCtx, the last RUnlockCtx) of a client whose hold may have been
+// overtaken.
+//
+// live is how many nodes held the hold, live, just before the call (see
+// holdLive): a release that reports success found it on a quorum.
+func (mc *rwMachine) released(i int, write bool, live int, err error) {
+	c := mc.cs[i]
+	what, overtaken := "RUnlockCtx", &c.overtakenR
+	if write {
+		what, overtaken = "UnlockCtx", &c.overtakenW
+	}
+	mc.checkErr(fmt.Sprintf("client %d %s", i, what), err, ErrLockLost, ErrQuorum)
+	if err == nil && live < mc.quorum {
+		mc.rt.Fatalf("client %d %s: got success, but only %d nodes held it live (quorum %d): the hold had expired or gone", i, what, live, mc.quorum)
+	}
+	if err != nil && live < mc.quorum {
+		mc.stats.add(what + ": loss of a hold expired or gone on the servers reported")
+	}
+	if *overtaken {
+		if err == nil {
+			mc.rt.Fatalf("client %d %s after another holder acquired over its hold: got success, want the loss reported", i, what)
+		}
+		mc.stats.add("overtaken: " + what + " reported " + rwErrName(err))
+		*overtaken = false
+	}
+}
+
+// holdLive counts the nodes, up or down, that hold client c's write lock
+// (write) or read lease live.
+func (mc *rwMachine) holdLive(c *rwPropClient, write bool) int {
+	if write {
+		if h := c.rw.writeHold(); h != nil {
+			return mc.writeIntact(h)
 		}
 		return 0
 	}
-	advance := func(d time.Duration) {
-		for _, n := range nodes {
-			n.advance(d)
-		}
+	if h, _ := mc.leaseHold(c); h != nil {
+		return mc.readLive(c, h)
 	}
-	// extendAll extends every live client's holds, as their watchdogs do.
-	extendAll := func(rt *rapid.T) {
-		for i, c := range cs {
-			if h := c.rw.w.current(); h != nil {
-				err := c.rw.w.ExtendCtx(ctx)
-				checkErr(rt, fmt.Sprintf("client %d extend of the write lock", i), err, ErrLockLost, ErrQuorum, ErrNotHeld)
-			}
-			if h, _ := leaseHold(c); h != nil {
-				err := c.rw.r.ExtendCtx(ctx)
-				checkErr(rt, fmt.Sprintf("client %d extend of the read lease", i), err, ErrLockLost, ErrQuorum, ErrNotHeld)
-			}
-		}
-	}
-	drawNode := func(rt *rapid.T, up bool) (*rwPropNode, bool) {
-		var ks []*rwPropNode
-		for _, n := range nodes {
-			if n.up == up {
-				ks = append(ks, n)
-			}
-		}
-		if len(ks) == 0 {
-			return nil, false
-		}
-		return ks[rapid.IntRange(0, len(ks)-1).Draw(rt, fmt.Sprintf("node up=%v", up))], true
-	}
-	nodeUp := func(rt *rapid.T, n *rwPropNode) {
-		n.gen.Add(1)
-		if err := n.srv.Restart(); err != nil {
-			rt.Fatalf("restart node: %v", err)
-		}
-		n.partitioned.Store(false)
-		n.up = true
-	}
-	lockKeys := []string{keys.Writer, keys.Writers, keys.Readers, keys.Leases}
+	return 0
+}
 
-	// leaveAll: every live client's background call is cancelled and every
-	// hold released; every node comes back; time passes beyond every expiry
-	// and waiter's place. Nothing of the lock is then left on any node.
-	leaveAll := func(rt *rapid.T) {
-		for i, c := range cs {
-			cancelOp(rt, i)
-			for c.readers > 0 {
-				c.readers--
-				live := holdLive(c, false)
-				err := c.rw.RUnlockCtx(ctx)
-				if c.readers == 0 {
-					released(rt, i, false, live, err)
-				} else if err != nil {
-					rt.Fatalf("client %d RUnlockCtx, %d readers left: %v", i, c.readers, err)
-				}
-			}
-			if c.writer {
-				c.writer = false
-				live := holdLive(c, true)
-				released(rt, i, true, live, c.rw.UnlockCtx(ctx))
+// advance moves every node's clock by d.
+func (mc *rwMachine) advance(d time.Duration) {
+	for _, n := range mc.nodes {
+		n.advance(d)
+	}
+}
+
+// extendAll extends every live client's holds, as their watchdogs do.
+func (mc *rwMachine) extendAll() {
+	ctx := context.Background()
+	for i, c := range mc.cs {
+		if h := c.rw.w.current(); h != nil {
+			err := c.rw.w.ExtendCtx(ctx)
+			mc.checkErr(fmt.Sprintf("client %d extend of the write lock", i), err, ErrLockLost, ErrQuorum, ErrNotHeld)
+		}
+		if h, _ := mc.leaseHold(c); h != nil {
+			err := c.rw.r.ExtendCtx(ctx)
+			mc.checkErr(fmt.Sprintf("client %d extend of the read lease", i), err, ErrLockLost, ErrQuorum, ErrNotHeld)
+		}
+	}
+}
+
+// drawNode draws a node that is up (or down), and reports false if there
+// is none.
+func (mc *rwMachine) drawNode(up bool) (*rwPropNode, bool) {
+	var ks []*rwPropNode
+	for _, n := range mc.nodes {
+		if n.up == up {
+			ks = append(ks, n)
+		}
+	}
+	if len(ks) == 0 {
+		return nil, false
+	}
+	return ks[rapid.IntRange(0, len(ks)-1).Draw(mc.rt, fmt.Sprintf("node up=%v", up))], true
+}
+
+// nodeUp brings node n back, with its data.
+func (mc *rwMachine) nodeUp(n *rwPropNode) {
+	n.gen.Add(1)
+	if err := n.srv.Restart(); err != nil {
+		mc.rt.Fatalf("restart node: %v", err)
+	}
+	n.partitioned.Store(false)
+	n.up = true
+}
+
+// leaveAll: every live client's background call is cancelled and every
+// hold released; every node comes back; time passes beyond every expiry
+// and waiter's place. Nothing of the lock is then left on any node.
+func (mc *rwMachine) leaveAll() {
+	ctx := context.Background()
+	for i, c := range mc.cs {
+		mc.cancelOp(i)
+		for c.readers > 0 {
+			c.readers--
+			live := mc.holdLive(c, false)
+			err := c.rw.RUnlockCtx(ctx)
+			if c.readers == 0 {
+				mc.released(i, false, live, err)
+			} else if err != nil {
+				mc.rt.Fatalf("client %d RUnlockCtx, %d readers left: %v", i, c.readers, err)
 			}
 		}
-		for _, n := range nodes {
-			if !n.up {
-				nodeUp(rt, n)
-			}
+		if c.writer {
+			c.writer = false
+			live := mc.holdLive(c, true)
+			mc.released(i, true, live, c.rw.UnlockCtx(ctx))
 		}
-		advance(placeExpiries*expiry + expiry + time.Millisecond)
-		for k, n := range nodes {
-			for _, key := range lockKeys {
-				if n.srv.Exists(key) {
-					rt.Fatalf("node %d: %s left behind %v after everyone left", k, key, placeExpiries*expiry+expiry)
-				}
+	}
+	for _, n := range mc.nodes {
+		if !n.up {
+			mc.nodeUp(n)
+		}
+	}
+	mc.advance(placeExpiries*rwPropExpiry + rwPropExpiry + time.Millisecond)
+	for k, n := range mc.nodes {
+		for _, key := range mc.lockKeys {
+			if n.srv.Exists(key) {
+				mc.rt.Fatalf("node %d: %s left behind %v after everyone left", k, key, placeExpiries*rwPropExpiry+rwPropExpiry)
 			}
 		}
 	}
+}
 
-	// fresh runs a new process's TryLockCtx, UnlockCtx, TryRLockCtx and
-	// RUnlockCtx on a free lock: each must succeed at once.
-	fresh := func(rt *rapid.T) {
-		f := newClient(rt)
-		start := seq.Add(1)
-		ok, err := f.rw.TryLockCtx(ctx)
-		if !ok || err != nil {
-			rt.Fatalf("a fresh client's TryLockCtx on a free lock: got %v, %v; want true (stranded?)", ok, err)
-		}
-		tok := f.rw.Token()
-		for _, a := range acqs {
-			if a.token >= tok {
-				rt.Fatalf("a fresh client acquired with token %d, not above %d of an earlier acquisition", tok, a.token)
-			}
-		}
-		acqs = append(acqs, rwAcq{start: start, end: seq.Add(1), token: tok, who: f.id})
-		if err := f.rw.UnlockCtx(ctx); err != nil {
-			rt.Fatalf("a fresh client's UnlockCtx: %v", err)
-		}
-		if ok, err := f.rw.TryRLockCtx(ctx); !ok || err != nil {
-			rt.Fatalf("a fresh client's TryRLockCtx on a free lock: got %v, %v; want true", ok, err)
-		}
-		if err := f.rw.RUnlockCtx(ctx); err != nil {
-			rt.Fatalf("a fresh client's RUnlockCtx: %v", err)
+// fresh runs a new process's TryLockCtx, UnlockCtx, TryRLockCtx and
+// RUnlockCtx on a free lock: each must succeed at once.
+func (mc *rwMachine) fresh() {
+	ctx := context.Background()
+	f := mc.newClient()
+	start := mc.seq.Add(1)
+	ok, err := f.rw.TryLockCtx(ctx)
+	if !ok || err != nil {
+		mc.rt.Fatalf("a fresh client's TryLockCtx on a free lock: got %v, %v; want true (stranded?)", ok, err)
+	}
+	tok := f.rw.Token()
+	for _, a := range mc.acqs {
+		if a.token >= tok {
+			mc.rt.Fatalf("a fresh client acquired with token %d, not above %d of an earlier acquisition", tok, a.token)
 		}
 	}
+	mc.acqs = append(mc.acqs, rwAcq{start: start, end: mc.seq.Add(1), token: tok, who: f.id})
+	if err := f.rw.UnlockCtx(ctx); err != nil {
+		mc.rt.Fatalf("a fresh client's UnlockCtx: %v", err)
+	}
+	if ok, err := f.rw.TryRLockCtx(ctx); !ok || err != nil {
+		mc.rt.Fatalf("a fresh client's TryRLockCtx on a free lock: got %v, %v; want true", ok, err)
+	}
+	if err := f.rw.RUnlockCtx(ctx); err != nil {
+		mc.rt.Fatalf("a fresh client's RUnlockCtx: %v", err)
+	}
+}
 
-	// writerVsReaders, on a lock left by everyone: two processes read, a
-	// writer of a third waits, a fourth process's readers are kept out at
-	// once, the reading processes' at their lease's next extend; the
-	// writer gets in as soon as the readers under way leave.
-	writerVsReaders := func(rt *rapid.T) {
-		perm := rapid.Permutation([]int{0, 1, 2, 3}).Draw(rt, "roles")
-		a, b, w, n := perm[0], perm[1], perm[2], perm[3]
-		for _, i := range []int{a, b} {
-			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			err := cs[i].rw.RLockCtx(rctx)
-			cancel()
-			if err != nil {
-				rt.Fatalf("client %d RLockCtx on a lock only read: %v", i, err)
-			}
-			read(rt, i)
+// writerVsReaders, on a lock left by everyone: two processes read, a
+// writer of a third waits, a fourth process's readers are kept out at
+// once, the reading processes' at their lease's next extend; the
+// writer gets in as soon as the readers under way leave.
+func (mc *rwMachine) writerVsReaders() {
+	ctx := context.Background()
+	perm := rapid.Permutation([]int{0, 1, 2, 3}).Draw(mc.rt, "roles")
+	a, b, w, n := perm[0], perm[1], perm[2], perm[3]
+	for _, i := range []int{a, b} {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := mc.cs[i].rw.RLockCtx(rctx)
+		cancel()
+		if err != nil {
+			mc.rt.Fatalf("client %d RLockCtx on a lock only read: %v", i, err)
 		}
-		wc := cs[w]
-		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		defer cancel()
-		op := &rwPropOp{write: true, cancel: cancel, done: make(chan error, 1), start: seq.Add(1)}
-		go func() { op.done <- wc.rw.LockCtx(wctx) }()
-		wc.pend = op
-		// Wait for the writer's place on a quorum.
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			q := 0
-			for _, nd := range nodes {
-				if m, _ := nd.srv.ZMembers(keys.Writers); len(m) > 0 {
-					q++
-				}
-			}
-			if q >= quorum {
-				break
-			}
-			if time.Now().After(deadline) {
-				rt.Fatalf("the writer did not queue on a quorum within 5s")
-			}
-			time.Sleep(time.Millisecond)
-		}
-		stillWaits := func(when string) {
-			select {
-			case err := <-op.done:
-				rt.Fatalf("the writer's LockCtx returned %v %s", err, when)
-			default:
+		mc.read(i)
+	}
+	wc := mc.cs[w]
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	op := &rwPropOp{write: true, cancel: cancel, done: make(chan error, 1), start: mc.seq.Add(1)}
+	go func() { op.done <- wc.rw.LockCtx(wctx) }()
+	wc.pend = op
+	eventually(mc.rt, 5*time.Second, "the writer queued on a quorum", func() bool {
+		q := 0
+		for _, nd := range mc.nodes {
+			if m, _ := nd.srv.ZMembers(mc.keys.Writers); len(m) > 0 {
+				q++
 			}
 		}
-		// Until their lease is next extended, the reading processes
-		// may let more of their goroutines in (the documented delay);
-		// a new process may not.
-		for _, i := range []int{a, b} {
-			for range rapid.IntRange(0, 2).Draw(rt, "joins") {
-				ok, err := cs[i].rw.TryRLockCtx(ctx)
-				if !ok {
-					// Only if its watchdog's extend (real time) told
-					// it already.
-					if h, _ := leaseHold(cs[i]); err != nil || h == nil || !h.writerWaits.Load() {
-						rt.Fatalf("client %d TryRLockCtx, joining its lease before it learns a writer waits: got %v, %v; want true", i, ok, err)
-					}
-					stats.add("join refused: the watchdog told first")
-					continue
-				}
-				read(rt, i)
-			}
-		}
-		if ok, err := cs[n].rw.TryRLockCtx(ctx); ok || err != nil {
-			rt.Fatalf("client %d TryRLockCtx of a new process while a writer waits: got %v, %v; want false", n, ok, err)
-		}
-		rctx, rcancel := context.WithTimeout(ctx, 10*time.Millisecond)
-		if err := cs[n].rw.RLockCtx(rctx); !errors.Is(err, ErrNotObtained) {
-			rt.Fatalf("client %d RLockCtx of a new process while a writer waits: got %v, want ErrNotObtained", n, err)
-		}
-		rcancel()
-		stillWaits("while readers hold")
-		// An extend interval: every lease is extended, and learns
-		// that a writer waits. No reader joins after that.
-		advance(expiry / extendsPerExpiry)
-		told := map[int]bool{n: true}
-		for _, i := range []int{a, b} {
-			// As the watchdog does: an extend that fails (a node
-			// slower than the node timeout on a loaded machine) is
-			// tried again.
-			var err error
-			for range 5 {
-				if err = cs[i].rw.r.ExtendCtx(ctx); err == nil {
-					break
-				}
-			}
-			checkErr(rt, fmt.Sprintf("client %d extend of the read lease", i), err, ErrQuorum)
-			if err != nil {
-				stats.add("scenario: extend failed")
-				continue
-			}
-			h, _ := leaseHold(cs[i])
-			if !h.writerWaits.Load() {
-				rt.Fatalf("client %d: its lease's extend did not learn that a writer waits", i)
-			}
-			told[i] = true
-		}
-		for _, i := range []int{a, b, n} {
-			if !told[i] {
-				continue
-			}
-			if ok, err := cs[i].rw.TryRLockCtx(ctx); ok || err != nil {
-				rt.Fatalf("client %d TryRLockCtx after its lease's extend said a writer waits: got %v, %v; want false", i, ok, err)
-			}
-		}
-		stillWaits("while readers hold")
-		// The readers under way leave, in a drawn order; the writer
-		// gets in after the last, without the servers' clocks moving.
-		order := []int{a, b}
-		if rapid.Bool().Draw(rt, "b first") {
-			order = []int{b, a}
-		}
-		for k, i := range order {
-			c := cs[i]
-			for c.readers > 0 {
-				c.readers--
-				live := holdLive(c, false)
-				err := c.rw.RUnlockCtx(ctx)
-				if c.readers == 0 {
-					released(rt, i, false, live, err)
-					if err != nil {
-						rt.Fatalf("client %d RUnlockCtx: %v", i, err)
-					}
-				}
-			}
-			if k == 0 {
-				time.Sleep(time.Millisecond)
-				stillWaits("while one reading process still holds")
-			}
-		}
-		start := time.Now()
+		return q >= mc.quorum
+	})
+	stillWaits := func(when string) {
 		select {
 		case err := <-op.done:
-			op.done <- err
-		case <-time.After(4 * time.Second):
-			rt.Fatalf("the writer did not get in within 4s of the last reader leaving")
+			op.done <- err // for close, which waits for it
+			mc.rt.Fatalf("the writer's LockCtx returned %v %s", err, when)
+		default:
 		}
-		poll(rt, w, true)
-		if !wc.writer {
-			rt.Fatalf("the writer's LockCtx failed")
-		}
-		stats.add(fmt.Sprintf("writer in after the readers left, in %v", time.Since(start).Round(100*time.Millisecond)))
-		wc.writer = false
-		live := holdLive(wc, true)
-		released(rt, w, true, live, wc.rw.UnlockCtx(ctx))
 	}
-
-	rt.Repeat(map[string]func(*rapid.T){
-		"TryRLockCtx": func(rt *rapid.T) {
-			pollAll(rt)
-			i := client.Draw(rt, "client")
-			c := cs[i]
-			ok, err := c.rw.TryRLockCtx(ctx)
-			checkErr(rt, fmt.Sprintf("client %d TryRLockCtx", i), err, ErrQuorum)
-			if ok && err != nil {
-				rt.Fatalf("client %d TryRLockCtx: got true with %v", i, err)
-			}
-			if ok && c.writer {
-				// (A writer of its own in the background may have given
-				// up meanwhile: not checked.)
-				rt.Fatalf("client %d TryRLockCtx: got true while it holds the write lock", i)
-			}
-			if ok {
-				read(rt, i)
-				step("tryrlock/ok")
-				return
-			}
-			step("tryrlock/" + map[bool]string{true: "err", false: "busy"}[err != nil])
-		},
-		"RLockCtx short deadline": func(rt *rapid.T) {
-			pollAll(rt)
-			i := client.Draw(rt, "client")
-			c := cs[i]
-			dctx, cancel := context.WithTimeout(ctx, shortDeadline(rt))
-			defer cancel()
-			err := c.rw.RLockCtx(dctx)
-			checkErr(rt, fmt.Sprintf("client %d RLockCtx", i), err, ErrNotObtained, ErrQuorum)
-			if err == nil {
-				// Its own write lock does not keep it out locally: only
-				// if that lock was lost on the servers (acquired checks).
-				read(rt, i)
-				step("rlock/ok")
-				return
-			}
-			step("rlock/failed")
-		},
-		"TryLockCtx": func(rt *rapid.T) {
-			pollAll(rt)
-			i := client.Draw(rt, "client")
-			c := cs[i]
-			start := seq.Add(1)
-			ok, err := c.rw.TryLockCtx(ctx)
-			checkErr(rt, fmt.Sprintf("client %d TryLockCtx", i), err, ErrQuorum)
-			if ok && err != nil {
-				rt.Fatalf("client %d TryLockCtx: got true with %v", i, err)
-			}
-			if ok && (c.writer || c.readers > 0) {
-				rt.Fatalf("client %d TryLockCtx: got true while it holds (writer %v, %d readers)", i, c.writer, c.readers)
-			}
-			if ok {
-				wrote(rt, i, start)
-				step("trylock/ok")
-				return
-			}
-			step("trylock/" + map[bool]string{true: "err", false: "busy"}[err != nil])
-		},
-		"LockCtx short deadline": func(rt *rapid.T) {
-			pollAll(rt)
-			i := client.Draw(rt, "client")
-			c := cs[i]
-			if c.readers > 0 {
-				// Would wait for its own readers: a deadlock in
-				// sync.RWMutex too. Tried with a short deadline anyway.
-				stats.add("lock/own readers")
-			}
-			dctx, cancel := context.WithTimeout(ctx, shortDeadline(rt))
-			defer cancel()
-			start := seq.Add(1)
-			err := c.rw.LockCtx(dctx)
-			checkErr(rt, fmt.Sprintf("client %d LockCtx", i), err, ErrNotObtained, ErrQuorum)
-			if err == nil {
-				if c.writer {
-					rt.Fatalf("client %d LockCtx: got in while it holds the write lock", i)
+	// Until their lease is next extended, the reading processes
+	// may let more of their goroutines in (the documented delay);
+	// a new process may not.
+	for _, i := range []int{a, b} {
+		for range rapid.IntRange(0, 2).Draw(mc.rt, "joins") {
+			ok, err := mc.cs[i].rw.TryRLockCtx(ctx)
+			if !ok {
+				// Only if its watchdog's extend (real time) told
+				// it already.
+				if h, _ := mc.leaseHold(mc.cs[i]); err != nil || h == nil || !h.writerWaits.Load() {
+					mc.rt.Fatalf("client %d TryRLockCtx, joining its lease before it learns a writer waits: got %v, %v; want true", i, ok, err)
 				}
-				// Its own readers do not keep it out locally: only if
-				// their lease was lost on the servers (acquired checks).
-				wrote(rt, i, start)
-				step("lock/ok")
-				return
+				mc.stats.add("join refused: the watchdog told first")
+				continue
 			}
-			step("lock/failed")
-		},
-		"background LockCtx or RLockCtx": func(rt *rapid.T) {
-			// Another goroutine of client i's process locks, with a
-			// deadline of its own; the model goes on meanwhile.
-			pollAll(rt)
-			i := client.Draw(rt, "client")
-			c := cs[i]
-			if c.pend != nil {
-				step("background/busy")
-				return
+			mc.read(i)
+		}
+	}
+	if ok, err := mc.cs[n].rw.TryRLockCtx(ctx); ok || err != nil {
+		mc.rt.Fatalf("client %d TryRLockCtx of a new process while a writer waits: got %v, %v; want false", n, ok, err)
+	}
+	rctx, rcancel := context.WithTimeout(ctx, 10*time.Millisecond)
+	if err := mc.cs[n].rw.RLockCtx(rctx); !errors.Is(err, ErrNotObtained) {
+		mc.rt.Fatalf("client %d RLockCtx of a new process while a writer waits: got %v, want ErrNotObtained", n, err)
+	}
+	rcancel()
+	stillWaits("while readers hold")
+	// An extend interval: every lease is extended, and learns
+	// that a writer waits. No reader joins after that.
+	mc.advance(rwPropExpiry / extendsPerExpiry)
+	told := map[int]bool{n: true}
+	for _, i := range []int{a, b} {
+		// As the watchdog does: an extend that fails (a node
+		// slower than the node timeout on a loaded machine) is
+		// tried again.
+		var err error
+		for range 5 {
+			if err = mc.cs[i].rw.r.ExtendCtx(ctx); err == nil {
+				break
 			}
-			write := rapid.Bool().Draw(rt, "write")
-			wait := time.Duration(rapid.IntRange(20, 300).Draw(rt, "deadline ms")) * time.Millisecond
-			bctx, cancel := context.WithTimeout(ctx, wait)
-			op := &rwPropOp{write: write, cancel: cancel, done: make(chan error, 1), start: seq.Add(1)}
-			rw := c.rw
-			go func() {
-				var err error
-				if write {
-					err = rw.LockCtx(bctx)
-				} else {
-					err = rw.RLockCtx(bctx)
-				}
-				op.done <- err
-			}()
-			c.pend = op
-			step(fmt.Sprintf("background/start write=%v", write))
-		},
-		"wait for the background call": func(rt *rapid.T) {
-			i := client.Draw(rt, "client")
-			poll(rt, i, true)
-			step("background/wait")
-		},
-		"RUnlockCtx": func(rt *rapid.T) {
-			pollAll(rt)
-			i := holder(rt, func(c *rwPropClient) bool { return c.readers > 0 })
-			c := cs[i]
-			if c.readers == 0 {
-				if c.pend != nil && !c.pend.write {
-					step("runlock/pending") // might have got in meanwhile
-					return
-				}
-				checkErr(rt, fmt.Sprintf("client %d RUnlockCtx without a read lock", i), c.rw.RUnlockCtx(ctx), ErrNotHeld)
-				if c.rw.RUnlockCtx(ctx) == nil {
-					rt.Fatalf("client %d RUnlockCtx without a read lock: got nil", i)
-				}
-				step("runlock/notheld")
-				return
-			}
+		}
+		mc.checkErr(fmt.Sprintf("client %d extend of the read lease", i), err, ErrQuorum)
+		if err != nil {
+			mc.stats.add("scenario: extend failed")
+			continue
+		}
+		h, _ := mc.leaseHold(mc.cs[i])
+		if !h.writerWaits.Load() {
+			mc.rt.Fatalf("client %d: its lease's extend did not learn that a writer waits", i)
+		}
+		told[i] = true
+	}
+	for _, i := range []int{a, b, n} {
+		if !told[i] {
+			continue
+		}
+		if ok, err := mc.cs[i].rw.TryRLockCtx(ctx); ok || err != nil {
+			mc.rt.Fatalf("client %d TryRLockCtx after its lease's extend said a writer waits: got %v, %v; want false", i, ok, err)
+		}
+	}
+	stillWaits("while readers hold")
+	// The readers under way leave, in a drawn order; the writer
+	// gets in after the last, without the servers' clocks moving.
+	order := []int{a, b}
+	if rapid.Bool().Draw(mc.rt, "b first") {
+		order = []int{b, a}
+	}
+	for k, i := range order {
+		c := mc.cs[i]
+		for c.readers > 0 {
 			c.readers--
-			live := holdLive(c, false)
-			if c.pend != nil && !c.pend.write {
-				// The lease may be handed over to the reader in the
-				// background: no release then, and nothing to check.
-				live = nNodes
-			}
-			hr, _ := c.rw.readHold()
+			live := mc.holdLive(c, false)
 			err := c.rw.RUnlockCtx(ctx)
-			_, left := c.rw.readHold()
-			if err == nil && left == 0 && c.readers == 0 && c.pend != nil && c.pend.write && hr != nil && hr.m == c.rw.w && c.rw.w.current() == hr {
-				// The write lock its readers read under, handed on to
-				// the writer of the process in the background: as for
-				// UnlockCtx.
-				step("runlock/handed on")
-				return
-			}
-			last := left == 0
-			if !last && err != nil && c.pend != nil && !c.pend.write && c.readers == 0 {
-				// Only the last reader's RUnlockCtx releases, and so
-				// fails: it was the last, and the reader in the
-				// background (kept out by the lease, or waiting for it
-				// to end) has taken a new lease since.
-				last = true
-			}
-			if last != (c.readers == 0) && (c.pend == nil || c.pend.write) {
-				rt.Fatalf("client %d RUnlockCtx: %d readers left in the process, model says %d", i, left, c.readers)
-			}
-			if last {
-				released(rt, i, false, live, err)
-				step("runlock/last/" + rwErrName(err))
-				return
-			}
-			if err != nil {
-				rt.Fatalf("client %d RUnlockCtx, other readers left: %v", i, err)
-			}
-			step("runlock/other readers")
-		},
-		"UnlockCtx": func(rt *rapid.T) {
-			pollAll(rt)
-			i := holder(rt, func(c *rwPropClient) bool { return c.writer })
-			c := cs[i]
-			if !c.writer {
-				if c.pend != nil && c.pend.write {
-					step("unlock/pending")
-					return
-				}
-				if err := c.rw.UnlockCtx(ctx); !errors.Is(err, ErrNotHeld) {
-					rt.Fatalf("client %d UnlockCtx without the write lock: got %v, want ErrNotHeld", i, err)
-				}
-				step("unlock/notheld")
-				return
-			}
-			c.writer = false
-			live := holdLive(c, true)
-			h := c.rw.writeHold()
-			err := c.rw.UnlockCtx(ctx)
-			if err == nil && c.pend != nil && h != nil && c.rw.w.current() == h {
-				// Handed on to the call in the background (a writer of
-				// the process, or its readers): no release, the hold goes
-				// on, and its release is checked when it comes.
-				step("unlock/handed on")
-				return
-			}
-			released(rt, i, true, live, err)
-			step("unlock/" + rwErrName(err))
-		},
-		"crash client": func(rt *rapid.T) {
-			// The process dies: nothing it sends reaches a node any more,
-			// its holds and its waiters' places stay until they expire. A
-			// fresh process takes its place.
-			pollAll(rt)
-			i := client.Draw(rt, "client")
-			c := cs[i]
-			c.dead.Store(true)
-			if c.pend != nil {
-				c.pend.cancel()
-				waitOp(rt, c.pend) // its error does not matter: it died
-			}
-			step(fmt.Sprintf("crash/writer=%v/readers=%v", c.writer, c.readers > 0))
-			cs[i] = newClient(rt)
-		},
-		"node down": func(rt *rapid.T) {
-			pollAll(rt)
-			n, ok := drawNode(rt, true)
-			if !ok {
-				step("node down/none")
-				return
-			}
-			if rapid.Bool().Draw(rt, "partition") {
-				n.partitioned.Store(true)
-				n.srv.Close()
-				step("node down/partition")
-			} else {
-				n.srv.Close()
-				n.gen.Add(1)
-				step("node down/crash")
-			}
-			n.up = false
-		},
-		"node up": func(rt *rapid.T) {
-			pollAll(rt)
-			n, ok := drawNode(rt, false)
-			if !ok {
-				step("node up/none")
-				return
-			}
-			nodeUp(rt, n)
-			step("node up")
-		},
-		"flush the lock's keys on a node": func(rt *rapid.T) {
-			// Behind the clients' back (the fence counter is kept, as in
-			// TestProperty: it never expires).
-			pollAll(rt)
-			n, ok := drawNode(rt, true)
-			if !ok {
-				step("flush/none")
-				return
-			}
-			for _, k := range lockKeys {
-				n.srv.Del(k)
-			}
-			step("flush")
-		},
-		"SCRIPT FLUSH": func(rt *rapid.T) {
-			pollAll(rt)
-			n, ok := drawNode(rt, true)
-			if !ok {
-				step("SCRIPT FLUSH/none")
-				return
-			}
-			conn, err := redis.Dial("tcp", n.addr)
-			if err != nil {
-				rt.Fatal(err)
-			}
-			defer conn.Close()
-			if _, err := conn.Do("SCRIPT", "FLUSH"); err != nil {
-				rt.Fatal(err)
-			}
-			step("SCRIPT FLUSH")
-		},
-		"time passes": func(rt *rapid.T) {
-			pollAll(rt)
-			advance(time.Duration(rapid.IntRange(0, int(expiry/extendsPerExpiry/time.Millisecond)).Draw(rt, "ms")) * time.Millisecond)
-			extendAll(rt)
-			step("time passes")
-		},
-		"clock jump": func(rt *rapid.T) {
-			pollAll(rt)
-			advance(time.Duration(rapid.IntRange(0, int(3*expiry/time.Millisecond)).Draw(rt, "ms")) * time.Millisecond)
-			step("clock jump")
-		},
-		"everyone leaves": func(rt *rapid.T) {
-			// Then a fresh client, or a writer waiting while readers come.
-			pollAll(rt)
-			leaveAll(rt)
-			if rapid.Bool().Draw(rt, "writer waits while readers come") {
-				writerVsReaders(rt)
-				step("everyone leaves/writer waits while readers come")
-				return
-			}
-			fresh(rt)
-			step("everyone leaves/fresh client")
-		},
-		"": func(rt *rapid.T) {
-			pollAll(rt)
-			writers, readers := 0, 0
-			for i, c := range cs {
-				w, r, _ := protected(c)
-				if w {
-					writers++
-				}
-				if r {
-					readers++
-				}
-				if c.pend != nil {
-					continue // its state may change under our eyes
-				}
-				_, believesW := writeHold(c)
-				hw := c.rw.writeHold()
-				if (hw != nil) != c.writer {
-					rt.Fatalf("client %d: write hold %v, model says writer %v", i, hw != nil, c.writer)
-				}
-				if tok := c.rw.Token(); (tok != 0) != c.writer {
-					rt.Fatalf("client %d: Token() %d, model says writer %v", i, tok, c.writer)
-				}
-				lost := false
-				select {
-				case <-c.rw.Lost():
-					lost = true
-				default:
-				}
-				if lost == believesW {
-					rt.Fatalf("client %d: Lost() closed %v, write hold believed %v", i, lost, believesW)
-				}
-				lease, n := c.rw.readHold()
-				if n != c.readers || (lease != nil) != (c.readers > 0) {
-					rt.Fatalf("client %d: %d readers, lease %v; model says %d readers", i, n, lease != nil, c.readers)
-				}
-				_, believesR := leaseHold(c)
-				rlost := false
-				select {
-				case <-c.rw.RLost():
-					rlost = true
-				default:
-				}
-				if rlost == believesR {
-					rt.Fatalf("client %d: RLost() closed %v, read lease believed %v", i, rlost, believesR)
+			if c.readers == 0 {
+				mc.released(i, false, live, err)
+				if err != nil {
+					mc.rt.Fatalf("client %d RUnlockCtx: %v", i, err)
 				}
 			}
-			if writers > 1 || writers == 1 && readers > 0 {
-				rt.Fatalf("%d writers and %d reading processes hold protected holds at once", writers, readers)
-			}
-		},
-	})
+		}
+		if k == 0 {
+			// A moment in which the writer must not get in: that it
+			// does not is a check over a period, not an ordering.
+			time.Sleep(time.Millisecond)
+			stillWaits("while one reading process still holds")
+		}
+	}
+	start := time.Now()
+	select {
+	case err := <-op.done:
+		op.done <- err
+	case <-time.After(4 * time.Second):
+		mc.rt.Fatalf("the writer did not get in within 4s of the last reader leaving")
+	}
+	mc.poll(w, true)
+	if !wc.writer {
+		mc.rt.Fatalf("the writer's LockCtx failed")
+	}
+	mc.stats.add(fmt.Sprintf("writer in after the readers left, in %v", time.Since(start).Round(100*time.Millisecond)))
+	wc.writer = false
+	live := mc.holdLive(wc, true)
+	mc.released(w, true, live, wc.rw.UnlockCtx(ctx))
 }
 
 // rwErrName names the outcome of a release in TestRWProperty's statistics.

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/alicebob/miniredis/v2"
 )
 
 // newRW returns a NetRWMutex on a Backend of its own, as another process
@@ -36,7 +38,7 @@ func (c *rwChecker) read(pause time.Duration) {
 	if c.writers.Load() != 0 {
 		c.violations.Add(1)
 	}
-	time.Sleep(pause)
+	time.Sleep(pause) // the section's length
 	if c.writers.Load() != 0 {
 		c.violations.Add(1)
 	}
@@ -48,7 +50,7 @@ func (c *rwChecker) write(pause time.Duration) {
 	if c.writers.Add(1) != 1 || c.readers.Load() != 0 {
 		c.violations.Add(1)
 	}
-	time.Sleep(pause)
+	time.Sleep(pause) // the section's length
 	if c.writers.Load() != 1 || c.readers.Load() != 0 {
 		c.violations.Add(1)
 	}
@@ -71,7 +73,7 @@ func TestRWReadersShareWritersExclude(t *testing.T) {
 		c.RUnlock()
 		got := make(chan error, 1)
 		go func() { got <- c.LockCtx(ctx) }()
-		time.Sleep(50 * time.Millisecond)
+		eventually(t, 5*time.Second, "the writer queued", func() bool { return e.do(t, "ZCARD", DefaultPrefix+"{rw}:rw:writers") == int64(1) })
 		select {
 		case err := <-got:
 			t.Fatalf("writer got in while readers hold: %v", err)
@@ -180,7 +182,7 @@ func TestRWReadersBeforeLaterWriter(t *testing.T) {
 				in.Add(1)
 			})
 		}
-		waitUntil(t, func() bool { return e.do(t, "ZCARD", DefaultPrefix+"{order}:rw:readers") == int64(3) })
+		eventually(t, 5*time.Second, "the three readers queued", func() bool { return e.do(t, "ZCARD", DefaultPrefix+"{order}:rw:readers") == int64(3) })
 		w2 := e.newRW(t, "order")
 		w2in := make(chan int64, 1)
 		go func() {
@@ -189,7 +191,7 @@ func TestRWReadersBeforeLaterWriter(t *testing.T) {
 			}
 			w2in <- in.Load()
 		}()
-		waitUntil(t, func() bool { return e.do(t, "ZCARD", DefaultPrefix+"{order}:rw:writers") == int64(1) })
+		eventually(t, 5*time.Second, "the later writer queued", func() bool { return e.do(t, "ZCARD", DefaultPrefix+"{order}:rw:writers") == int64(1) })
 		w1.Unlock()
 		wg.Wait()
 		for _, r := range readers {
@@ -226,7 +228,7 @@ func TestRWWriterNotStarved(t *testing.T) {
 				})
 			}
 		}
-		time.Sleep(50 * time.Millisecond)
+		eventually(t, 5*time.Second, "the readers reading", func() bool { return c.reads.Load() >= 6 })
 		w := e.newRW(t, "starve", WithExpiry(900*time.Millisecond))
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -334,15 +336,89 @@ func TestRWCancelLeavesNothing(t *testing.T) {
 	})
 }
 
-func waitUntil(t testing.TB, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal(fmt.Sprintf("condition not met in 5s"))
+// TestRWReaderAfterWriterGaveUp: a writer of another process waits, the read
+// lease of a process learns it (its extend), and the writer gives up. No
+// writer holds or waits any more: a new reader of that process must get in
+// (RLockCtx waits only "while a writer holds it or waits for it"), as a
+// reader of a third process does, and not wait for the process's other
+// readers to leave: a lease's extends say what the nodes say, and a writer
+// that gives up is told on p{name}:rw:joined.
+func TestRWReaderAfterWriterGaveUp(t *testing.T) {
+	srv := miniredis.RunT(t)
+	newRW := func() *NetRWMutex {
+		rw, err := NewRW("gaveup", []Backend{newBackend(t, "redigo", srv.Addr())}, WithExpiry(3*time.Second))
+		if err != nil {
+			t.Fatal(err)
 		}
-		time.Sleep(5 * time.Millisecond)
+		return rw
 	}
+	ctx := context.Background()
+	a, b, c := newRW(), newRW(), newRW()
+	a.RLock() // a long read, under way all along
+	defer a.RUnlock()
+
+	bctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- b.LockCtx(bctx) }()
+	writers := a.keys.Writers
+	eventually(t, 5*time.Second, "the writer queued", func() bool { return srv.Exists(writers) })
+	// The lease's next extend (its watchdog's, every expiry/3) learns
+	// that a writer waits.
+	if err := a.r.ExtendCtx(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; !errors.Is(err, ErrNotObtained) {
+		t.Fatalf("the writer's LockCtx: got %v, want ErrNotObtained", err)
+	}
+	if srv.Exists(writers) {
+		t.Fatal("the writer that gave up left its place")
+	}
+	// No writer holds or waits: a reader of another process gets in...
+	if !c.TryRLock() {
+		t.Fatal("a reader of another process was kept out after the writer gave up")
+	}
+	c.RUnlock()
+	// ... and so must a second reader of a's process.
+	rctx, rcancel := context.WithTimeout(ctx, time.Second)
+	defer rcancel()
+	if err := a.RLockCtx(rctx); err != nil {
+		t.Fatalf("a second reader of a process reading, with no writer holding or waiting: %v", err)
+	}
+	a.RUnlock()
+}
+
+// TestRWReaderAfterOwnWriterGaveUp: the same with a writer of the reading
+// process itself: a reader that arrives while it waits waits too, but once
+// it gives up no writer holds or waits, and the reader must get in.
+func TestRWReaderAfterOwnWriterGaveUp(t *testing.T) {
+	srv := miniredis.RunT(t)
+	a, err := NewRW("owngaveup", []Backend{newBackend(t, "redigo", srv.Addr())}, WithExpiry(3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	a.RLock() // a long read, under way all along
+	defer a.RUnlock()
+
+	wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- a.LockCtx(wctx) }()
+	eventually(t, 5*time.Second, "the writer queued", func() bool { return srv.Exists(a.keys.Writers) })
+	// A second reader arrives while the writer waits, and waits; the
+	// writer gives up at 300ms.
+	rctx, rcancel := context.WithTimeout(ctx, 1500*time.Millisecond)
+	defer rcancel()
+	start := time.Now()
+	err = a.RLockCtx(rctx)
+	if werr := <-errc; !errors.Is(werr, ErrNotObtained) {
+		t.Fatalf("the writer's LockCtx: got %v, want ErrNotObtained", werr)
+	}
+	if err != nil {
+		t.Fatalf("a second reader, waiting while a writer of its process waits, after that writer gave up (%v ago): %v", time.Since(start)-300*time.Millisecond, err)
+	}
+	a.RUnlock()
 }
 
 // TestRWObserverKinds: an Observer tells a read lease from the write lock.
@@ -392,6 +468,47 @@ func TestRWEndedCtx(t *testing.T) {
 	})
 }
 
+// TestRWExpiredLeaseRelease: a read lease that expired on the server
+// (its deadline passed by the server's clock: here the server's clock runs
+// ahead of the client's) is lost, as an expired write lock is: its release
+// reports ErrLockLost, as rw_extend.lua and NetMutex's release do, and not
+// success: rw_release.lua compares the lease's deadline with the server's
+// TIME.
+func TestRWExpiredLeaseRelease(t *testing.T) {
+	srv := miniredis.RunT(t)
+	now := time.Now()
+	srv.SetTime(now)
+	srv.ClockTTL(true)
+	const expiry = 3 * time.Second
+	rw, err := NewRW("expired", []Backend{newBackend(t, "redigo", srv.Addr())}, WithExpiry(expiry))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+
+	rw.Lock()
+	srv.SetTime(now.Add(expiry + time.Millisecond))
+	if err := rw.UnlockCtx(ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("UnlockCtx of a write lock expired on the server: got %v, want ErrLockLost", err)
+	}
+
+	// The leases' key outlives our lease when another process's lease
+	// came later.
+	other, err := NewRW("expired", []Backend{newBackend(t, "redigo", srv.Addr())}, WithExpiry(expiry))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(expiry + time.Millisecond)
+	rw.RLock()
+	srv.SetTime(now.Add(expiry / 2))
+	other.RLock()
+	defer other.RUnlock()
+	srv.SetTime(now.Add(expiry + time.Millisecond))
+	if err := rw.RUnlockCtx(ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("RUnlockCtx of a read lease expired on the server: got %v, want ErrLockLost", err)
+	}
+}
+
 // TestRWLocalReadersBeforeLaterWriter: the readers of one process that wait
 // behind a writer all get in when it leaves, before a writer of another
 // process that came after them, though one of them asked Redis for the
@@ -413,8 +530,11 @@ func TestRWLocalReadersBeforeLaterWriter(t *testing.T) {
 				in.Add(1)
 			})
 		}
-		waitUntil(t, func() bool { return e.do(t, "ZCARD", DefaultPrefix+"{localorder}:rw:readers") == int64(1) })
-		time.Sleep(20 * time.Millisecond) // the other four wait for the lease being acquired
+		eventually(t, 5*time.Second, "the process's readers queued", func() bool { return e.do(t, "ZCARD", DefaultPrefix+"{localorder}:rw:readers") == int64(1) })
+		// The other four wait for the lease being acquired. Nothing counts
+		// the readers waiting for it, so this is a pause, not an observed
+		// event.
+		time.Sleep(20 * time.Millisecond)
 		w2 := e.newRW(t, "localorder")
 		w2in := make(chan int64, 1)
 		go func() {
@@ -423,7 +543,7 @@ func TestRWLocalReadersBeforeLaterWriter(t *testing.T) {
 			}
 			w2in <- in.Load()
 		}()
-		waitUntil(t, func() bool { return e.do(t, "ZCARD", DefaultPrefix+"{localorder}:rw:writers") == int64(1) })
+		eventually(t, 5*time.Second, "the later writer queued", func() bool { return e.do(t, "ZCARD", DefaultPrefix+"{localorder}:rw:writers") == int64(1) })
 		w1.Unlock()
 		wg.Wait()
 		for range in.Load() {

@@ -96,6 +96,43 @@ func TestSemBadInputServer(t *testing.T) {
 	}
 }
 
+// When Redis cannot be asked, Acquire (once the outage window has passed),
+// TryAcquireCtx and TryAcquire's panic give an error matching ErrQuorum,
+// as Acquire's doc (and NetMutex's LockCtx and TryLockCtx) promise, not
+// the node's error as it was ("netlock: node 0: read tcp …: connection
+// reset by peer").
+func TestSemaphoreServerDownErrQuorum(t *testing.T) {
+	// go-redis is left out: its pool dials on a goroutine that outlives a
+	// refused server for a while (goleak).
+	for _, client := range []string{"redigo", "rueidis"} {
+		t.Run(client, func(t *testing.T) {
+			// rueidis dials when its client is made: the server is there
+			// then, and gone before the permits are asked for.
+			s := redistest.Start(t)
+			sem, err := NewSemaphore("down", 2, []Backend{newBackend(t, client, s.Addr())},
+				WithNodeTimeout(200*time.Millisecond), WithOutageWindow(hostileOutage))
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.Kill()
+			redistest.Within(t, 5*time.Second, "Acquire", func() {
+				err = sem.Acquire(context.Background(), 1)
+			})
+			wantNodeErr(t, "Acquire on a refused server", err, "")
+			redistest.Within(t, 5*time.Second, "TryAcquireCtx", func() {
+				ok, err := sem.TryAcquireCtx(context.Background(), 1)
+				if ok {
+					t.Errorf("TryAcquireCtx on a refused server: got true")
+				}
+				wantNodeErr(t, "TryAcquireCtx on a refused server", err, "")
+			})
+			if perr := recoverErr(func() { sem.TryAcquire(1) }); !errors.Is(perr, ErrQuorum) {
+				t.Errorf("TryAcquire on a refused server: got panic %v, want one matching ErrQuorum", perr)
+			}
+		})
+	}
+}
+
 // Waiters ride out a restart of Redis (down for 300ms): they acquire when
 // it is back, as NetMutex's do. The holder's lease is gone with the restart
 // (no persistence), and it is told.
@@ -114,7 +151,7 @@ func TestSemWaitersRideOutRestart(t *testing.T) {
 				err := s.Acquire(ctx, 1)
 				errs <- err
 				if err == nil {
-					time.Sleep(10 * time.Millisecond)
+					time.Sleep(10 * time.Millisecond) // held a while
 					s.Release(1)
 				}
 			})
@@ -124,7 +161,7 @@ func TestSemWaitersRideOutRestart(t *testing.T) {
 			return q == n
 		})
 		e.server.Stop()
-		time.Sleep(300 * time.Millisecond)
+		time.Sleep(300 * time.Millisecond) // down for 300ms: the outage's length
 		e.server.Restart()
 		redistest.Within(t, 20*time.Second, "every waiter acquiring", wg.Wait)
 		close(errs)
@@ -200,7 +237,7 @@ func TestSemCluster(t *testing.T) {
 					now := in.Add(1)
 					for m := most.Load(); now > m && !most.CompareAndSwap(m, now); m = most.Load() {
 					}
-					time.Sleep(time.Millisecond)
+					time.Sleep(time.Millisecond) // the section's length
 					in.Add(-1)
 					s.Release(1)
 				}
@@ -218,7 +255,11 @@ func TestSemCluster(t *testing.T) {
 		defer cancel()
 		done <- sems[1].Acquire(ctx, 1)
 	}()
-	time.Sleep(200 * time.Millisecond)
+	check := newClusterClient(t, cluster)
+	queue := keyspace.Sem(DefaultPrefix, "csem").Queue
+	eventually(t, 5*time.Second, "the waiter queued", func() bool {
+		return clusterInt(t, check, check.B().Zcard().Key(queue).Build()) == 1
+	})
 	if len(done) != 0 {
 		t.Fatal("a waiter got in while the semaphore was full")
 	}

@@ -114,9 +114,9 @@ func TestSemaphoreWaitFIFO(t *testing.T) {
 
 		done := make(chan error, 2)
 		go func() { done <- big.Acquire(context.Background(), 3) }()
-		waitFor(t, func() bool { n, _ := redis.Int(e.do(t, "ZCARD", "netlock:{fifo}:sem:queue"), nil); return n == 1 })
+		eventually(t, 10*time.Second, "one waiter queued", func() bool { n, _ := redis.Int(e.do(t, "ZCARD", "netlock:{fifo}:sem:queue"), nil); return n == 1 })
 		go func() { done <- small.Acquire(context.Background(), 1) }()
-		waitFor(t, func() bool { n, _ := redis.Int(e.do(t, "ZCARD", "netlock:{fifo}:sem:queue"), nil); return n == 2 })
+		eventually(t, 10*time.Second, "two waiters queued", func() bool { n, _ := redis.Int(e.do(t, "ZCARD", "netlock:{fifo}:sem:queue"), nil); return n == 2 })
 		if got := semOut(t, e, "fifo"); got != 2 || len(done) != 0 {
 			t.Fatalf("permits out while both wait: %d, want 2 (the small request must not pass the big one)", got)
 		}
@@ -150,10 +150,10 @@ func TestSemaphoreCancelledHeadWakesNext(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		bigDone := make(chan error, 1)
 		go func() { bigDone <- big.Acquire(ctx, 4) }()
-		waitFor(t, func() bool { n, _ := redis.Int(e.do(t, "ZCARD", "netlock:{cancel}:sem:queue"), nil); return n == 1 })
+		eventually(t, 10*time.Second, "one waiter queued", func() bool { n, _ := redis.Int(e.do(t, "ZCARD", "netlock:{cancel}:sem:queue"), nil); return n == 1 })
 		smallDone := make(chan error, 1)
 		go func() { smallDone <- small.Acquire(context.Background(), 1) }()
-		waitFor(t, func() bool { n, _ := redis.Int(e.do(t, "ZCARD", "netlock:{cancel}:sem:queue"), nil); return n == 2 })
+		eventually(t, 10*time.Second, "two waiters queued", func() bool { n, _ := redis.Int(e.do(t, "ZCARD", "netlock:{cancel}:sem:queue"), nil); return n == 2 })
 		cancel()
 		if err := <-bigDone; !errors.Is(err, ErrNotObtained) || !errors.Is(err, context.Canceled) {
 			t.Fatalf("cancelled Acquire: %v, want ErrNotObtained and context.Canceled", err)
@@ -207,7 +207,7 @@ func TestSemaphoreBoundConcurrent(t *testing.T) {
 								break
 							}
 						}
-						time.Sleep(time.Millisecond)
+						time.Sleep(time.Millisecond) // the section's length
 						in.Add(-n)
 						s.Release(n)
 					}
@@ -383,19 +383,19 @@ func TestSemaphoreBatchInOrder(t *testing.T) {
 			}()
 		}
 		acquire(local, 1, "local1")
-		waitFor(t, func() bool { n, _ := redis.Int(e.do(t, "ZCARD", queue), nil); return n == 1 })
+		eventually(t, 10*time.Second, "local1 queued in Redis", func() bool { n, _ := redis.Int(e.do(t, "ZCARD", queue), nil); return n == 1 })
 		acquire(local, 1, "local2")
 		// Redis knows local2 waits behind local1 once local's entry names
 		// its arrival (local1's process tells it as local2 arrives).
-		waitFor(t, func() bool {
+		eventually(t, 10*time.Second, "local's entry in Redis naming local2", func() bool {
 			w, _ := redis.String(e.do(t, "HGET", "netlock:{batch}:sem:wants", local.m.waiterID), nil)
 			f := strings.Split(w, ":")
 			return len(f) >= 5 && f[4] != "0"
 		})
 		acquire(other, 2, "other")
-		waitFor(t, func() bool { n, _ := redis.Int(e.do(t, "ZCARD", queue), nil); return n == 2 })
+		eventually(t, 10*time.Second, "other queued in Redis behind local", func() bool { n, _ := redis.Int(e.do(t, "ZCARD", queue), nil); return n == 2 })
 		acquire(local, 1, "local3") // after other
-		waitFor(t, func() bool { local.mu.Lock(); defer local.mu.Unlock(); return len(local.queue) == 3 })
+		eventually(t, 10*time.Second, "local3 queued in its process", func() bool { local.mu.Lock(); defer local.mu.Unlock(); return len(local.queue) == 3 })
 
 		// Room for three: local1 and local2 (in one call); other needs 2,
 		// and local3, which would fit, came after it.
@@ -506,7 +506,7 @@ func TestSemaphoreInspect(t *testing.T) {
 		mustAcquire(t, b, 1)
 		waited := make(chan error, 1)
 		go func() { waited <- b.Acquire(ctx, 2) }()
-		waitFor(t, func() bool { n, _ := redis.Int(e.do(t, "ZCARD", "netlock:{insp}:sem:queue"), nil); return n == 1 })
+		eventually(t, 10*time.Second, "one waiter queued", func() bool { n, _ := redis.Int(e.do(t, "ZCARD", "netlock:{insp}:sem:queue"), nil); return n == 1 })
 		info, err = b.Inspect(ctx)
 		if want := (SemaphoreInfo{Size: 3, Out: 3, Leases: 2, Waiters: 1}); err != nil || info != want {
 			t.Fatalf("Inspect: %+v, %v; want %+v", info, err, want)

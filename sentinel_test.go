@@ -110,7 +110,7 @@ func sentinelRun(t *testing.T, client string, replicas int, kind string, rounds,
 				if err != nil {
 					if ctx.Err() == nil {
 						c.errs.Add(1)
-						time.Sleep(10 * time.Millisecond)
+						time.Sleep(10 * time.Millisecond) // a pause before the next try
 					}
 					continue
 				}
@@ -164,7 +164,7 @@ func sentinelRun(t *testing.T, client string, replicas int, kind string, rounds,
 			if time.Now().After(deadline) {
 				t.Fatalf("%s: %d acquisitions in 20s, want %d", what, c.acquired.Load()-before, 2*sentinelWorkers)
 			}
-			time.Sleep(10 * time.Millisecond)
+			time.Sleep(10 * time.Millisecond) // between looks at the count
 		}
 	}
 	progress("before any failover")
@@ -174,7 +174,7 @@ func sentinelRun(t *testing.T, client string, replicas int, kind string, rounds,
 		old := primary
 		if kind == forced {
 			// Sentinel refuses while a failover is under way, or until
-			// it counts a replica as good again.
+			// it counts a replica as good again: asked every 100ms.
 			for start := time.Now(); ; time.Sleep(100 * time.Millisecond) {
 				err := s.Failover()
 				if err == nil {

@@ -504,7 +504,7 @@ func (mc *waitMachine) do(action string) {
 		// the lock is then that much older when its turn comes.
 		d := time.Duration(rapid.IntRange(0, int(waitExpiry/time.Millisecond)).Draw(rt, "ms")) * time.Millisecond
 		mc.step += fmt.Sprintf(" %v", d)
-		time.Sleep(d)
+		time.Sleep(d) // time passing is the action
 	default:
 		mc.fatalf("unknown action %q", action)
 	}
@@ -825,7 +825,7 @@ func (mc *waitMachine) settle(since time.Time, bound time.Duration, what string)
 			}
 			mc.fatalf("%s: no live process holds %v later, processes %v waiting: got no turn, want one within %v\n%s", what, elapsed.Round(time.Millisecond), ns, bound, mc.describe())
 		}
-		time.Sleep(time.Millisecond)
+		time.Sleep(time.Millisecond) // between looks
 	}
 }
 
@@ -973,7 +973,7 @@ func (mc *waitMachine) close() {
 	reaped := time.Now().Add(waitSettle)
 	for _, p := range mc.procs {
 		for p.reaping() && time.Now().Before(reaped) {
-			time.Sleep(time.Millisecond)
+			time.Sleep(time.Millisecond) // between looks
 		}
 	}
 }
@@ -1060,15 +1060,10 @@ func (mc *waitMachine) fatalf(format string, args ...any) {
 	mc.rt.Fatalf("step %d (%s): %s", mc.steps+1, mc.step, fmt.Sprintf(format, args...))
 }
 
-// eventually fails the check unless cond holds within d.
+// eventually fails the check unless cond holds within d, naming the step.
 func (mc *waitMachine) eventually(d time.Duration, what string, cond func() bool) {
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			mc.fatalf("%s: got not within %v, want it", what, d.Round(time.Millisecond))
-		}
-		time.Sleep(time.Millisecond)
-	}
+	mc.rt.Helper()
+	eventually(mc.rt, d, fmt.Sprintf("step %d (%s): %s", mc.steps+1, mc.step, what), cond)
 }
 
 // do1 runs one command on the server, directly (not through a proxy).

@@ -143,7 +143,7 @@ func TestWaitingCost(t *testing.T) {
 				return n == waiters
 			})
 			total0, lib0 := commandCounts(t, servers)
-			time.Sleep(window)
+			time.Sleep(window) // the window the commands are counted over
 			total1, lib1 := commandCounts(t, servers)
 			lib := lib1 - lib0
 			ran := total1 - total0 - int64(len(servers)) - lib
@@ -329,7 +329,7 @@ func TestWaitersRideOutRestart(t *testing.T) {
 		// Down for 300ms and more (the stop, the pause, the start), as a
 		// restart of a real deployment.
 		e.server.Stop()
-		time.Sleep(300 * time.Millisecond)
+		time.Sleep(300 * time.Millisecond) // the outage's length
 		e.server.Restart()
 		// The holder's key is gone with the restart (no persistence): its
 		// hold is lost, and the waiters take turns.
@@ -477,7 +477,7 @@ func TestGrantAfterLongWait(t *testing.T) {
 			n, _ := redis.Int(e.do(t, "ZCARD", holder.keys.waiters), nil)
 			return n == 1
 		})
-		time.Sleep(expiry * 3 / 5)
+		time.Sleep(expiry * 3 / 5) // the long wait, on the real clock: the point of the test
 		mustUnlock(t, holder)
 		if err := <-locked; err != nil {
 			t.Fatalf("LockCtx: %v", err)

@@ -3,59 +3,25 @@ package netlock
 import (
 	"context"
 	"errors"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/gomodule/redigo/redis"
 
 	"github.com/netlock-go/netlock/internal/redistest"
 )
 
-// Found by chaos.TestChaosSem: when Redis cannot be asked, Acquire (once
-// the outage window has passed) and TryAcquireCtx returned the node's error
-// as it was ("netlock: node 0: read tcp …: connection reset by peer"),
-// matching neither ErrQuorum nor ErrNotObtained, where Acquire's doc (and
-// NetMutex's LockCtx and TryLockCtx) promise an error matching ErrQuorum.
-func TestSemaphoreServerDownErrQuorum(t *testing.T) {
-	// go-redis is left out: its pool dials on a goroutine that outlives a
-	// refused server for a while (goleak).
-	for _, client := range []string{"redigo", "rueidis"} {
-		t.Run(client, func(t *testing.T) {
-			// rueidis dials when its client is made: the server is there
-			// then, and gone before the permits are asked for.
-			s := redistest.Start(t)
-			sem, err := NewSemaphore("down", 2, []Backend{newBackend(t, client, s.Addr())},
-				WithNodeTimeout(200*time.Millisecond), WithOutageWindow(hostileOutage))
-			if err != nil {
-				t.Fatal(err)
-			}
-			s.Kill()
-			redistest.Within(t, 5*time.Second, "Acquire", func() {
-				err = sem.Acquire(context.Background(), 1)
-			})
-			wantNodeErr(t, "Acquire on a refused server", err, "")
-			redistest.Within(t, 5*time.Second, "TryAcquireCtx", func() {
-				ok, err := sem.TryAcquireCtx(context.Background(), 1)
-				if ok {
-					t.Errorf("TryAcquireCtx on a refused server: got true")
-				}
-				wantNodeErr(t, "TryAcquireCtx on a refused server", err, "")
-			})
-			if perr := recoverErr(func() { sem.TryAcquire(1) }); !errors.Is(perr, ErrQuorum) {
-				t.Errorf("TryAcquire on a refused server: got panic %v, want one matching ErrQuorum", perr)
-			}
-		})
-	}
-}
+// Tests of a Semaphore's calls whose reply was lost: the count is sent
+// again in the background (fix) until Redis takes it or never will, and a
+// call still on its way that reaches Redis after a later one changes
+// nothing.
 
-// Found with TestSemaphoreServerDownErrQuorum (goleak): fix, which sends a
-// lease's count again after a call's reply was lost, is documented to stop
-// when an error says Redis will never take it (a closed client), but send
-// left dirty set on such an error, so fix went on sending into the closed
-// client until it gave up, ten expiries later.
+// fix, which sends a lease's count again after a call's reply was lost,
+// stops when an error says Redis will never take it (a closed client),
+// not when it gives up, ten expiries later.
 func TestSemaphoreFixStopsOnClosedClient(t *testing.T) {
 	s := redistest.Start(t)
 	p := redistest.StartProxy(t, s.Addr())
@@ -77,13 +43,8 @@ func TestSemaphoreFixStopsOnClosedClient(t *testing.T) {
 		t.Fatal("no fix goroutine after a release whose reply was lost")
 	}
 	pool.Close()
-	deadline := time.Now().Add(time.Second) // a few retry delays; giving up takes ten expiries
-	for fixRuns(sem) {
-		if time.Now().After(deadline) {
-			t.Fatal("fix still sends the lease's count a second after the client was closed")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	// A second is a few retry delays; giving up would take ten expiries.
+	eventually(t, time.Second, "fix stopped after the client was closed", func() bool { return !fixRuns(sem) })
 }
 
 // fixRuns reports whether sem's fix runs.
@@ -93,47 +54,70 @@ func fixRuns(sem *Semaphore) bool {
 	return sem.fixing
 }
 
-// Found by chaos.TestChaosSem (4 permits out of 3): the calls that change a
-// lease's count send the whole count so that a call whose reply was lost can
-// be sent again, which holds only if Redis applies a process's calls in the
-// order they were sent. A call whose reply was lost may still be on its way
-// (a slow link, a connection the client gave up on, a stalled process's
-// bytes delivered late), and the next call goes on another connection: it
-// can arrive after a later one. Here a Release(2) whose reply is lost (its
-// "V:0", and fix's resends of it, held back), then an Acquire(2), which
-// reuses the value V (its count was uncertain) and is granted, then the
-// held-back releases arrive: they delete the lease that holds the two
-// permits, and another process takes them.
+// A Release whose reply was lost is sent again in the background (fix);
+// once every call gets a final error (the client closed), fix stops at
+// once rather than for ten expiries, and does not outlive the clients it
+// sends on.
+func TestSemaphoreFixStopsOnFinalError(t *testing.T) {
+	srv := miniredis.RunT(t)
+	s, b := newFaultSem(t, srv, "fixstop", 2, WithExpiry(10*time.Second), WithAutoExtend(false), WithRetryDelay(time.Millisecond, 2*time.Millisecond))
+	if !s.TryAcquire(2) {
+		t.Fatal("TryAcquire(2) of a free semaphore: false")
+	}
+	b.fail.Store(1)
+	if err := s.ReleaseCtx(context.Background(), 1); !errors.Is(err, ErrQuorum) {
+		t.Fatalf("ReleaseCtx with its reply lost: %v, want ErrQuorum", err)
+	}
+	// Not when the lease ends, or after ten expiries.
+	eventually(t, 3*time.Second, "fix stopped after every call got a final error", func() bool { return !fixRuns(s) })
+	s.mu.Lock()
+	lease := s.lease
+	s.mu.Unlock()
+	if lease != nil {
+		lease.end()
+	}
+}
+
+// The calls that change a lease's count send the whole count so that a
+// call whose reply was lost can be sent again. A call whose reply was lost
+// may still be on its way (a slow link, a connection the client gave up
+// on, a stalled process's bytes delivered late), and the next call goes on
+// another connection: it can arrive after a later one, and must then
+// change nothing. Here a Release(2) whose reply is lost (its "V:0", and
+// fix's resends of it, held back), then an Acquire(2), which reuses the
+// value V (its count was uncertain) and is granted, then the held-back
+// releases arrive: they must not delete the lease that holds the two
+// permits, or another process would take them.
 func TestSemaphoreLateCallAfterGrant(t *testing.T) {
 	a, b, late := lateSemPair(t)
 	late.hold.Store(true)
 	if err := a.ReleaseCtx(context.Background(), 2); !errors.Is(err, ErrQuorum) {
 		t.Fatalf("ReleaseCtx with its reply lost: got %v, want ErrQuorum", err)
 	}
-	time.Sleep(30 * time.Millisecond) // fix sends it again, held back too
+	eventually(t, 5*time.Second, "fix sending the release again, held back too", func() bool { return late.heldBack.Load() >= 2 })
 	mustAcquire(t, a, 2)
 	late.deliver() // the held-back calls arrive
 	if b.TryAcquire(1) {
-		t.Fatalf("TryAcquire(1) in another process while this one holds both permits (Held %d, Lost() open %v): granted", a.Held(), isOpenChan(a.Lost()))
+		t.Fatalf("TryAcquire(1) in another process while this one holds both permits (Held %d, Lost() open %v): granted", a.Held(), isOpen(a.Lost()))
 	}
 	a.Release(2)
 }
 
-// As TestSemaphoreLateCallAfterGrant, on a lease that lives on: a Release(1)
-// of two permits ("V:1") held back, an Acquire(1) on the lease ("V:2",
-// granted), then the late "V:1": the lease counts one permit in Redis while
-// its process holds two.
+// As TestSemaphoreLateCallAfterGrant, on a lease that lives on: a
+// Release(1) of two permits ("V:1") held back, an Acquire(1) on the lease
+// ("V:2", granted), then the late "V:1", which must not leave the lease
+// counting one permit in Redis while its process holds two.
 func TestSemaphoreLateReleaseAfterGrow(t *testing.T) {
 	a, b, late := lateSemPair(t)
 	late.hold.Store(true)
 	if err := a.ReleaseCtx(context.Background(), 1); !errors.Is(err, ErrQuorum) {
 		t.Fatalf("ReleaseCtx with its reply lost: got %v, want ErrQuorum", err)
 	}
-	time.Sleep(30 * time.Millisecond) // fix sends it again, held back too
+	eventually(t, 5*time.Second, "fix sending the release again, held back too", func() bool { return late.heldBack.Load() >= 2 })
 	mustAcquire(t, a, 1)
 	late.deliver() // the held-back calls arrive
 	if b.TryAcquire(1) {
-		t.Fatalf("TryAcquire(1) in another process while this one holds both permits (Held %d, Lost() open %v): granted", a.Held(), isOpenChan(a.Lost()))
+		t.Fatalf("TryAcquire(1) in another process while this one holds both permits (Held %d, Lost() open %v): granted", a.Held(), isOpen(a.Lost()))
 	}
 	a.Release(2)
 }
@@ -157,24 +141,16 @@ func lateSemPair(t *testing.T) (a, b *Semaphore, late *heldBackBackend) {
 	return a, b, late
 }
 
-func isOpenChan(c <-chan struct{}) bool {
-	select {
-	case <-c:
-		return false
-	default:
-		return true
-	}
-}
-
 // heldBackBackend holds back, while hold is set, the calls of script: the caller
 // is told the node did not answer, and the call reaches the server only when
 // arrive is closed (as bytes held up on a link the client gave up on).
 type heldBackBackend struct {
 	Backend
-	script string
-	hold   atomic.Bool
-	arrive chan struct{} // closed: the held-back calls go on
-	wg     sync.WaitGroup
+	script   string
+	hold     atomic.Bool
+	heldBack atomic.Int64  // the calls held back so far
+	arrive   chan struct{} // closed: the held-back calls go on
+	wg       sync.WaitGroup
 }
 
 // deliver stops holding calls back and lets the held-back ones reach the
@@ -189,6 +165,7 @@ func (b *heldBackBackend) Eval(ctx context.Context, s *Script, keys, args []stri
 	if s.Name() != b.script || !b.hold.Load() {
 		return b.Backend.Eval(ctx, s, keys, args)
 	}
+	b.heldBack.Add(1)
 	b.wg.Go(func() {
 		<-b.arrive
 		b.Backend.Eval(context.Background(), s, keys, args)
@@ -196,75 +173,13 @@ func (b *heldBackBackend) Eval(ctx context.Context, s *Script, keys, args []stri
 	return nil, errors.New("i/o timeout (held back)")
 }
 
-// Found by chaos.TestChaosSem (a lease holding only a grant, live 750ms
-// after every client stopped): two waiters of a process give up together
-// (one ctx), as a release of another process comes. Whatever the order in
-// which they leave, the process's place in Redis is given up, and a grant
-// made to the first one's call, which nobody takes in, is taken back.
-// Neither may stay behind for an expiry (the place would keep the other
-// processes' waiters out, the grant its permits). Before the fix, the
-// first waiter left its place to the second without a call, and the
-// second, giving up, either sent no leave (the first was still queued) or
-// one without the first's nonce.
-func TestSemaphoreWaitersGiveUpTogether(t *testing.T) {
-	forEachEnv(t, realOnly, func(t *testing.T, e *env) {
-		holder := e.newSem(t, "together", 1)
-		for i := range 30 {
-			p := e.newSem(t, "together", 1, WithRetryDelay(time.Hour, time.Hour))
-			mustAcquire(t, holder, 1)
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error, 2)
-			for range 2 {
-				go func() { done <- p.Acquire(ctx, 1) }()
-			}
-			// Queued, and the first waiter's attempt that tells Redis of
-			// the second (see semWaiter.poke) has run: an attempt still on
-			// its way when the waiters give up may reach Redis after their
-			// leave, which is another matter.
-			waitFor(t, func() bool {
-				p.mu.Lock()
-				queued := len(p.queue)
-				p.mu.Unlock()
-				w, _ := redis.String(e.do(t, "HGET", "netlock:{together}:sem:wants", p.m.waiterID), nil)
-				f := strings.Split(w, ":")
-				return queued == 2 && len(f) >= 5 && f[4] != "0"
-			})
-			go func() {
-				time.Sleep(time.Duration(i%4) * 200 * time.Microsecond)
-				holder.Release(1)
-			}()
-			time.Sleep(time.Duration(i%3) * 200 * time.Microsecond)
-			cancel()
-			for range 2 {
-				if err := <-done; err == nil {
-					p.Release(1) // granted before it gave up
-				}
-			}
-			deadline := time.Now().Add(time.Second) // the expiry is DefaultExpiry
-			for {
-				queued, _ := redis.Int(e.do(t, "ZCARD", "netlock:{together}:sem:queue"), nil)
-				out := semOut(t, e, "together")
-				if queued == 0 && out == 0 {
-					break
-				}
-				if time.Now().After(deadline) {
-					permits, _ := redis.Strings(e.do(t, "HGETALL", "netlock:{together}:sem:permits"), nil)
-					t.Fatalf("round %d: both waiters gave up, the holder released: %d waiters still queued, %d permits out (%q) a second later", i, queued, out, permits)
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
-		}
-	})
-}
-
-// Found while looking into chaos.TestChaosSem (4 permits out of 3): a lease
-// that a release's grant made (lua/sem_wake.lua) carried no sequence number,
-// so a call of the process sent before the grant's waiter wrote its entry,
-// whose reply was lost and which reached Redis only after the process took
-// the grant in (adopt), was not fenced: a held-back Release's "V:0" found
-// the lease the grant made, dropped the grant (not its call's) and ended the
-// lease, while its process held the two permits with Lost() open, and
-// another process took them.
+// A lease that a release's grant made (lua/sem_wake.lua) carries a
+// sequence number, so a call of the process sent before the grant's
+// waiter wrote its entry, whose reply was lost and which reaches Redis
+// only after the process took the grant in (adopt), is fenced: a
+// held-back Release's "V:0" must not find the lease the grant made, drop
+// the grant and end the lease while its process holds the two permits
+// with Lost() open, letting another process take them.
 func TestSemaphoreLateReleaseAfterAdoptedGrant(t *testing.T) {
 	for _, client := range []string{"redigo", "rueidis"} {
 		t.Run(client, func(t *testing.T) {
@@ -294,7 +209,7 @@ func TestSemaphoreLateReleaseAfterAdoptedGrant(t *testing.T) {
 				defer cancel()
 				got <- a.Acquire(ctx, 2)
 			}()
-			waitFor(t, func() bool { // a's waiter is queued: b's release grants it
+			eventually(t, 10*time.Second, "a's waiter queued, for b's release to grant it", func() bool {
 				n, err := s.Do("HLEN", "netlock:{adopted}:sem:wants")
 				return err == nil && n != "0"
 			})
@@ -304,7 +219,7 @@ func TestSemaphoreLateReleaseAfterAdoptedGrant(t *testing.T) {
 			}
 			late.deliver() // the held-back calls arrive
 			if b.TryAcquire(1) {
-				t.Errorf("TryAcquire(1) in another process while this one holds both permits (Held %d, Lost() open %v): granted", a.Held(), isOpenChan(a.Lost()))
+				t.Errorf("TryAcquire(1) in another process while this one holds both permits (Held %d, Lost() open %v): granted", a.Held(), isOpen(a.Lost()))
 				b.Release(1)
 			}
 			a.Release(2)
@@ -369,4 +284,36 @@ func TestSemaphoreLateCallAfterAdoptedGrant(t *testing.T) {
 	if r := call(semAcquireScript, "A:0:6:2:5000:wa::15000::N:1@2"); r[0] != 1 || r[1] != 1 {
 		t.Errorf("A's waiter's next attempt: %v, want granted", r)
 	}
+}
+
+// A waiter whose ctx ends while its attempt is on the wire leaves nothing
+// queued, even if the attempt reaches Redis after the leave: a place
+// requeued by the late attempt would keep every later waiter out for
+// three expiries.
+func TestSemaphoreCancelledAttemptLeavesNoPlace(t *testing.T) {
+	srv := miniredis.RunT(t)
+	holder, _ := newFaultSem(t, srv, "late", 1)
+	w, b := newFaultSem(t, srv, "late", 1, WithRetryDelay(time.Hour, time.Hour))
+	if !holder.TryAcquire(1) {
+		t.Fatal("TryAcquire(1): false")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- w.Acquire(ctx, 1) }()
+	eventually(t, 10*time.Second, "the waiter queued", func() bool { return semQueued(t, srv, "late") == 1 })
+	eventually(t, 10*time.Second, "the waiter listening for its wake-up", func() bool { return listening(srv, w.channel) })
+	b.late.Store(true)
+	srv.Publish(w.channel, "w") // it looks again
+	<-b.entered
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled Acquire: %v", err)
+	}
+	close(b.lateGo)
+	<-b.lateDone
+	if n := semQueued(t, srv, "late"); n != 0 {
+		t.Fatalf("%d waiters queued after the only one gave up (its attempt reached Redis after its leave)", n)
+	}
+	holder.Release(1)
 }

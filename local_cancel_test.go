@@ -17,7 +17,7 @@ import (
 // held, missingPeersWaiters goroutines call LockCtx with one ctx, that ctx
 // is cancelled, and then the holder unlocks. Unlock hands the hold to the
 // first waiter still in line, whose ctx has ended: it must pass the hold on
-// (to the next waiter, or release it), never return nil (issue 16).
+// (to the next waiter, or release it), never return nil.
 const (
 	missingPeersRounds  = 100
 	missingPeersWaiters = 100
@@ -65,7 +65,7 @@ type heldToken struct{ got, prev uint64 }
 // returns the tokens of the waiters whose LockCtx returned nil: each unlocks
 // at once, as every goroutine that gets the lock must.
 //
-// The race of issue 16 needs a waiter for which its turn and ctx's end are
+// The race this is about needs a waiter for which its turn and ctx's end are
 // both ready when it starts to wait; left to the scheduler that is rare (a
 // waiter must be between queueing and its select as ctx ends and the hold
 // reaches it). So half the waiters are held right there: each waits with a
