@@ -26,6 +26,9 @@ import (
 	"github.com/netlock-go/netlock"
 )
 
+// backendNames are the client libraries the demo can use, for --backend.
+var backendNames = []string{"redigo", "rueidis"}
+
 // Limits of the demo's flags: generous, but they keep a typo from starting
 // millions of goroutines or an hour-long pause.
 const (
@@ -76,8 +79,8 @@ it deletes afterwards. It authenticates as run does (--user,
 $NETLOCK_PASSWORD, or a URL), but does not read $NETLOCK_REDIS.
 
 ` + addrHelp + `
-Exit status: 0 when the locked phase counted every update, 1 when it did not
-or Redis failed, 2 for bad flags.
+Exit status: 0 when the locked phase counted every update, 1 when it did
+not, 64 for bad flags, 69 when Redis could not be reached or failed.
 
 Flags:
 `
@@ -95,18 +98,20 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 // parseDemoFlags parses and validates args. When ok is false, the caller
-// should exit with code: help was shown (0) or the flags are bad (2, the
-// message already on stderr).
+// should exit with code: help was shown (0) or the flags are bad
+// (exitUsage, the message already on stderr).
 func parseDemoFlags(args []string, stdout, stderr io.Writer) (cfg demoConfig, code int, ok bool) {
 	fs := flag.NewFlagSet("netlock demo", flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // errors and help are printed below
 	var cf connFlags
 	cf.register(fs, true)
-	fs.IntVar(&cfg.workers, "workers", 100, "number of worker goroutines, 1 to "+strconv.Itoa(maxWorkers))
-	fs.IntVar(&cfg.procs, "procs", 0, "number of simulated processes the workers are spread over, each with its\nown Redis client and its own NetMutex: 1 to --workers (default 4, or --workers\nif fewer)")
-	fs.IntVar(&cfg.increments, "increments", 5, "increments each worker makes, 1 to "+strconv.Itoa(maxIncrements))
-	fs.DurationVar(&cfg.pause, "pause", time.Millisecond, "pause between GET and SET, 0 to "+maxPause.String())
-	fs.StringVar(&cfg.backend, "backend", "redigo", "Redis client library: redigo or rueidis")
+	cfg.workers, cfg.increments, cfg.pause, cfg.backend = 100, 5, time.Millisecond, "redigo"
+	fs.Var(&intValue{p: &cfg.workers, min: 1, max: maxWorkers}, "workers", "`number` of worker goroutines, 1 to "+strconv.Itoa(maxWorkers))
+	// No default shown: it depends on --workers.
+	fs.Func("procs", "`number` of simulated processes the workers are spread over, each with its\nown Redis client and its own NetMutex: 1 to --workers (default 4, or --workers\nif fewer)", (&intValue{p: &cfg.procs, min: 1}).Set)
+	fs.Var(&intValue{p: &cfg.increments, min: 1, max: maxIncrements}, "increments", "`number` of increments each worker makes, 1 to "+strconv.Itoa(maxIncrements))
+	fs.Var(&durationValue{p: &cfg.pause, max: maxPause}, "pause", "the pause between GET and SET, a `duration` from 0 to "+maxPause.String())
+	fs.Var(&choiceValue{p: &cfg.backend, choices: backendNames}, "backend", "Redis client `library`: "+(&choiceValue{choices: backendNames}).want())
 	printHelp := func(w io.Writer) {
 		fmt.Fprint(w, demoHelp)
 		printFlags(w, fs)
@@ -130,21 +135,11 @@ func parseDemoFlags(args []string, stdout, stderr io.Writer) (cfg demoConfig, co
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 
-	switch {
-	case cfg.workers < 1 || cfg.workers > maxWorkers:
-		return bad("--workers must be between 1 and %d, not %d", maxWorkers, cfg.workers)
-	case cfg.increments < 1 || cfg.increments > maxIncrements:
-		return bad("--increments must be between 1 and %d, not %d", maxIncrements, cfg.increments)
-	case cfg.pause < 0 || cfg.pause > maxPause:
-		return bad("--pause must be between 0 and %v, not %v", maxPause, cfg.pause)
-	case cfg.backend != "redigo" && cfg.backend != "rueidis":
-		return bad("--backend must be redigo or rueidis, not %q", cfg.backend)
-	}
 	if !set["procs"] {
 		cfg.procs = min(defaultProcs, cfg.workers)
 	}
-	if cfg.procs < 1 || cfg.procs > cfg.workers {
-		return bad("--procs must be between 1 and --workers (%d), not %d", cfg.workers, cfg.procs)
+	if cfg.procs > cfg.workers {
+		return bad("%s", badValue("--procs", strconv.Itoa(cfg.procs), fmt.Sprintf("want a whole number from 1 to --workers (%d)", cfg.workers)))
 	}
 	server, err := cf.resolveDemo(os.Getenv)
 	if err != nil {
@@ -161,11 +156,10 @@ func demo(ctx context.Context, cfg demoConfig, stdout, stderr io.Writer) (code i
 	fail := func(what string, err error) int {
 		if ctx.Err() != nil {
 			fmt.Fprintf(stderr, "netlock demo: interrupted (%s)\n", what)
-			return 130 // the conventional 128+SIGINT
+			return exitInterrupted
 		}
-		// Joined errors are on several lines: keep the message on one.
-		fmt.Fprintf(stderr, "netlock demo: %s: %s\n", what, strings.ReplaceAll(err.Error(), "\n", "; "))
-		return exitFail
+		fmt.Fprintf(stderr, "netlock demo: %s: %s\n", what, oneLine(err))
+		return exitUnavailable
 	}
 
 	server := cfg.server
@@ -216,9 +210,9 @@ func demo(ctx context.Context, cfg demoConfig, stdout, stderr io.Writer) (code i
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
 		defer cancel()
 		if err := admin.deleteMatching(cctx, prefix+"*"); err != nil {
-			fmt.Fprintf(stderr, "netlock demo: delete the demo's keys %s*: %v\n", prefix, err)
+			fmt.Fprintf(stderr, "netlock demo: delete the demo's keys %s*: %s\n", prefix, oneLine(err))
 			if code == exitOK {
-				code = exitFail
+				code = exitUnavailable
 			}
 		}
 	}()
@@ -274,7 +268,7 @@ func demo(ctx context.Context, cfg demoConfig, stdout, stderr io.Writer) (code i
 	}
 	if len(problems) > 0 {
 		fmt.Fprintf(stderr, "\nnetlock demo: FAIL: with NetMutex, %s\n", strings.Join(problems, "; "))
-		return exitFail
+		return exitFailed
 	}
 	if free.counted == free.expected && cfg.workers > 1 {
 		fmt.Fprintln(stdout, "\n(no update was lost without a lock this time: more --workers or a longer --pause make the race likelier)")
