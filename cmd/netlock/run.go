@@ -40,7 +40,8 @@ netlock's stdin, stdout, stderr and environment, plus:
 
 netlock writes to stderr only, and only errors unless -v. With -v it tells
 what it does, and while it waits for the lock, who holds it (fencing token,
-TTL): when the wait starts and every 5 seconds.
+TTL), or that Redis does not answer and until when netlock keeps trying:
+when the wait starts and every 5 seconds.
 
 SIGINT, SIGTERM and SIGHUP sent to netlock are forwarded to PROGRAM, and
 netlock waits for it to exit. If the hold is lost while PROGRAM runs (its key
@@ -345,16 +346,15 @@ func (r *runner) acquire(ctx context.Context, m *netlock.NetMutex, sigs <-chan o
 	var err error
 	r.logf("taking the lock %q on Redis at %s", r.cfg.name, r.cfg.conn.where())
 	if r.cfg.verbose && !(r.cfg.waitSet && r.cfg.wait == 0) {
-		// Who holds it, once now (before we could hold it ourselves) and
-		// then every waitReportEvery until the wait ends.
-		if state, held := r.holder(actx); held {
-			upTo := ""
-			if r.cfg.waitSet {
-				upTo = " up to " + r.cfg.wait.String()
-			}
-			r.logf("the lock %q is held elsewhere %s; waiting%s", r.cfg.name, state, upTo)
+		// Who holds it, or that Redis does not answer: once now (before
+		// we could hold it ourselves) and then every waitReportEvery
+		// until the wait ends.
+		w := &waitReport{r: r, start: time.Now()}
+		if d, ok := actx.Deadline(); ok {
+			w.deadline = d
 		}
-		wg.Go(func() { r.reportWait(actx, done) })
+		w.look(actx, nil)
+		wg.Go(func() { w.run(actx, done) })
 	}
 	if r.cfg.waitSet && r.cfg.wait == 0 {
 		var ok bool
@@ -385,47 +385,6 @@ func (r *runner) acquire(ctx context.Context, m *netlock.NetMutex, sigs <-chan o
 		err = withoutCause(err, context.Cause(actx))
 	}
 	return nil, err
-}
-
-// reportWait tells, every waitReportEvery until done is closed, who holds
-// the lock: "run -v" is waiting for it.
-func (r *runner) reportWait(ctx context.Context, done <-chan struct{}) {
-	start := time.Now()
-	tick := time.NewTicker(waitReportEvery)
-	defer tick.Stop()
-	for {
-		select {
-		case <-done:
-			return
-		case <-tick.C:
-		}
-		state, held := r.holder(ctx)
-		if held {
-			state = "held elsewhere " + state
-		}
-		select {
-		case <-done:
-			// The wait ended while Inspect ran: the holder it saw may be
-			// this very netlock.
-			return
-		default:
-		}
-		r.logf("still waiting for the lock %q after %v: %s", r.cfg.name, time.Since(start).Round(time.Millisecond), state)
-	}
-}
-
-// holder says, for a message, who holds the lock: "(fencing token 7, TTL
-// 9.5s)", with held true; or that it is free, or why that cannot be told.
-// It asks Redis (netlock.Inspect), within the node timeout.
-func (r *runner) holder(ctx context.Context) (state string, held bool) {
-	info, err := netlock.Inspect(ctx, r.cfg.name, r.backends, r.opts...)
-	switch {
-	case err != nil:
-		return "who holds it cannot be told: " + oneLine(err), false
-	case info.Held:
-		return "(" + holdText(info) + ")", true
-	}
-	return "free at this moment", false
 }
 
 // supervise runs the program under the held lock m and returns the exit

@@ -659,3 +659,47 @@ func TestRunVerboseWait(t *testing.T) {
 		t.Errorf("free lock: exit %d, want 0 and no report of a holder: %q", code, stderr)
 	}
 }
+
+// TestRunVerboseOutage: while Redis does not answer, run -v says so, with
+// the server, its error, and until when netlock keeps trying; not that the
+// lock is held, nor that who holds it cannot be told.
+func TestRunVerboseOutage(t *testing.T) {
+	defer func(d time.Duration) { waitReportEvery = d }(waitReportEvery)
+	waitReportEvery = 50 * time.Millisecond
+	addr := closedPort(t)
+	start := time.Now()
+	code, _, stderr := runCmd(t, t.Context(), "run", "-v", "--redis", addr, "--wait", "1s", "job", "--", "true")
+	if code != exitUnavailable {
+		t.Errorf("exit %d, want %d", code, exitUnavailable)
+	}
+	lines := strings.Split(strings.TrimSuffix(stderr, "\n"), "\n")
+	notAnswering := `Redis at ` + regexp.QuoteMeta(addr) + ` not answering: dial tcp ` + regexp.QuoteMeta(addr) + `: connect: connection refused; retrying until ([0-9:]+) at the latest$`
+	first := regexp.MustCompile(`^netlock run: ` + notAnswering)
+	later := regexp.MustCompile(`^netlock run: still waiting for the lock "job" after [0-9.]+m?s: ` + notAnswering)
+	if len(lines) < 2 || !first.MatchString(lines[1]) {
+		t.Fatalf("the second line does not match %v", first)
+	}
+	// --wait ends the wait before the outage window (--expiry, 8s) would.
+	until, err := time.ParseInLocation(time.TimeOnly, first.FindStringSubmatch(lines[1])[1], time.Local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	y, m, d := start.Date()
+	until = time.Date(y, m, d, until.Hour(), until.Minute(), until.Second(), 0, time.Local)
+	if lo, hi := start.Truncate(time.Second), start.Add(2*time.Second); until.Before(lo) || until.After(hi) {
+		t.Errorf("retrying until %v, want about a second after %v", until.Format(time.TimeOnly), start.Format(time.TimeOnly+".000"))
+	}
+	reports := 0
+	for _, l := range lines[2 : len(lines)-1] {
+		if !later.MatchString(l) {
+			t.Errorf("line %q does not match %v", l, later)
+		}
+		reports++
+	}
+	if reports < 3 {
+		t.Errorf("%d reports while waiting, want at least 3", reports)
+	}
+	if last := lines[len(lines)-1]; !strings.HasPrefix(last, `netlock run: cannot take the lock "job", gave up after 1`) {
+		t.Errorf("the last line %q does not say netlock gave up", last)
+	}
+}
