@@ -158,7 +158,11 @@ func demo(ctx context.Context, cfg demoConfig, stdout, stderr io.Writer) (code i
 			fmt.Fprintf(stderr, "netlock demo: interrupted (%s)\n", what)
 			return exitInterrupted
 		}
-		fmt.Fprintf(stderr, "netlock demo: %s: %s\n", what, oneLine(err))
+		if s := oneLine(err); cfg.server != nil && strings.HasPrefix(s, notRedisText) {
+			fmt.Fprintf(stderr, "netlock demo: %s %s\n", cfg.server.name, s)
+		} else {
+			fmt.Fprintf(stderr, "netlock demo: %s: %s\n", what, s)
+		}
 		return exitUnavailable
 	}
 

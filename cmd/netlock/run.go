@@ -275,6 +275,13 @@ func (r *runner) run(ctx context.Context) int {
 		return startFailure(err)
 	}
 
+	// So is a server that is not Redis: the wait would take it for one
+	// that does not answer, until --wait or --expiry ran out.
+	if msg := cfg.conn.checkProtocol(ctx, pools, min(netlock.DefaultNodeTimeout, cfg.expiry/10)); msg != "" {
+		r.errorf("cannot take the lock %q: %s", cfg.name, msg)
+		return exitUnavailable
+	}
+
 	start := time.Now()
 	sig, err := r.acquire(ctx, m, sigs)
 	switch {

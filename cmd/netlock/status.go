@@ -218,9 +218,10 @@ func row(n netlock.NodeInfo) string {
 }
 
 // nodeErrorText is node i's error without the "netlock: node i: " the
-// library names it with: the command names the node itself.
+// library names it with (the command names the node itself), and with a
+// node that is not a Redis server said to be so.
 func nodeErrorText(i int, err error) string {
-	return strings.TrimPrefix(err.Error(), fmt.Sprintf("netlock: node %d: ", i))
+	return protocolText(strings.TrimPrefix(err.Error(), fmt.Sprintf("netlock: node %d: ", i)))
 }
 
 // maxmemoryText says when a policy that evicts comes into play.
