@@ -83,8 +83,11 @@ func (c *conn) checkProtocol(ctx context.Context, pools []*redis.Pool, timeout t
 // (errors.Join) joined with "; ", without the library's "netlock: "
 // prefixes, which would double the command's own, and with a node that is
 // not a Redis server said to be so (protocolText).
-func oneLine(err error) string {
-	s := strings.ReplaceAll(err.Error(), "\n", "; ")
+func oneLine(err error) string { return oneLineText(err.Error()) }
+
+// oneLineText is oneLine for an error's text s.
+func oneLineText(s string) string {
+	s = strings.ReplaceAll(s, "\n", "; ")
 	s = strings.TrimPrefix(s, "netlock: ")
 	return protocolText(strings.ReplaceAll(s, "; netlock: ", "; "))
 }

@@ -190,36 +190,14 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	return l.w.Write(p)
 }
 
-// prefixWriter writes each Write as one line after prefix: slog's text
-// handler writes a record with one Write.
-type prefixWriter struct {
-	prefix string
-	w      io.Writer
-}
-
-func (p prefixWriter) Write(b []byte) (int, error) {
-	if _, err := p.w.Write(append([]byte(p.prefix), b...)); err != nil {
-		return 0, err
-	}
-	return len(b), nil
-}
-
 // logger is the library's logger for the NetMutex: nothing without -v (run
 // reports a lost hold or a failed release itself, in its own words); with
-// -v, its warnings, on stderr after "netlock run: ".
+// -v, its warnings, on stderr after "netlock run: ", one sentence a line.
 func (r *runner) logger() *slog.Logger {
 	if !r.cfg.verbose {
 		return slog.New(slog.DiscardHandler)
 	}
-	return slog.New(slog.NewTextHandler(prefixWriter{"netlock run: ", r.msgs}, &slog.HandlerOptions{
-		Level: slog.LevelWarn,
-		ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
-			if len(groups) == 0 && a.Key == slog.TimeKey {
-				return slog.Attr{} // the line is now
-			}
-			return a
-		},
-	}))
+	return slog.New(&lineHandler{prefix: "netlock run: ", w: r.msgs, level: slog.LevelWarn, node: r.cfg.conn.nodeNamer()})
 }
 
 // errorf reports on stderr, always.
