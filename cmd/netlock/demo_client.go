@@ -4,15 +4,18 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"sync"
 
 	"github.com/gomodule/redigo/redis"
+	redisv9 "github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
 
 	"github.com/netlock-go/netlock"
+	"github.com/netlock-go/netlock/goredis"
 )
 
 // backendNames are the client libraries the demo can use, for --backend.
-var backendNames = []string{"redigo", "rueidis"}
+var backendNames = []string{"redigo", "rueidis", "goredis"}
 
 // A client is one simulated process's connection to Redis, through either
 // client library: the NetMutex backend and the demo's own counter commands.
@@ -35,6 +38,20 @@ func dial(lib string, server *node, idle int) (client, error) {
 			return nil, err
 		}
 		return rueidisClient{c}, nil
+	case "goredis":
+		// go-redis logs a failed dial itself, on stderr; the demo reports
+		// its errors in its own words.
+		quietGoRedis.Do(func() { redisv9.SetLogger(discardLogger{}) })
+		// idle+1 connections: workers plus the lock's own calls.
+		c := redisv9.NewClient(server.goredisOptions(idle + 1))
+		// Ping once now, so that an unreachable server is reported at once.
+		ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+		defer cancel()
+		if err := c.Ping(ctx).Err(); err != nil {
+			c.Close()
+			return nil, err
+		}
+		return goredisClient{c}, nil
 	default:
 		// idle+1: workers plus the lock's own calls, without redialling.
 		pool := server.pool(idle+1, redis.DialConnectTimeout(opTimeout))
@@ -153,5 +170,60 @@ func (c rueidisClient) deleteMatching(ctx context.Context, pattern string) error
 			return nil
 		}
 		cursor = e.Cursor
+	}
+}
+
+// quietGoRedis sets go-redis's logger, which is global, once, before any
+// client of go-redis could read it.
+var quietGoRedis sync.Once
+
+// discardLogger is a go-redis logger that logs nothing.
+type discardLogger struct{}
+
+func (discardLogger) Printf(context.Context, string, ...any) {}
+
+type goredisClient struct{ c *redisv9.Client }
+
+func (c goredisClient) backend() netlock.Backend { return goredis.New(c.c) }
+func (c goredisClient) close()                   { c.c.Close() }
+
+func (c goredisClient) get(ctx context.Context, key string) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	v, err := c.c.Get(ctx, key).Int64()
+	if errors.Is(err, redisv9.Nil) {
+		return 0, nil
+	}
+	return v, err
+}
+
+func (c goredisClient) set(ctx context.Context, key string, v int64) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	return c.c.Set(ctx, key, v, 0).Err()
+}
+
+func (c goredisClient) del(ctx context.Context, key string) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	return c.c.Del(ctx, key).Err()
+}
+
+func (c goredisClient) deleteMatching(ctx context.Context, pattern string) error {
+	var cursor uint64
+	for {
+		keys, next, err := c.c.Scan(ctx, cursor, pattern, 100).Result()
+		if err != nil {
+			return err
+		}
+		if len(keys) > 0 {
+			if err := c.c.Del(ctx, keys...).Err(); err != nil {
+				return err
+			}
+		}
+		if next == 0 {
+			return nil
+		}
+		cursor = next
 	}
 }

@@ -29,7 +29,7 @@ func TestBadFlagValues(t *testing.T) {
 		wantProcs    = "want a whole number from 1 up"
 		wantIncr     = "want a whole number from 1 to 100000"
 		wantPause    = "want a duration from 0 to 10s, such as 1ms or 2s"
-		wantBackend  = "want redigo or rueidis"
+		wantBackend  = "want redigo, rueidis or goredis"
 		wantMissing  = "cannot read it: no such file or directory"
 		wantNotPEM   = "want a file of PEM certificates; it holds none"
 	)

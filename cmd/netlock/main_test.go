@@ -99,7 +99,7 @@ func checkReport(t *testing.T, stdout string, total int) {
 }
 
 func TestDemoEmbedded(t *testing.T) {
-	for _, backend := range []string{"redigo", "rueidis"} {
+	for _, backend := range backendNames {
 		t.Run(backend, func(t *testing.T) {
 			code, stdout, stderr := runCmd(t, t.Context(), "demo", "--workers", "20", "--procs", "2", "--increments", "3", "--backend", backend)
 			if code != 0 {
@@ -137,7 +137,7 @@ func TestDemoRealRedis(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for _, backend := range []string{"redigo", "rueidis"} {
+	for _, backend := range backendNames {
 		t.Run(backend, func(t *testing.T) {
 			code, stdout, stderr := runCmd(t, t.Context(), "demo", "--redis", s.Addr(), "--workers", "20", "--procs", "3", "--increments", "3", "--backend", backend)
 			if code != 0 {
@@ -169,7 +169,7 @@ func checkKeys(t *testing.T, s *redistest.Server, want int) {
 // leave no key behind.
 func TestDemoInterrupted(t *testing.T) {
 	s := redistest.Start(t)
-	for _, backend := range []string{"redigo", "rueidis"} {
+	for _, backend := range backendNames {
 		t.Run(backend, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(t.Context())
 			defer cancel()
@@ -249,7 +249,7 @@ func TestDemoUnreachable(t *testing.T) {
 	}
 	addr := l.Addr().String()
 	l.Close() // nothing listens there now
-	for _, backend := range []string{"redigo", "rueidis"} {
+	for _, backend := range backendNames {
 		t.Run(backend, func(t *testing.T) {
 			code, stdout, stderr := runCmd(t, t.Context(), "demo", "--redis", addr, "--backend", backend)
 			if code != exitUnavailable {

@@ -15,6 +15,7 @@ import (
 	"strings"
 
 	"github.com/gomodule/redigo/redis"
+	redisv9 "github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
 
 	"github.com/netlock-go/netlock"
@@ -368,6 +369,26 @@ func (n *node) rueidisOption() rueidis.ClientOption {
 		}
 	}
 	return o
+}
+
+// goredisOptions are go-redis's client options for n, with up to poolSize
+// connections. ContextTimeoutEnabled lets netlock's node timeout bound each
+// command (see package netlock/goredis); one dial and no retries of a
+// command report a server that refuses connections at once, as the other
+// clients do (netlock retries by itself).
+func (n *node) goredisOptions(poolSize int) *redisv9.Options {
+	return &redisv9.Options{
+		Network:               n.network,
+		Addr:                  n.address,
+		Username:              n.user,
+		Password:              n.password,
+		DB:                    n.db,
+		TLSConfig:             n.tls,
+		PoolSize:              poolSize,
+		ContextTimeoutEnabled: true,
+		DialerRetries:         1,
+		MaxRetries:            -1,
+	}
 }
 
 // pools returns one redigo pool per node; the caller closes them.

@@ -316,7 +316,7 @@ func TestRedisURL(t *testing.T) {
 func TestDemoAuth(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "redis.sock")
 	s := redistest.Start(t, "--unixsocket", sock, "--unixsocketperm", "700", "--user", "alice", "on", ">s3cret", "~*", "&*", "+@all")
-	for _, backend := range []string{"redigo", "rueidis"} {
+	for _, backend := range backendNames {
 		for _, tc := range []struct {
 			name  string
 			env   []string
