@@ -703,3 +703,50 @@ func TestRunVerboseOutage(t *testing.T) {
 		t.Errorf("the last line %q does not say netlock gave up", last)
 	}
 }
+
+// TestRunExitCodes: each of run's exit codes, in one place.
+func TestRunExitCodes(t *testing.T) {
+	s := redistest.Start(t)
+	refused := closedPort(t)
+	held := func() { redisDo(t, s, "SET", lockKey("busy"), "someone-else:7", "PX", "600000") }
+	for _, tc := range []struct {
+		name   string
+		args   []string // after "run --redis <s>", or after "run" if they have --redis
+		before func()
+		lose   bool // delete the lock key once the program runs
+		code   int
+	}{
+		{"the program's 0", []string{"job", "--", "true"}, nil, false, 0},
+		{"the program's own", []string{"job", "--", "sh", "-c", "exit 3"}, nil, false, 3},
+		{"held elsewhere, --wait 0", []string{"--wait", "0", "busy", "--", "true"}, held, false, exitConflict},
+		{"held elsewhere, --wait ran out", []string{"--wait", "100ms", "busy", "--", "true"}, held, false, exitConflict},
+		{"held elsewhere, --conflict-exit-code", []string{"--wait", "0", "--conflict-exit-code", "9", "busy", "--", "true"}, held, false, 9},
+		{"bad usage", []string{"--wait", "-1s", "job", "--", "true"}, nil, false, exitUsage},
+		{"Redis unreachable", []string{"--redis", refused, "--wait", "0", "job", "--", "true"}, nil, false, exitUnavailable},
+		{"the hold lost", []string{"--expiry", "1s", "job", "--", "sh", "-c", `echo ready > "$1"; sleep 30`, "sh"}, nil, true, exitLost},
+		{"not found", []string{"job", "--", "netlock-no-such-program"}, nil, false, exitNotFound},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.before != nil {
+				tc.before()
+			}
+			args := []string{"run"}
+			if !containsRedis(tc.args) {
+				args = append(args, "--redis", s.Addr())
+			}
+			args = append(args, tc.args...)
+			ready := filepath.Join(t.TempDir(), "ready")
+			if tc.lose {
+				args = append(args, ready)
+			}
+			p := startNetlock(t, nil, args...)
+			if tc.lose {
+				waitFor(t, "the program to start", func() bool { return exists(ready) })
+				redisDo(t, s, "DEL", lockKey("job"))
+			}
+			if code := p.wait(); code != tc.code {
+				t.Errorf("exit %d, want %d", code, tc.code)
+			}
+		})
+	}
+}
