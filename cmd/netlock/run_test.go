@@ -704,7 +704,8 @@ func TestRunVerboseOutage(t *testing.T) {
 	}
 }
 
-// TestRunExitCodes: each of run's exit codes, in one place.
+// TestRunExitCodes: each of run's exit codes, in one place, as numbers:
+// they are what scripts test, whatever the constants say.
 func TestRunExitCodes(t *testing.T) {
 	s := redistest.Start(t)
 	refused := closedPort(t)
@@ -718,13 +719,13 @@ func TestRunExitCodes(t *testing.T) {
 	}{
 		{"the program's 0", []string{"job", "--", "true"}, nil, false, 0},
 		{"the program's own", []string{"job", "--", "sh", "-c", "exit 3"}, nil, false, 3},
-		{"held elsewhere, --wait 0", []string{"--wait", "0", "busy", "--", "true"}, held, false, exitConflict},
-		{"held elsewhere, --wait ran out", []string{"--wait", "100ms", "busy", "--", "true"}, held, false, exitConflict},
+		{"held elsewhere, --wait 0", []string{"--wait", "0", "busy", "--", "true"}, held, false, 1},
+		{"held elsewhere, --wait ran out", []string{"--wait", "100ms", "busy", "--", "true"}, held, false, 1},
 		{"held elsewhere, --conflict-exit-code", []string{"--wait", "0", "--conflict-exit-code", "9", "busy", "--", "true"}, held, false, 9},
-		{"bad usage", []string{"--wait", "-1s", "job", "--", "true"}, nil, false, exitUsage},
-		{"Redis unreachable", []string{"--redis", refused, "--wait", "0", "job", "--", "true"}, nil, false, exitUnavailable},
-		{"the hold lost", []string{"--expiry", "1s", "job", "--", "sh", "-c", `echo ready > "$1"; sleep 30`, "sh"}, nil, true, exitLost},
-		{"not found", []string{"job", "--", "netlock-no-such-program"}, nil, false, exitNotFound},
+		{"bad usage", []string{"--wait", "-1s", "job", "--", "true"}, nil, false, 64},
+		{"Redis unreachable", []string{"--redis", refused, "--wait", "0", "job", "--", "true"}, nil, false, 69},
+		{"the hold lost", []string{"--expiry", "1s", "job", "--", "sh", "-c", `echo ready > "$1"; sleep 30`, "sh"}, nil, true, 75},
+		{"not found", []string{"job", "--", "netlock-no-such-program"}, nil, false, 127},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.before != nil {
