@@ -39,7 +39,8 @@ write), "ttl_ms", "holder", "waiters", "fence_counter", "maxmemory_policy",
 "maxmemory" (bytes, 0: no limit, -1: unknown), "evicts" and "error".
 
 Exit status: 0 free, 1 held, 64 bad usage, 69 too few nodes answered to tell
-(not reachable, not answering, or answering with an error).
+(not reachable, not answering, not a Redis server, or answering with an
+error).
 
 ` + connHelp + `
 Flags:

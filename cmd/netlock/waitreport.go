@@ -42,8 +42,11 @@ func (w *waitReport) run(ctx context.Context, done <-chan struct{}) {
 func (w *waitReport) look(ctx context.Context, done <-chan struct{}) {
 	r := w.r
 	info, err := netlock.Inspect(ctx, r.cfg.name, r.backends, r.opts...)
-	if ctx.Err() != nil {
-		return // the wait ended
+	if d, ok := ctx.Deadline(); ctx.Err() != nil || ok && !time.Now().Before(d) {
+		// The wait ended, and may have cut the look short: what it found
+		// says nothing of Redis. (ctx's deadline may have passed a moment
+		// before ctx.Err says so.)
+		return
 	}
 	select {
 	case <-done:
