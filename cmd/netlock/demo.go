@@ -19,8 +19,6 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
-	"github.com/gomodule/redigo/redis"
-	"github.com/redis/rueidis"
 	"golang.org/x/term"
 
 	"github.com/netlock-go/netlock"
@@ -76,8 +74,8 @@ it deletes afterwards. It authenticates as run does (--user,
 $NETLOCK_PASSWORD, or a URL), but does not read $NETLOCK_REDIS.
 
 ` + addrHelp + `
-Exit status: 0 when the locked phase counted every update, 1 when it did not
-or Redis failed, 2 for bad flags.
+Exit status: 0 when the locked phase counted every update, 1 when it did
+not, 64 for bad flags, 69 when Redis could not be reached or failed.
 
 Flags:
 `
@@ -95,18 +93,20 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 // parseDemoFlags parses and validates args. When ok is false, the caller
-// should exit with code: help was shown (0) or the flags are bad (2, the
-// message already on stderr).
+// should exit with code: help was shown (0) or the flags are bad
+// (exitUsage, the message already on stderr).
 func parseDemoFlags(args []string, stdout, stderr io.Writer) (cfg demoConfig, code int, ok bool) {
 	fs := flag.NewFlagSet("netlock demo", flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // errors and help are printed below
 	var cf connFlags
 	cf.register(fs, true)
-	fs.IntVar(&cfg.workers, "workers", 100, "number of worker goroutines, 1 to "+strconv.Itoa(maxWorkers))
-	fs.IntVar(&cfg.procs, "procs", 0, "number of simulated processes the workers are spread over, each with its\nown Redis client and its own NetMutex: 1 to --workers (default 4, or --workers\nif fewer)")
-	fs.IntVar(&cfg.increments, "increments", 5, "increments each worker makes, 1 to "+strconv.Itoa(maxIncrements))
-	fs.DurationVar(&cfg.pause, "pause", time.Millisecond, "pause between GET and SET, 0 to "+maxPause.String())
-	fs.StringVar(&cfg.backend, "backend", "redigo", "Redis client library: redigo or rueidis")
+	cfg.workers, cfg.increments, cfg.pause, cfg.backend = 100, 5, time.Millisecond, "redigo"
+	fs.Var(&intValue{p: &cfg.workers, min: 1, max: maxWorkers}, "workers", "`number` of worker goroutines, 1 to "+strconv.Itoa(maxWorkers))
+	// No default shown: it depends on --workers.
+	fs.Func("procs", "`number` of simulated processes the workers are spread over, each with its\nown Redis client and its own NetMutex: 1 to --workers (default 4, or --workers\nif fewer)", (&intValue{p: &cfg.procs, min: 1}).Set)
+	fs.Var(&intValue{p: &cfg.increments, min: 1, max: maxIncrements}, "increments", "`number` of increments each worker makes, 1 to "+strconv.Itoa(maxIncrements))
+	fs.Var(&durationValue{p: &cfg.pause, max: maxPause}, "pause", "the pause between GET and SET, a `duration` from 0 to "+maxPause.String())
+	fs.Var(&choiceValue{p: &cfg.backend, choices: backendNames}, "backend", "Redis client `library`: "+(&choiceValue{choices: backendNames}).want())
 	printHelp := func(w io.Writer) {
 		fmt.Fprint(w, demoHelp)
 		printFlags(w, fs)
@@ -130,21 +130,11 @@ func parseDemoFlags(args []string, stdout, stderr io.Writer) (cfg demoConfig, co
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 
-	switch {
-	case cfg.workers < 1 || cfg.workers > maxWorkers:
-		return bad("--workers must be between 1 and %d, not %d", maxWorkers, cfg.workers)
-	case cfg.increments < 1 || cfg.increments > maxIncrements:
-		return bad("--increments must be between 1 and %d, not %d", maxIncrements, cfg.increments)
-	case cfg.pause < 0 || cfg.pause > maxPause:
-		return bad("--pause must be between 0 and %v, not %v", maxPause, cfg.pause)
-	case cfg.backend != "redigo" && cfg.backend != "rueidis":
-		return bad("--backend must be redigo or rueidis, not %q", cfg.backend)
-	}
 	if !set["procs"] {
 		cfg.procs = min(defaultProcs, cfg.workers)
 	}
-	if cfg.procs < 1 || cfg.procs > cfg.workers {
-		return bad("--procs must be between 1 and --workers (%d), not %d", cfg.workers, cfg.procs)
+	if cfg.procs > cfg.workers {
+		return bad("%s", badValue("--procs", strconv.Itoa(cfg.procs), fmt.Sprintf("want a whole number from 1 to --workers (%d)", cfg.workers)))
 	}
 	server, err := cf.resolveDemo(os.Getenv)
 	if err != nil {
@@ -161,11 +151,14 @@ func demo(ctx context.Context, cfg demoConfig, stdout, stderr io.Writer) (code i
 	fail := func(what string, err error) int {
 		if ctx.Err() != nil {
 			fmt.Fprintf(stderr, "netlock demo: interrupted (%s)\n", what)
-			return 130 // the conventional 128+SIGINT
+			return exitInterrupted
 		}
-		// Joined errors are on several lines: keep the message on one.
-		fmt.Fprintf(stderr, "netlock demo: %s: %s\n", what, strings.ReplaceAll(err.Error(), "\n", "; "))
-		return exitFail
+		if s := oneLine(err); cfg.server != nil && strings.HasPrefix(s, notRedisText) {
+			fmt.Fprintf(stderr, "netlock demo: %s %s\n", cfg.server.name, s)
+		} else {
+			fmt.Fprintf(stderr, "netlock demo: %s: %s\n", what, s)
+		}
+		return exitUnavailable
 	}
 
 	server := cfg.server
@@ -216,9 +209,9 @@ func demo(ctx context.Context, cfg demoConfig, stdout, stderr io.Writer) (code i
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
 		defer cancel()
 		if err := admin.deleteMatching(cctx, prefix+"*"); err != nil {
-			fmt.Fprintf(stderr, "netlock demo: delete the demo's keys %s*: %v\n", prefix, err)
+			fmt.Fprintf(stderr, "netlock demo: delete the demo's keys %s*: %s\n", prefix, oneLine(err))
 			if code == exitOK {
-				code = exitFail
+				code = exitUnavailable
 			}
 		}
 	}()
@@ -274,7 +267,7 @@ func demo(ctx context.Context, cfg demoConfig, stdout, stderr io.Writer) (code i
 	}
 	if len(problems) > 0 {
 		fmt.Fprintf(stderr, "\nnetlock demo: FAIL: with NetMutex, %s\n", strings.Join(problems, "; "))
-		return exitFail
+		return exitFailed
 	}
 	if free.counted == free.expected && cfg.workers > 1 {
 		fmt.Fprintln(stdout, "\n(no update was lost without a lock this time: more --workers or a longer --pause make the race likelier)")
@@ -493,146 +486,4 @@ func seconds(d time.Duration) string {
 		return fmt.Sprintf("%.1fms", float64(d)/float64(time.Millisecond))
 	}
 	return fmt.Sprintf("%.2fs", d.Seconds())
-}
-
-// A client is one simulated process's connection to Redis, through either
-// client library: the NetMutex backend and the demo's own counter commands.
-type client interface {
-	backend() netlock.Backend
-	get(ctx context.Context, key string) (int64, error) // 0 when the key is absent
-	set(ctx context.Context, key string, v int64) error
-	del(ctx context.Context, key string) error
-	deleteMatching(ctx context.Context, pattern string) error
-	close()
-}
-
-// dial connects to server with the named library. A redigo pool keeps up
-// to idle connections open between uses.
-func dial(lib string, server *node, idle int) (client, error) {
-	switch lib {
-	case "rueidis":
-		c, err := rueidis.NewClient(server.rueidisOption())
-		if err != nil {
-			return nil, err
-		}
-		return rueidisClient{c}, nil
-	default:
-		// idle+1: workers plus the lock's own calls, without redialling.
-		pool := server.pool(idle+1, redis.DialConnectTimeout(opTimeout))
-		// Dial once now, so that an unreachable server is reported at once.
-		ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
-		defer cancel()
-		conn, err := pool.GetContext(ctx)
-		if err == nil {
-			_, err = redis.DoContext(conn, ctx, "PING")
-			conn.Close()
-		}
-		if err != nil {
-			pool.Close()
-			return nil, err
-		}
-		return redigoClient{pool}, nil
-	}
-}
-
-type redigoClient struct{ pool *redis.Pool }
-
-func (c redigoClient) backend() netlock.Backend { return netlock.NewRedigo(c.pool) }
-func (c redigoClient) close()                   { c.pool.Close() }
-
-func (c redigoClient) do(ctx context.Context, cmd string, args ...any) (any, error) {
-	ctx, cancel := context.WithTimeout(ctx, opTimeout)
-	defer cancel()
-	conn, err := c.pool.GetContext(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close()
-	return redis.DoContext(conn, ctx, cmd, args...)
-}
-
-func (c redigoClient) get(ctx context.Context, key string) (int64, error) {
-	v, err := redis.Int64(c.do(ctx, "GET", key))
-	if errors.Is(err, redis.ErrNil) {
-		return 0, nil
-	}
-	return v, err
-}
-
-func (c redigoClient) set(ctx context.Context, key string, v int64) error {
-	_, err := c.do(ctx, "SET", key, v)
-	return err
-}
-
-func (c redigoClient) del(ctx context.Context, key string) error {
-	_, err := c.do(ctx, "DEL", key)
-	return err
-}
-
-func (c redigoClient) deleteMatching(ctx context.Context, pattern string) error {
-	cursor := "0"
-	for {
-		reply, err := redis.Values(c.do(ctx, "SCAN", cursor, "MATCH", pattern, "COUNT", 100))
-		if err != nil {
-			return err
-		}
-		var keys []string
-		if _, err := redis.Scan(reply, &cursor, &keys); err != nil {
-			return err
-		}
-		if len(keys) > 0 {
-			if _, err := c.do(ctx, "DEL", redis.Args{}.AddFlat(keys)...); err != nil {
-				return err
-			}
-		}
-		if cursor == "0" {
-			return nil
-		}
-	}
-}
-
-type rueidisClient struct{ c rueidis.Client }
-
-func (c rueidisClient) backend() netlock.Backend { return netlock.NewRueidis(c.c) }
-func (c rueidisClient) close()                   { c.c.Close() }
-
-func (c rueidisClient) get(ctx context.Context, key string) (int64, error) {
-	ctx, cancel := context.WithTimeout(ctx, opTimeout)
-	defer cancel()
-	v, err := c.c.Do(ctx, c.c.B().Get().Key(key).Build()).AsInt64()
-	if rueidis.IsRedisNil(err) {
-		return 0, nil
-	}
-	return v, err
-}
-
-func (c rueidisClient) set(ctx context.Context, key string, v int64) error {
-	ctx, cancel := context.WithTimeout(ctx, opTimeout)
-	defer cancel()
-	return c.c.Do(ctx, c.c.B().Set().Key(key).Value(strconv.FormatInt(v, 10)).Build()).Error()
-}
-
-func (c rueidisClient) del(ctx context.Context, key string) error {
-	ctx, cancel := context.WithTimeout(ctx, opTimeout)
-	defer cancel()
-	return c.c.Do(ctx, c.c.B().Del().Key(key).Build()).Error()
-}
-
-func (c rueidisClient) deleteMatching(ctx context.Context, pattern string) error {
-	var cursor uint64
-	for {
-		e, err := c.c.Do(ctx, c.c.B().Scan().Cursor(cursor).Match(pattern).Count(100).Build()).AsScanEntry()
-		if err != nil {
-			return err
-		}
-		if len(e.Elements) > 0 {
-			if err := c.c.Do(ctx, c.c.B().Del().Key(e.Elements...).Build()).Error(); err != nil {
-				return err
-			}
-		}
-		if e.Cursor == 0 {
-			return nil
-		}
-		cursor = e.Cursor
-	}
 }

@@ -1,9 +1,13 @@
 package main
 
 import (
+	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -43,8 +47,8 @@ var (
 	errBadValue  = regexp.MustCompile(`^invalid (?:boolean )?value (".*") for (?:flag )?-+([^:\s]+): (.*)$`)
 )
 
-// flagError rewords an error of fs.Parse in the --name style and, for a
-// duration flag, says what it takes.
+// flagError rewords an error of fs.Parse in the --name style, a bad value
+// as badValue does.
 func flagError(fs *flag.FlagSet, err error) string {
 	msg := err.Error()
 	if m := errUndefined.FindStringSubmatch(msg); m != nil {
@@ -54,17 +58,124 @@ func flagError(fs *flag.FlagSet, err error) string {
 		return flagName(m[1]) + " needs a value"
 	}
 	if m := errBadValue.FindStringSubmatch(msg); m != nil {
-		why := m[3]
+		value, err := strconv.Unquote(m[1])
+		if err != nil {
+			value = m[1]
+		}
+		why := m[3] // the want of the Values below
 		if f := fs.Lookup(m[2]); f != nil {
-			if g, ok := f.Value.(flag.Getter); ok {
-				if _, ok := g.Get().(time.Duration); ok {
-					why = "want a duration such as 30s, 5m or 1m30s"
-				}
+			if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+				why = "want true or false"
 			}
 		}
-		return "invalid value " + m[1] + " for " + flagName(m[2]) + ": " + why
+		return badValue(flagName(m[2]), value, why)
 	}
 	return msg
+}
+
+// badValue is the message for a bad value of a flag (name as flagName
+// gives it) or of an environment variable ("$NETLOCK_REDIS"): one wording
+// for all of them, naming the flag and the value. why says what is wrong,
+// for a value out of range as "want …", what the flag takes.
+func badValue(name, value, why string) string {
+	return fmt.Sprintf("invalid value %q for %s: %s", value, name, why)
+}
+
+// The flag Values below check their range as they are set: the flag
+// package then reports a bad value with their error, "want …", which
+// flagError words as badValue does. Their String is the default that help
+// shows; it must work on the zero Value, which flag.PrintDefaults makes.
+
+// A durationValue is a duration flag that takes min up to max (no bound
+// when max is 0).
+type durationValue struct {
+	p        *time.Duration
+	min, max time.Duration
+}
+
+func (v *durationValue) String() string {
+	if v.p == nil {
+		return ""
+	}
+	return v.p.String()
+}
+
+func (v *durationValue) Set(s string) error {
+	d, err := time.ParseDuration(s)
+	if err != nil || d < v.min || (v.max > 0 && d > v.max) {
+		return errors.New("want " + v.want())
+	}
+	*v.p = d
+	return nil
+}
+
+// want says which values v takes.
+func (v *durationValue) want() string {
+	switch {
+	case v.max > 0 && v.min == 0:
+		return fmt.Sprintf("a duration from 0 to %v, such as 1ms or 2s", v.max)
+	case v.max > 0:
+		return fmt.Sprintf("a duration from %v to %v", v.min, v.max)
+	case v.min > 0:
+		return fmt.Sprintf("a duration of at least %v, such as 8s, 30s or 1m30s", v.min)
+	}
+	return "a duration of 0 or more, such as 0, 30s or 1m30s"
+}
+
+// An intValue is a whole-number flag that takes min up to max (no bound
+// when max is 0).
+type intValue struct {
+	p        *int
+	min, max int
+}
+
+func (v *intValue) String() string {
+	if v.p == nil {
+		return ""
+	}
+	return strconv.Itoa(*v.p)
+}
+
+func (v *intValue) Set(s string) error {
+	n, err := strconv.Atoi(s)
+	if err != nil || n < v.min || (v.max > 0 && n > v.max) {
+		return errors.New("want " + v.want())
+	}
+	*v.p = n
+	return nil
+}
+
+func (v *intValue) want() string {
+	if v.max > 0 {
+		return fmt.Sprintf("a whole number from %d to %d", v.min, v.max)
+	}
+	return fmt.Sprintf("a whole number from %d up", v.min)
+}
+
+// A choiceValue is a flag that takes one of a few words.
+type choiceValue struct {
+	p       *string
+	choices []string
+}
+
+func (v *choiceValue) String() string {
+	if v.p == nil {
+		return ""
+	}
+	return *v.p
+}
+
+func (v *choiceValue) Set(s string) error {
+	if !slices.Contains(v.choices, s) {
+		return errors.New("want " + v.want())
+	}
+	*v.p = s
+	return nil
+}
+
+func (v *choiceValue) want() string {
+	n := len(v.choices)
+	return strings.Join(v.choices[:n-1], ", ") + " or " + v.choices[n-1]
 }
 
 // dashDashFirst reports whether fs.Parse(args) stopped at a "--" (which it

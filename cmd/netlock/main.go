@@ -26,8 +26,7 @@ import (
 )
 
 // A command is one sub-command of netlock. run gets the arguments after the
-// command's name and returns the process exit code: 0 success, 1 failure,
-// 2 bad usage.
+// command's name and returns the process exit code (see exit.go).
 type command struct {
 	name    string
 	summary string
@@ -41,13 +40,6 @@ var commands = []command{
 	{name: "status", summary: "show whether a lock is held, on each Redis node", run: runStatus},
 	{name: "demo", summary: "run a lost-update race on a Redis counter, without and with a NetMutex", run: runDemo},
 }
-
-// Exit codes.
-const (
-	exitOK    = 0
-	exitFail  = 1
-	exitUsage = 2
-)
 
 // main runs the command with a context that never ends: each command handles
 // the signals it cares about (demo stops on SIGINT and SIGTERM; run forwards
@@ -108,5 +100,6 @@ func usage(w io.Writer) {
 	}
 	fmt.Fprintf(w, "\t%-8s%s\n", "help", "show this help, or \"netlock help <command>\" for one command")
 	fmt.Fprintf(w, "\t%-8s%s\n", "version", "show netlock's version (also --version)")
-	fmt.Fprint(w, "\nRun \"netlock <command> --help\" for the flags of a command.\n")
+	fmt.Fprint(w, "\nRun \"netlock <command> --help\" for the flags and exit codes of a command.\n")
+	fmt.Fprintf(w, "Bad usage exits with %d (EX_USAGE), Redis out of reach with %d (EX_UNAVAILABLE).\n", exitUsage, exitUnavailable)
 }

@@ -99,7 +99,7 @@ func checkReport(t *testing.T, stdout string, total int) {
 }
 
 func TestDemoEmbedded(t *testing.T) {
-	for _, backend := range []string{"redigo", "rueidis"} {
+	for _, backend := range backendNames {
 		t.Run(backend, func(t *testing.T) {
 			code, stdout, stderr := runCmd(t, t.Context(), "demo", "--workers", "20", "--procs", "2", "--increments", "3", "--backend", backend)
 			if code != 0 {
@@ -137,7 +137,7 @@ func TestDemoRealRedis(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for _, backend := range []string{"redigo", "rueidis"} {
+	for _, backend := range backendNames {
 		t.Run(backend, func(t *testing.T) {
 			code, stdout, stderr := runCmd(t, t.Context(), "demo", "--redis", s.Addr(), "--workers", "20", "--procs", "3", "--increments", "3", "--backend", backend)
 			if code != 0 {
@@ -169,7 +169,7 @@ func checkKeys(t *testing.T, s *redistest.Server, want int) {
 // leave no key behind.
 func TestDemoInterrupted(t *testing.T) {
 	s := redistest.Start(t)
-	for _, backend := range []string{"redigo", "rueidis"} {
+	for _, backend := range backendNames {
 		t.Run(backend, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(t.Context())
 			defer cancel()
@@ -178,8 +178,8 @@ func TestDemoInterrupted(t *testing.T) {
 			// Unlocked about 0.2s, locked about 20*20*10ms = 4s.
 			code, stdout, stderr := runCmd(t, ctx, "demo", "--redis", s.Addr(), "--backend", backend,
 				"--workers", "20", "--procs", "2", "--increments", "20", "--pause", "10ms")
-			if code != 130 {
-				t.Errorf("exit %d, want 130", code)
+			if code != exitInterrupted {
+				t.Errorf("exit %d, want %d", code, exitInterrupted)
 			}
 			if d := time.Since(start); d > 3*time.Second {
 				t.Errorf("took %v to stop after the interrupt at 1s", d)
@@ -230,8 +230,8 @@ func TestDemoLockBroken(t *testing.T) {
 	if n == 0 {
 		t.Skip("the lock key was never deleted during a hold")
 	}
-	if code != 1 {
-		t.Errorf("exit %d, want 1", code)
+	if code != exitFailed {
+		t.Errorf("exit %d, want %d", code, exitFailed)
 	}
 	if !strings.Contains(stdout, "with NetMutex:") {
 		t.Errorf("no report of the locked phase:\n%s", stdout)
@@ -249,11 +249,11 @@ func TestDemoUnreachable(t *testing.T) {
 	}
 	addr := l.Addr().String()
 	l.Close() // nothing listens there now
-	for _, backend := range []string{"redigo", "rueidis"} {
+	for _, backend := range backendNames {
 		t.Run(backend, func(t *testing.T) {
 			code, stdout, stderr := runCmd(t, t.Context(), "demo", "--redis", addr, "--backend", backend)
-			if code != 1 {
-				t.Errorf("exit %d, want 1", code)
+			if code != 69 { // EX_UNAVAILABLE, as the help says
+				t.Errorf("exit %d, want 69", code)
 			}
 			if stdout != "" {
 				t.Errorf("stdout not empty: %s", stdout)
@@ -300,15 +300,15 @@ func TestDemoBadFlags(t *testing.T) {
 		{[]string{"--redis", "localhost"}, "--redis"},
 		{[]string{"--redis", ""}, "--redis"},
 		{[]string{"--redis", "a:1", "--redis", "b:1"}, "--redis given more than once"},
-		{[]string{"--redis", "redis://a:1/x"}, `--redis: redis://a:1/x: database "x"`},
+		{[]string{"--redis", "redis://a:1/x"}, `invalid value "redis://a:1/x" for --redis: database "x"`},
 		{[]string{"--user", "alice"}, "--user, --tls and --tls-ca need --redis"},
 		{[]string{"--no-such-flag"}, "no-such-flag"},
 		{[]string{"extra"}, `"extra"`},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			code, stdout, stderr := runCmd(t, t.Context(), append([]string{"demo"}, tc.args...)...)
-			if code != 2 {
-				t.Errorf("exit %d, want 2", code)
+			if code != exitUsage {
+				t.Errorf("exit %d, want %d", code, exitUsage)
 			}
 			if stdout != "" {
 				t.Errorf("stdout not empty: %s", stdout)
@@ -327,29 +327,33 @@ func TestDispatch(t *testing.T) {
 		code        int
 		out, errOut string // substrings of stdout and stderr ("" for empty)
 	}{
-		{nil, 2, "", "Usage:"},
-		{[]string{"frobnicate"}, 2, "", `netlock: unknown command "frobnicate"`},
+		{nil, exitUsage, "", "Usage:"},
+		{[]string{"frobnicate"}, exitUsage, "", `netlock: unknown command "frobnicate"`},
 		{[]string{"help"}, 0, "demo ", ""},
 		{[]string{"--help"}, 0, "demo ", ""},
 		{[]string{"-h"}, 0, "demo ", ""},
 		{[]string{"help", "demo"}, 0, "-workers", ""},
-		{[]string{"help", "nope"}, 2, "", `unknown command "nope"`},
+		{[]string{"help", "nope"}, exitUsage, "", `unknown command "nope"`},
 		{[]string{"demo", "--help"}, 0, "Usage: netlock demo [flags]", ""},
 		{[]string{"demo", "-h"}, 0, "-backend", ""},
 		{[]string{"help"}, 0, "\trun     run a program while holding a lock", ""},
 		{[]string{"help"}, 0, "\tstatus  show whether a lock is held", ""},
 		{[]string{"help", "run"}, 0, "Usage: netlock run [flags] NAME -- PROGRAM [ARGS...]", ""},
 		{[]string{"run", "--help"}, 0, "  75         the hold was lost while PROGRAM ran", ""},
+		{[]string{"run", "--help"}, 0, "  64         bad usage", ""},
+		{[]string{"run", "--help"}, 0, "  69         Redis could not be asked", ""},
+		{[]string{"help"}, 0, "Bad usage exits with 64 (EX_USAGE), Redis out of reach with 69 (EX_UNAVAILABLE).", ""},
+		{[]string{"demo", "--help"}, 0, "64 for bad flags, 69 when Redis could not be reached", ""},
 		{[]string{"run", "-h"}, 0, "-conflict-exit-code code", ""},
 		{[]string{"help", "status"}, 0, "Usage: netlock status [flags] NAME", ""},
-		{[]string{"status", "--help"}, 0, "Exit status: 0 free, 1 held, 2 bad usage", ""},
+		{[]string{"status", "--help"}, 0, "Exit status: 0 free, 1 held, 64 bad usage, 69 too few nodes answered", ""},
 		{[]string{"status", "--help"}, 0, "\n  --json\n", ""},
 		{[]string{"run", "--help"}, 0, "\n  --wait duration\n", ""},
 		{[]string{"run", "--help"}, 0, "\n  -v\ttell on stderr", ""},
-		{[]string{"demo", "--help"}, 0, "\n  --workers int\n", ""},
+		{[]string{"demo", "--help"}, 0, "\n  --workers number\n", ""},
 		{[]string{"--version"}, 0, "netlock ", ""},
 		{[]string{"version"}, 0, "netlock ", ""},
-		{[]string{"version", "x"}, 2, "", `netlock version: unexpected "x"`},
+		{[]string{"version", "x"}, exitUsage, "", `netlock version: unexpected "x"`},
 		{[]string{"help"}, 0, "\tversion show netlock's version", ""},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/url"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"strings"
 
 	"github.com/gomodule/redigo/redis"
+	redisv9 "github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
 
 	"github.com/netlock-go/netlock"
@@ -104,7 +106,7 @@ func (c *connFlags) resolve(getenv func(string) string) (*conn, error) {
 	}
 	if strings.ContainsAny(c.prefix, "{}") {
 		// netlock.New's rule, in the flag's words.
-		return nil, fmt.Errorf("--prefix %q must not contain '{' or '}', which netlock puts around the lock name", c.prefix)
+		return nil, errors.New(badValue("--prefix", c.prefix, "want no '{' or '}', which netlock puts around the lock name"))
 	}
 	nodes, err := c.nodes(addrs, from, getenv)
 	if err != nil {
@@ -138,11 +140,15 @@ func (c *connFlags) nodes(addrs []string, from string, getenv func(string) strin
 	if c.tlsCA != "" {
 		pem, err := os.ReadFile(c.tlsCA)
 		if err != nil {
-			return nil, fmt.Errorf("--tls-ca: %w", err)
+			var pe *fs.PathError
+			if errors.As(err, &pe) {
+				err = pe.Err // without the path, which badValue shows
+			}
+			return nil, errors.New(badValue("--tls-ca", c.tlsCA, "cannot read it: "+err.Error()))
 		}
 		roots := x509.NewCertPool()
 		if !roots.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("--tls-ca: no PEM certificate in %s", c.tlsCA)
+			return nil, errors.New(badValue("--tls-ca", c.tlsCA, "want a file of PEM certificates; it holds none"))
 		}
 		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots}
 	}
@@ -152,16 +158,16 @@ func (c *connFlags) nodes(addrs []string, from string, getenv func(string) strin
 	for _, a := range addrs {
 		n, useTLS, err := parseNode(a)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", from, err)
+			return nil, errors.New(badValue(from, redact(a), err.Error()))
 		}
 		// Two databases of one server are one deployment: two votes from
 		// it would make the quorum a lie.
 		server := n.network + " " + strings.ToLower(n.address)
 		if first, ok := seen[server]; ok {
 			if first == n.name {
-				return nil, fmt.Errorf("%s: %s given twice; a quorum needs independent servers", from, n.name)
+				return nil, errors.New(badValue(from, n.name, "given twice; a quorum needs independent servers"))
 			}
-			return nil, fmt.Errorf("%s: %s and %s are the same server; a quorum needs independent servers", from, first, n.name)
+			return nil, errors.New(badValue(from, n.name, "the same server as "+first+"; a quorum needs independent servers"))
 		}
 		seen[server] = n.name
 		if n.password == "" {
@@ -176,7 +182,7 @@ func (c *connFlags) nodes(addrs []string, from string, getenv func(string) strin
 			if c.user == n.user {
 				return nil, fmt.Errorf("--user %s needs the password in $%s", n.user, envPassword)
 			}
-			return nil, fmt.Errorf("%s: %s names the user %s without a password: give it in the URL or in $%s", from, n.name, n.user, envPassword)
+			return nil, errors.New(badValue(from, n.name, "names the user "+n.user+" without a password: give it in the URL or in $"+envPassword))
 		}
 		if n.network == "tcp" && (useTLS || c.tls || c.tlsCA != "") {
 			n.tls = tlsConfig
@@ -190,23 +196,23 @@ func (c *connFlags) nodes(addrs []string, from string, getenv func(string) strin
 }
 
 // parseNode parses one address: host:port, redis://, rediss:// (TLS, also
-// reported as useTLS) or unix://. The error does not repeat a password.
+// reported as useTLS) or unix://. The error says what is wrong, for
+// badValue: it does not repeat the address (nor so its password).
 func parseNode(s string) (n node, useTLS bool, err error) {
 	if !strings.Contains(s, "://") {
 		host, port, err := net.SplitHostPort(s)
 		if p, perr := strconv.Atoi(port); err != nil || host == "" || perr != nil || p < 1 || p > 65535 {
-			return node{}, false, fmt.Errorf("%q is not host:port, such as 127.0.0.1:6379, nor a redis://, rediss:// or unix:// URL", s)
+			return node{}, false, errors.New("want host:port, such as 127.0.0.1:6379, or a redis://, rediss:// or unix:// URL")
 		}
 		return node{name: s, network: "tcp", address: s}, false, nil
 	}
-	shown := redact(s)
 	u, err := url.Parse(s)
 	if err != nil {
 		// url's error repeats the URL, password and all.
-		return node{}, false, fmt.Errorf("%s is not a valid URL", shown)
+		return node{}, false, errors.New("not a valid URL")
 	}
 	bad := func(format string, a ...any) (node, bool, error) {
-		return node{}, false, fmt.Errorf("%s: "+format, append([]any{shown}, a...)...)
+		return node{}, false, fmt.Errorf(format, a...)
 	}
 	if u.Opaque != "" || u.Fragment != "" {
 		return bad("want redis://host:port/db, rediss://host:port/db or unix:///path/to/socket")
@@ -288,6 +294,9 @@ func (n *node) display(scheme string) string {
 // for messages about an address that could not be parsed.
 func redact(s string) string {
 	i := strings.Index(s, "://")
+	if i < 0 {
+		return s // not a URL: no password to tell apart
+	}
 	rest := s[i+3:]
 	end := strings.IndexAny(rest, "/?#")
 	if end < 0 {
@@ -362,6 +371,26 @@ func (n *node) rueidisOption() rueidis.ClientOption {
 	return o
 }
 
+// goredisOptions are go-redis's client options for n, with up to poolSize
+// connections. ContextTimeoutEnabled lets netlock's node timeout bound each
+// command (see package netlock/goredis); one dial and no retries of a
+// command report a server that refuses connections at once, as the other
+// clients do (netlock retries by itself).
+func (n *node) goredisOptions(poolSize int) *redisv9.Options {
+	return &redisv9.Options{
+		Network:               n.network,
+		Addr:                  n.address,
+		Username:              n.user,
+		Password:              n.password,
+		DB:                    n.db,
+		TLSConfig:             n.tls,
+		PoolSize:              poolSize,
+		ContextTimeoutEnabled: true,
+		DialerRetries:         1,
+		MaxRetries:            -1,
+	}
+}
+
 // pools returns one redigo pool per node; the caller closes them.
 func (c *conn) pools() []*redis.Pool {
 	pools := make([]*redis.Pool, len(c.nodes))
@@ -409,37 +438,4 @@ func (l *addrList) String() string { return strings.Join(*l, ",") }
 func (l *addrList) Set(s string) error {
 	*l = append(*l, s)
 	return nil
-}
-
-// oneLine renders err for a message: the lines of a multi-line error
-// (errors.Join) joined with "; ", without the library's "netlock: " prefixes,
-// which would double the command's own.
-func oneLine(err error) string {
-	s := strings.ReplaceAll(err.Error(), "\n", "; ")
-	s = strings.TrimPrefix(s, "netlock: ")
-	return strings.ReplaceAll(s, "; netlock: ", "; ")
-}
-
-// errText renders err, about c's nodes, for a message: oneLine, without the
-// "node 0: " of a single node, which the message names already.
-func (c *conn) errText(err error) string {
-	s := oneLine(err)
-	if len(c.nodes) == 1 {
-		s = strings.TrimPrefix(s, "node 0: ")
-	}
-	return s
-}
-
-// authHint returns advice for a node's error that is about credentials, ""
-// for any other.
-func authHint(err error) string {
-	switch s := err.Error(); {
-	case strings.Contains(s, "NOAUTH"):
-		return "the server wants a password: put it in $" + envPassword + " (with --user for an ACL user), or in a redis:// URL"
-	case strings.Contains(s, "WRONGPASS"):
-		return "the server refused the user or password ($" + envPassword + ", --user, or the redis:// URL)"
-	case strings.Contains(s, "NOPERM"):
-		return "the user lacks a permission netlock needs: EVALSHA and EVAL, the commands its scripts run, SUBSCRIBE, and the lock's keys and channels"
-	}
-	return ""
 }

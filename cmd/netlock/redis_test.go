@@ -35,7 +35,7 @@ func TestAuth(t *testing.T) {
 		error string // in stderr
 	}{
 		{"user and password", "alice", []string{envPassword + "=s3cret"}, 0, ""},
-		{"wrong password", "alice", []string{envPassword + "=guess"}, exitUsage, "WRONGPASS"},
+		{"wrong password", "alice", []string{envPassword + "=guess"}, exitUnavailable, "WRONGPASS"},
 		{"no password", "alice", nil, exitUsage, "--user alice needs the password in $NETLOCK_PASSWORD"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -62,8 +62,8 @@ func TestAuth(t *testing.T) {
 
 	// The password alone authenticates the default user.
 	redisDo(t, s, "CONFIG", "SET", "requirepass", "0ther")
-	if code, _, stderr := runNetlock(t, nil, "run", "--redis", s.Addr(), "job", "--", "true"); code != exitUsage || !strings.Contains(stderr, "NOAUTH") || !strings.Contains(stderr, "put it in $NETLOCK_PASSWORD") {
-		t.Errorf("without a password: exit %d, want %d with NOAUTH; stderr %q", code, exitUsage, stderr)
+	if code, _, stderr := runNetlock(t, nil, "run", "--redis", s.Addr(), "job", "--", "true"); code != exitUnavailable || !strings.Contains(stderr, "Redis at "+s.Addr()+" answered with an error: NOAUTH") || !strings.Contains(stderr, "put it in $NETLOCK_PASSWORD") {
+		t.Errorf("without a password: exit %d, want %d with NOAUTH; stderr %q", code, exitUnavailable, stderr)
 	}
 	if code, _, _ := runNetlock(t, []string{envPassword + "=0ther"}, "run", "--redis", s.Addr(), "job", "--", "true"); code != 0 {
 		t.Errorf("with the password: exit %d, want 0", code)
@@ -97,8 +97,8 @@ func TestTLS(t *testing.T) {
 		t.Errorf("run with rediss:// and --tls-ca: exit %d, want status's %d, held by token 2; stdout %q, stderr %q", code, exitHeld, stdout, stderr)
 	}
 	checkReleased(t, s, "job")
-	if code, _, stderr := runNetlock(t, nil, "run", "--redis", rediss, "job", "--", "true"); code != exitUsage || !strings.Contains(stderr, "certificate signed by unknown authority") {
-		t.Errorf("run with rediss:// and no CA: exit %d, want %d with an unknown authority; stderr %q", code, exitUsage, stderr)
+	if code, _, stderr := runNetlock(t, nil, "run", "--redis", rediss, "job", "--", "true"); code != exitUnavailable || !strings.Contains(stderr, "certificate signed by unknown authority") {
+		t.Errorf("run with rediss:// and no CA: exit %d, want %d with an unknown authority; stderr %q", code, exitUnavailable, stderr)
 	}
 
 	for _, tc := range []struct {
@@ -109,8 +109,8 @@ func TestTLS(t *testing.T) {
 		{nil, ""}, // plain text to a TLS port: the server drops the connection
 	} {
 		code, _, stderr := runNetlock(t, nil, append(append([]string{"run", "--redis", addr}, tc.flags...), "job", "--", "true")...)
-		if code != exitUsage || !strings.Contains(stderr, `netlock run: cannot take the lock "job" on Redis at `+addr) || !strings.Contains(stderr, tc.error) {
-			t.Errorf("run %v: exit %d, want %d and an error saying %q; stderr %q", tc.flags, code, exitUsage, tc.error, stderr)
+		if code != exitUnavailable || !strings.Contains(stderr, `netlock run: cannot take the lock "job"`) || !strings.Contains(stderr, "Redis at "+addr+" not answering: ") || !strings.Contains(stderr, tc.error) {
+			t.Errorf("run %v: exit %d, want %d and an error saying %q; stderr %q", tc.flags, code, exitUnavailable, tc.error, stderr)
 		}
 	}
 	if keys := redisDo(t, s, "KEYS", "*"); keys != fenceKey("job") {
@@ -194,10 +194,10 @@ func TestRedisFlags(t *testing.T) {
 		{nil, map[string]string{envRedis: " a:1 ,b:2,c:3 "}, "a:1 tcp a:1 - - 0 -; b:2 tcp b:2 - - 0 -; c:3 tcp c:3 - - 0 -"},
 		{[]string{"--redis", "x:1"}, map[string]string{envRedis: "a:1"}, "x:1 tcp x:1 - - 0 -"},
 		{[]string{"--redis", "x:1", "--redis", "[::1]:2"}, nil, "x:1 tcp x:1 - - 0 -; [::1]:2 tcp [::1]:2 - - 0 -"},
-		{nil, map[string]string{envRedis: "a:1,,b:2"}, `$NETLOCK_REDIS: "" is not host:port, such as 127.0.0.1:6379, nor a redis://, rediss:// or unix:// URL`},
-		{nil, map[string]string{envRedis: "a:1,a:1"}, "$NETLOCK_REDIS: a:1 given twice; a quorum needs independent servers"},
-		{[]string{"--redis", ":6379"}, nil, `--redis: ":6379" is not host:port, such as 127.0.0.1:6379, nor a redis://, rediss:// or unix:// URL`},
-		{[]string{"--redis", "a:0"}, nil, `--redis: "a:0" is not host:port, such as 127.0.0.1:6379, nor a redis://, rediss:// or unix:// URL`},
+		{nil, map[string]string{envRedis: "a:1,,b:2"}, `invalid value "" for $NETLOCK_REDIS: want host:port, such as 127.0.0.1:6379, or a redis://, rediss:// or unix:// URL`},
+		{nil, map[string]string{envRedis: "a:1,a:1"}, `invalid value "a:1" for $NETLOCK_REDIS: given twice; a quorum needs independent servers`},
+		{[]string{"--redis", ":6379"}, nil, `invalid value ":6379" for --redis: want host:port, such as 127.0.0.1:6379, or a redis://, rediss:// or unix:// URL`},
+		{[]string{"--redis", "a:0"}, nil, `invalid value "a:0" for --redis: want host:port, such as 127.0.0.1:6379, or a redis://, rediss:// or unix:// URL`},
 
 		// URLs.
 		{[]string{"--redis", "redis://h:7000/3"}, nil, "redis://h:7000/3 tcp h:7000 - - 3 -"},
@@ -209,7 +209,7 @@ func TestRedisFlags(t *testing.T) {
 		{[]string{"--redis", "redis://:s3cret@h:1"}, nil, "redis://h:1 tcp h:1 - s3cret 0 -"},
 		{[]string{"--redis", "redis://s3cret@h:1"}, nil, "redis://h:1 tcp h:1 - s3cret 0 -"},
 		{[]string{"--redis", "redis://alice:@h:1"}, map[string]string{envPassword: "pw"}, "redis://alice@h:1 tcp h:1 alice pw 0 -"},
-		{[]string{"--redis", "redis://alice:@h:1"}, nil, "--redis: redis://alice@h:1 names the user alice without a password: give it in the URL or in $NETLOCK_PASSWORD"},
+		{[]string{"--redis", "redis://alice:@h:1"}, nil, `invalid value "redis://alice@h:1" for --redis: names the user alice without a password: give it in the URL or in $NETLOCK_PASSWORD`},
 		{[]string{"--redis", "redis://alice:s3cret@h:1", "--user", "bob"}, map[string]string{envPassword: "pw"}, "redis://alice@h:1 tcp h:1 alice s3cret 0 -"},
 		{[]string{"--redis", "redis://h:1", "--user", "bob"}, map[string]string{envPassword: "pw"}, "redis://h:1 tcp h:1 bob pw 0 -"},
 		{[]string{"--redis", "rediss://h:1/1"}, nil, "rediss://h:1/1 tcp h:1 - - 1 tls"},
@@ -217,19 +217,19 @@ func TestRedisFlags(t *testing.T) {
 		{[]string{"--redis", "unix:///run/redis.sock"}, nil, "unix:///run/redis.sock unix /run/redis.sock - - 0 -"},
 		{[]string{"--redis", "unix:///run/redis.sock?db=4", "--tls"}, nil, "unix:///run/redis.sock?db=4 unix /run/redis.sock - - 4 -"},
 		{[]string{"--redis", "unix://alice:pw@/run/redis.sock"}, nil, "unix://alice@/run/redis.sock unix /run/redis.sock alice pw 0 -"},
-		{[]string{"--redis", "redis://h:1/1", "--redis", "redis://h:1/2"}, nil, "--redis: redis://h:1/1 and redis://h:1/2 are the same server; a quorum needs independent servers"},
-		{[]string{"--redis", "h:1", "--redis", "redis://H:1"}, nil, "--redis: h:1 and redis://H:1 are the same server; a quorum needs independent servers"},
-		{[]string{"--redis", "redis://h:1/x"}, nil, `--redis: redis://h:1/x: database "x" is not a number from 0 up`},
-		{[]string{"--redis", "redis://h:1/-1"}, nil, `--redis: redis://h:1/-1: database "-1" is not a number from 0 up`},
-		{[]string{"--redis", "redis://h:1/1?db=2"}, nil, `--redis: redis://h:1/1?db=2: the database is given twice, as /1 and db=2`},
-		{[]string{"--redis", "redis://h:99999"}, nil, `--redis: redis://h:99999: port "99999" is not a number from 1 to 65535`},
-		{[]string{"--redis", "redis://h:1?timeout=3"}, nil, `--redis: redis://h:1?timeout=3: unknown parameter "timeout" (only db)`},
-		{[]string{"--redis", "http://h:1"}, nil, `--redis: http://h:1: unknown scheme "http": want redis://, rediss:// or unix://`},
-		{[]string{"--redis", "unix://run/redis.sock"}, nil, `--redis: unix://run/redis.sock: want unix:///path/to/socket, with three slashes`},
-		{[]string{"--redis", "redis://alice:hunter2@h:1/x"}, nil, `--redis: redis://alice:xxxxx@h:1/x: database "x" is not a number from 0 up`},
-		{[]string{"--redis", "redis://hunter2@h:1/x"}, nil, `--redis: redis://xxxxx@h:1/x: database "x" is not a number from 0 up`},
-		{[]string{"--redis", "redis://alice:hunter2@h:1/%zz"}, nil, `--redis: redis://alice:xxxxx@h:1/%zz is not a valid URL`},
-		{[]string{"--prefix", "a}"}, nil, `--prefix "a}" must not contain '{' or '}', which netlock puts around the lock name`},
+		{[]string{"--redis", "redis://h:1/1", "--redis", "redis://h:1/2"}, nil, `invalid value "redis://h:1/2" for --redis: the same server as redis://h:1/1; a quorum needs independent servers`},
+		{[]string{"--redis", "h:1", "--redis", "redis://H:1"}, nil, `invalid value "redis://H:1" for --redis: the same server as h:1; a quorum needs independent servers`},
+		{[]string{"--redis", "redis://h:1/x"}, nil, `invalid value "redis://h:1/x" for --redis: database "x" is not a number from 0 up`},
+		{[]string{"--redis", "redis://h:1/-1"}, nil, `invalid value "redis://h:1/-1" for --redis: database "-1" is not a number from 0 up`},
+		{[]string{"--redis", "redis://h:1/1?db=2"}, nil, `invalid value "redis://h:1/1?db=2" for --redis: the database is given twice, as /1 and db=2`},
+		{[]string{"--redis", "redis://h:99999"}, nil, `invalid value "redis://h:99999" for --redis: port "99999" is not a number from 1 to 65535`},
+		{[]string{"--redis", "redis://h:1?timeout=3"}, nil, `invalid value "redis://h:1?timeout=3" for --redis: unknown parameter "timeout" (only db)`},
+		{[]string{"--redis", "http://h:1"}, nil, `invalid value "http://h:1" for --redis: unknown scheme "http": want redis://, rediss:// or unix://`},
+		{[]string{"--redis", "unix://run/redis.sock"}, nil, `invalid value "unix://run/redis.sock" for --redis: want unix:///path/to/socket, with three slashes`},
+		{[]string{"--redis", "redis://alice:hunter2@h:1/x"}, nil, `invalid value "redis://alice:xxxxx@h:1/x" for --redis: database "x" is not a number from 0 up`},
+		{[]string{"--redis", "redis://hunter2@h:1/x"}, nil, `invalid value "redis://xxxxx@h:1/x" for --redis: database "x" is not a number from 0 up`},
+		{[]string{"--redis", "redis://alice:hunter2@h:1/%zz"}, nil, `invalid value "redis://alice:xxxxx@h:1/%zz" for --redis: not a valid URL`},
+		{[]string{"--prefix", "a}"}, nil, `invalid value "a}" for --prefix: want no '{' or '}', which netlock puts around the lock name`},
 	} {
 		t.Run(strings.Join(tc.flags, " "), func(t *testing.T) {
 			var cf connFlags
@@ -316,7 +316,7 @@ func TestRedisURL(t *testing.T) {
 func TestDemoAuth(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "redis.sock")
 	s := redistest.Start(t, "--unixsocket", sock, "--unixsocketperm", "700", "--user", "alice", "on", ">s3cret", "~*", "&*", "+@all")
-	for _, backend := range []string{"redigo", "rueidis"} {
+	for _, backend := range backendNames {
 		for _, tc := range []struct {
 			name  string
 			env   []string
@@ -327,7 +327,7 @@ func TestDemoAuth(t *testing.T) {
 			{"user and password", []string{envPassword + "=s3cret"}, []string{"--redis", s.Addr(), "--user", "alice"}, 0, ""},
 			{"URL", nil, []string{"--redis", "redis://alice:s3cret@" + s.Addr() + "/1"}, 0, ""},
 			{"unix socket", nil, []string{"--redis", "unix://alice:s3cret@" + sock + "?db=2"}, 0, ""},
-			{"wrong password", []string{envPassword + "=guess"}, []string{"--redis", s.Addr(), "--user", "alice"}, exitFail, "WRONGPASS"},
+			{"wrong password", []string{envPassword + "=guess"}, []string{"--redis", s.Addr(), "--user", "alice"}, exitUnavailable, "WRONGPASS"},
 		} {
 			t.Run(backend+"/"+tc.name, func(t *testing.T) {
 				args := append([]string{"demo", "--backend", backend, "--workers", "4", "--increments", "2"}, tc.flags...)

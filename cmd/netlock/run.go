@@ -20,14 +20,6 @@ import (
 	"github.com/netlock-go/netlock"
 )
 
-// Exit codes of "netlock run" besides the program's own (see runHelp).
-const (
-	exitConflict = 1   // default of --conflict-exit-code, as flock -n
-	exitLost     = 75  // the hold was lost while the program ran (EX_TEMPFAIL)
-	exitNoExec   = 126 // the program was found but could not be started
-	exitNotFound = 127 // the program was not found
-)
-
 // forwarded are the signals netlock run passes on to the program.
 var forwarded = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP}
 
@@ -48,7 +40,8 @@ netlock's stdin, stdout, stderr and environment, plus:
 
 netlock writes to stderr only, and only errors unless -v. With -v it tells
 what it does, and while it waits for the lock, who holds it (fencing token,
-TTL): when the wait starts and every 5 seconds.
+TTL), or that Redis does not answer and until when netlock keeps trying:
+when the wait starts and every 5 seconds.
 
 SIGINT, SIGTERM and SIGHUP sent to netlock are forwarded to PROGRAM, and
 netlock waits for it to exit. If the hold is lost while PROGRAM runs (its key
@@ -59,13 +52,19 @@ started. On a terminal it stays in netlock's process group, so that it can
 read the terminal; Ctrl-C then reaches it directly, and netlock does not
 forward that SIGINT a second time.
 
+While Redis does not answer (connections refused, a server restarting,
+calls that time out), netlock keeps trying for --expiry,
+or until --wait runs out if that comes first, and then exits with 69.
+
 Exit status:
 
   PROGRAM's  PROGRAM ran and exited with that status (128+N: killed by signal N)
-  1          the lock is held elsewhere and --wait ran out; PROGRAM did not run
-             (the code is --conflict-exit-code's)
-  2          bad usage, or Redis could not be asked; PROGRAM did not run and
-             nothing is held
+  1          the lock is held elsewhere: --wait ran out, or --wait 0 found it
+             held; PROGRAM did not run (the code is --conflict-exit-code's)
+  64         bad usage: a bad flag, argument or lock name; PROGRAM did not run
+  69         Redis could not be asked: not reachable, not answering, not a
+             Redis server, or refusing netlock's commands (a password, a
+             permission); PROGRAM did not run and nothing is held
   75         the hold was lost while PROGRAM ran (or was found lost when
              releasing it after PROGRAM exited)
   126, 127   PROGRAM could not be started, or was not found
@@ -109,24 +108,19 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 // parseRunFlags parses and validates args. When ok is false, the caller
-// should exit with code: help was shown (0) or the command line is bad (2,
-// the message already on stderr).
+// should exit with code: help was shown (0) or the command line is bad
+// (exitUsage, the message already on stderr).
 func parseRunFlags(args []string, stdout, stderr io.Writer) (cfg runConfig, code int, ok bool) {
 	fs := flag.NewFlagSet("netlock run", flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // errors and help are printed below
 	var cf connFlags
 	cf.register(fs, false)
-	fs.DurationVar(&cfg.expiry, "expiry", netlock.DefaultExpiry, "TTL of the lock key: how long the lock outlives a netlock that dies\nwithout releasing it; the hold is extended every third of it (at least\n"+minExpiry.String()+")")
-	fs.Func("wait", "wait at most `duration` for the lock, 0 to try once (default: as long as it takes)", func(s string) error {
-		d, err := time.ParseDuration(s)
-		if err != nil || d < 0 {
-			return errors.New("want a duration such as 30s, 5m or 0")
-		}
-		cfg.wait, cfg.waitSet = d, true
-		return nil
-	})
-	fs.DurationVar(&cfg.grace, "grace", 10*time.Second, "when the hold is lost: time between SIGTERM and SIGKILL to the program\n(0: SIGKILL at once)")
-	fs.IntVar(&cfg.conflict, "conflict-exit-code", exitConflict, "exit `code` when the lock is held elsewhere and --wait ran out, 0 to 255")
+	cfg.expiry, cfg.grace, cfg.conflict = netlock.DefaultExpiry, 10*time.Second, exitConflict
+	fs.Var(&durationValue{p: &cfg.expiry, min: minExpiry}, "expiry", "TTL of the lock key, a `duration` of at least "+minExpiry.String()+": how long the lock\noutlives a netlock that dies without releasing it; the hold is extended\nevery third of it")
+	// No default shown: without --wait, netlock waits as long as it takes.
+	fs.Func("wait", "wait at most `duration` for the lock, 0 to try once (default: as long as it takes)", (&durationValue{p: &cfg.wait}).Set)
+	fs.Var(&durationValue{p: &cfg.grace}, "grace", "when the hold is lost: `duration` between SIGTERM and SIGKILL to the program\n(0: SIGKILL at once)")
+	fs.Var(&intValue{p: &cfg.conflict, min: 0, max: 255}, "conflict-exit-code", "exit `code` when the lock is held elsewhere, 0 to 255")
 	fs.BoolVar(&cfg.verbose, "v", false, "tell on stderr what netlock does, and while waiting who holds the lock")
 	bad := func(format string, a ...any) (runConfig, int, bool) {
 		fmt.Fprintf(stderr, "netlock run: "+format+"\n", a...)
@@ -162,15 +156,7 @@ func parseRunFlags(args []string, stdout, stderr io.Writer) (cfg runConfig, code
 		return bad("empty program name")
 	}
 	cfg.name, cfg.argv = rest[0], rest[2:]
-
-	switch {
-	case cfg.expiry < minExpiry:
-		return bad("--expiry must be at least %v, not %v: Redis must answer within a tenth of it", minExpiry, cfg.expiry)
-	case cfg.grace < 0:
-		return bad("--grace must not be negative, not %v", cfg.grace)
-	case cfg.conflict < 0 || cfg.conflict > 255:
-		return bad("--conflict-exit-code must be between 0 and 255, not %d", cfg.conflict)
-	}
+	fs.Visit(func(f *flag.Flag) { cfg.waitSet = cfg.waitSet || f.Name == "wait" })
 	c, err := cf.resolve(os.Getenv)
 	if err != nil {
 		return bad("%v", err)
@@ -204,36 +190,14 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	return l.w.Write(p)
 }
 
-// prefixWriter writes each Write as one line after prefix: slog's text
-// handler writes a record with one Write.
-type prefixWriter struct {
-	prefix string
-	w      io.Writer
-}
-
-func (p prefixWriter) Write(b []byte) (int, error) {
-	if _, err := p.w.Write(append([]byte(p.prefix), b...)); err != nil {
-		return 0, err
-	}
-	return len(b), nil
-}
-
 // logger is the library's logger for the NetMutex: nothing without -v (run
 // reports a lost hold or a failed release itself, in its own words); with
-// -v, its warnings, on stderr after "netlock run: ".
+// -v, its warnings, on stderr after "netlock run: ", one sentence a line.
 func (r *runner) logger() *slog.Logger {
 	if !r.cfg.verbose {
 		return slog.New(slog.DiscardHandler)
 	}
-	return slog.New(slog.NewTextHandler(prefixWriter{"netlock run: ", r.msgs}, &slog.HandlerOptions{
-		Level: slog.LevelWarn,
-		ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
-			if len(groups) == 0 && a.Key == slog.TimeKey {
-				return slog.Attr{} // the line is now
-			}
-			return a
-		},
-	}))
+	return slog.New(&lineHandler{prefix: "netlock run: ", w: r.msgs, level: slog.LevelWarn, node: r.cfg.conn.nodeNamer()})
 }
 
 // errorf reports on stderr, always.
@@ -262,11 +226,19 @@ func (r *runner) run(ctx context.Context) int {
 	pools := cfg.conn.pools()
 	defer closePools(pools)
 	r.backends = backends(pools)
-	r.opts = []netlock.Option{netlock.WithExpiry(cfg.expiry), netlock.WithPrefix(cfg.conn.prefix), netlock.WithLogger(r.logger())}
+	r.opts = []netlock.Option{
+		netlock.WithExpiry(cfg.expiry),
+		// A wait rides out Redis not answering for --expiry (runHelp says
+		// so), or until --wait ends it: then LockCtx's error matches
+		// ErrQuorum all the same, so the wait need not bound the window.
+		netlock.WithOutageWindow(cfg.expiry),
+		netlock.WithPrefix(cfg.conn.prefix),
+		netlock.WithLogger(r.logger()),
+	}
 	m, err := netlock.New(cfg.name, r.backends, r.opts...)
 	if err != nil {
 		// The flags are checked already: what is left is the name, which
-		// New checks as Inspect does for status.
+		// New checks as Inspect does for status: bad usage.
 		r.errorf("%s", oneLine(err))
 		return exitUsage
 	}
@@ -281,12 +253,19 @@ func (r *runner) run(ctx context.Context) int {
 		return startFailure(err)
 	}
 
+	// So is a server that is not Redis: the wait would take it for one
+	// that does not answer, until --wait or --expiry ran out.
+	if msg := cfg.conn.checkProtocol(ctx, pools, min(netlock.DefaultNodeTimeout, cfg.expiry/10)); msg != "" {
+		r.errorf("cannot take the lock %q: %s", cfg.name, msg)
+		return exitUnavailable
+	}
+
 	start := time.Now()
 	sig, err := r.acquire(ctx, m, sigs)
 	switch {
 	case sig != nil:
 		r.errorf("%s while waiting for the lock %q; %s did not run", sigName(sig), cfg.name, cfg.argv[0])
-		return 128 + int(sig.(syscall.Signal))
+		return exitSignal(sig.(syscall.Signal))
 	case errors.Is(err, errBusy):
 		if r.cfg.verbose {
 			// Who holds it, if Redis still says: it may have been released
@@ -304,13 +283,19 @@ func (r *runner) run(ctx context.Context) int {
 		return cfg.conflict
 	case err != nil && ctx.Err() != nil:
 		r.errorf("stopped while waiting for the lock %q: %v", cfg.name, context.Cause(ctx))
-		return 130 // as for SIGINT
+		return exitInterrupted
 	case err != nil:
-		r.errorf("cannot take the lock %q on Redis at %s: %s", cfg.name, cfg.conn.where(), cfg.conn.errText(err))
+		// Redis could not be asked (err matches ErrQuorum): at once for an
+		// error reply or with --wait 0, else after riding it out.
+		after := ""
+		if !isReply(err) && !(cfg.waitSet && cfg.wait == 0) {
+			after = ", gave up after " + time.Since(start).Round(100*time.Millisecond).String()
+		}
+		r.errorf("cannot take the lock %q%s: %s", cfg.name, after, cfg.conn.failure(err))
 		if h := authHint(err); h != "" {
 			r.errorf("%s", h)
 		}
-		return exitUsage
+		return exitUnavailable
 	}
 	r.logf("acquired the lock %q with fencing token %d after %v", cfg.name, m.Token(), time.Since(start).Round(time.Millisecond))
 	return r.supervise(ctx, m, sigs)
@@ -346,16 +331,15 @@ func (r *runner) acquire(ctx context.Context, m *netlock.NetMutex, sigs <-chan o
 	var err error
 	r.logf("taking the lock %q on Redis at %s", r.cfg.name, r.cfg.conn.where())
 	if r.cfg.verbose && !(r.cfg.waitSet && r.cfg.wait == 0) {
-		// Who holds it, once now (before we could hold it ourselves) and
-		// then every waitReportEvery until the wait ends.
-		if state, held := r.holder(actx); held {
-			upTo := ""
-			if r.cfg.waitSet {
-				upTo = " up to " + r.cfg.wait.String()
-			}
-			r.logf("the lock %q is held elsewhere %s; waiting%s", r.cfg.name, state, upTo)
+		// Who holds it, or that Redis does not answer: once now (before
+		// we could hold it ourselves) and then every waitReportEvery
+		// until the wait ends.
+		w := &waitReport{r: r, start: time.Now()}
+		if d, ok := actx.Deadline(); ok {
+			w.deadline = d
 		}
-		wg.Go(func() { r.reportWait(actx, done) })
+		w.look(actx, nil)
+		wg.Go(func() { w.run(actx, done) })
 	}
 	if r.cfg.waitSet && r.cfg.wait == 0 {
 		var ok bool
@@ -376,51 +360,16 @@ func (r *runner) acquire(ctx context.Context, m *netlock.NetMutex, sigs <-chan o
 		}
 		return sig, nil
 	}
-	if err != nil && ctx.Err() == nil && errors.Is(err, netlock.ErrNotObtained) && errors.Is(err, context.DeadlineExceeded) {
-		return nil, errBusy // --wait ran out
+	switch {
+	case err == nil || ctx.Err() != nil:
+	case errors.Is(err, netlock.ErrNotObtained) && errors.Is(err, context.DeadlineExceeded):
+		return nil, errBusy // --wait ran out while another held the lock
+	case actx.Err() != nil:
+		// --wait ran out while Redis did not answer: the message says what
+		// the nodes did, and how long netlock waited.
+		err = withoutCause(err, context.Cause(actx))
 	}
 	return nil, err
-}
-
-// reportWait tells, every waitReportEvery until done is closed, who holds
-// the lock: "run -v" is waiting for it.
-func (r *runner) reportWait(ctx context.Context, done <-chan struct{}) {
-	start := time.Now()
-	tick := time.NewTicker(waitReportEvery)
-	defer tick.Stop()
-	for {
-		select {
-		case <-done:
-			return
-		case <-tick.C:
-		}
-		state, held := r.holder(ctx)
-		if held {
-			state = "held elsewhere " + state
-		}
-		select {
-		case <-done:
-			// The wait ended while Inspect ran: the holder it saw may be
-			// this very netlock.
-			return
-		default:
-		}
-		r.logf("still waiting for the lock %q after %v: %s", r.cfg.name, time.Since(start).Round(time.Millisecond), state)
-	}
-}
-
-// holder says, for a message, who holds the lock: "(fencing token 7, TTL
-// 9.5s)", with held true; or that it is free, or why that cannot be told.
-// It asks Redis (netlock.Inspect), within the node timeout.
-func (r *runner) holder(ctx context.Context) (state string, held bool) {
-	info, err := netlock.Inspect(ctx, r.cfg.name, r.backends, r.opts...)
-	switch {
-	case err != nil:
-		return "who holds it cannot be told: " + oneLine(err), false
-	case info.Held:
-		return "(" + holdText(info) + ")", true
-	}
-	return "free at this moment", false
 }
 
 // supervise runs the program under the held lock m and returns the exit
@@ -499,7 +448,7 @@ func (r *runner) supervise(ctx context.Context, m *netlock.NetMutex, sigs <-chan
 		kill.Stop()
 	}
 
-	code := exitFail
+	code := exitFailed
 	if ps := cmd.ProcessState; ps != nil {
 		code = exitStatus(ps)
 		r.logf("%s exited: %v", prog, ps)

@@ -476,19 +476,13 @@ func TestRunQuorum(t *testing.T) {
 	}
 }
 
-// TestRunBadInput: a bad command line or an unreachable Redis is reported
-// with exit 2; the program does not run and nothing is held.
+// TestRunBadInput: a bad command line is reported with exit 64; the
+// program does not run and nothing is held. (TestBadFlagValues has every
+// flag's bad values.)
 func TestRunBadInput(t *testing.T) {
 	s := redistest.Start(t)
 	t.Setenv(envRedis, "")
 	t.Setenv(envPassword, "")
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	unreachable := l.Addr().String()
-	l.Close() // nothing listens there now
-
 	for _, tc := range []struct {
 		args []string // before NAME -- PROGRAM, or instead when prog is false
 		prog bool     // append "job -- touch <marker>"
@@ -505,27 +499,14 @@ func TestRunBadInput(t *testing.T) {
 		{[]string{"job", "--", ""}, false, "empty program name"},
 		{[]string{"", "--", "true"}, false, "empty lock name"},
 		{[]string{"}job", "--", "true"}, false, `netlock run: lock name "}job" starts with '}'`},
-		{[]string{"--wait", "soon"}, true, `invalid value "soon" for --wait: want a duration such as 30s, 5m or 0`},
-		{[]string{"--wait", "-1s"}, true, `invalid value "-1s" for --wait: want a duration`},
 		{[]string{"--wait"}, false, `--wait needs a value`},
-		{[]string{"-v=maybe"}, true, `invalid value "maybe" for -v`},
-		{[]string{"--expiry", "0"}, true, "--expiry must be at least 100ms, not 0s"},
-		{[]string{"--expiry", "5"}, true, `invalid value "5" for --expiry: want a duration such as 30s, 5m or 1m30s`},
-		{[]string{"--grace", "soon"}, true, `invalid value "soon" for --grace: want a duration`},
-		{[]string{"--expiry", "1ms"}, true, "--expiry must be at least 100ms, not 1ms: Redis must answer within a tenth of it"},
-		{[]string{"--conflict-exit-code", "x"}, true, `invalid value "x" for --conflict-exit-code: parse error`},
-		{[]string{"--grace", "-1s"}, true, "--grace must not be negative"},
-		{[]string{"--conflict-exit-code", "256"}, true, "--conflict-exit-code must be between 0 and 255"},
-		{[]string{"--prefix", "a{b"}, true, `--prefix "a{b" must not contain '{' or '}'`},
-		{[]string{"--redis", "localhost"}, true, `--redis: "localhost" is not host:port`},
-		{[]string{"--redis", "127.0.0.1:99999"}, true, `--redis: "127.0.0.1:99999" is not host:port`},
-		{[]string{"--redis", "127.0.0.1:1", "--redis", "127.0.0.1:1"}, true, "--redis: 127.0.0.1:1 given twice"},
+		{[]string{"--wait", "-1s"}, true, `invalid value "-1s" for --wait: want a duration of 0 or more`},
+		{[]string{"--grace", "-1s"}, true, `invalid value "-1s" for --grace: want a duration of 0 or more`},
+		{[]string{"--redis", "127.0.0.1:1", "--redis", "127.0.0.1:1"}, true, `invalid value "127.0.0.1:1" for --redis: given twice`},
 		{[]string{"--user", "bob"}, true, "--user bob needs the password in $NETLOCK_PASSWORD"},
-		{[]string{"--tls-ca", filepath.Join(t.TempDir(), "missing.pem")}, true, "--tls-ca: open "},
 		{[]string{"--no-such-flag"}, true, "unknown flag --no-such-flag"},
 		{[]string{"-no-such-flag"}, true, "unknown flag --no-such-flag"},
-		{[]string{"--redis", "redis://alice:hunter2@127.0.0.1:1/x"}, true, `--redis: redis://alice:xxxxx@127.0.0.1:1/x: database "x" is not a number`},
-		{[]string{"--redis", unreachable}, true, `cannot take the lock "job" on Redis at ` + unreachable + ": "},
+		{[]string{"--redis", "redis://alice:hunter2@127.0.0.1:1/x"}, true, `invalid value "redis://alice:xxxxx@127.0.0.1:1/x" for --redis: database "x" is not a number`},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			marker := filepath.Join(t.TempDir(), "ran")
@@ -555,6 +536,61 @@ func TestRunBadInput(t *testing.T) {
 			}
 			if keys := redisDo(t, s, "KEYS", "*"); keys != "" {
 				t.Errorf("keys %q on the server, want none", keys)
+			}
+		})
+	}
+}
+
+// closedPort returns a loopback address where nothing listens: connections
+// to it are refused.
+func closedPort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens there now
+	return addr
+}
+
+// TestRunUnreachable: a Redis that refuses connections is reported with
+// exit 69, naming the address and the error, once --wait or the outage
+// window (--expiry) runs out, whichever comes first; not as a busy lock.
+func TestRunUnreachable(t *testing.T) {
+	addr := closedPort(t)
+	for _, tc := range []struct {
+		flags []string
+		min   time.Duration // how long netlock rides out the outage; 0: not at all
+	}{
+		{[]string{"--wait", "0"}, 0},
+		{[]string{"--wait", "1s"}, time.Second},
+		{[]string{"--expiry", "1s"}, time.Second},                  // the outage window, without --wait
+		{[]string{"--wait", "1s", "--expiry", "30s"}, time.Second}, // --wait first
+		{[]string{"--wait", "30s", "--expiry", "1s"}, time.Second}, // the outage window first
+	} {
+		t.Run(strings.Join(tc.flags, " "), func(t *testing.T) {
+			marker := filepath.Join(t.TempDir(), "ran")
+			start := time.Now()
+			code, stdout, stderr := runNetlock(t, nil, append(append([]string{"run", "--redis", addr}, tc.flags...), "job", "--", "touch", marker)...)
+			took := time.Since(start)
+			if code != exitUnavailable {
+				t.Errorf("exit %d, want %d", code, exitUnavailable)
+			}
+			if took < tc.min || took > tc.min+5*time.Second {
+				t.Errorf("took %v, want %v to a few seconds more", took, tc.min)
+			}
+			after := "" // says how long netlock rode out the outage
+			if tc.min > 0 {
+				after = `, gave up after [0-9.]+s`
+			}
+			want := regexp.MustCompile(`^netlock run: cannot take the lock "job"` + after + `: Redis at ` + regexp.QuoteMeta(addr) +
+				` not answering: dial tcp ` + regexp.QuoteMeta(addr) + `: connect: connection refused\n$`)
+			if !want.MatchString(stderr) {
+				t.Errorf("stderr %q does not match %v", stderr, want)
+			}
+			if stdout != "" || exists(marker) {
+				t.Errorf("the program ran")
 			}
 		})
 	}
@@ -621,5 +657,97 @@ func TestRunVerboseWait(t *testing.T) {
 	code, _, stderr = runNetlock(t, nil, "run", "-v", "--redis", s.Addr(), "job", "--", "true")
 	if code != 0 || strings.Contains(stderr, "held elsewhere") || strings.Contains(stderr, "still waiting") {
 		t.Errorf("free lock: exit %d, want 0 and no report of a holder: %q", code, stderr)
+	}
+}
+
+// TestRunVerboseOutage: while Redis does not answer, run -v says so, with
+// the server, its error, and until when netlock keeps trying; not that the
+// lock is held, nor that who holds it cannot be told.
+func TestRunVerboseOutage(t *testing.T) {
+	defer func(d time.Duration) { waitReportEvery = d }(waitReportEvery)
+	waitReportEvery = 50 * time.Millisecond
+	addr := closedPort(t)
+	start := time.Now()
+	code, _, stderr := runCmd(t, t.Context(), "run", "-v", "--redis", addr, "--wait", "1s", "job", "--", "true")
+	if code != exitUnavailable {
+		t.Errorf("exit %d, want %d", code, exitUnavailable)
+	}
+	lines := strings.Split(strings.TrimSuffix(stderr, "\n"), "\n")
+	notAnswering := `Redis at ` + regexp.QuoteMeta(addr) + ` not answering: dial tcp ` + regexp.QuoteMeta(addr) + `: connect: connection refused; retrying until ([0-9:]+) at the latest$`
+	first := regexp.MustCompile(`^netlock run: ` + notAnswering)
+	later := regexp.MustCompile(`^netlock run: still waiting for the lock "job" after [0-9.]+m?s: ` + notAnswering)
+	if len(lines) < 2 || !first.MatchString(lines[1]) {
+		t.Fatalf("the second line does not match %v", first)
+	}
+	// --wait ends the wait before the outage window (--expiry, 8s) would.
+	until, err := time.ParseInLocation(time.TimeOnly, first.FindStringSubmatch(lines[1])[1], time.Local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	y, m, d := start.Date()
+	until = time.Date(y, m, d, until.Hour(), until.Minute(), until.Second(), 0, time.Local)
+	if lo, hi := start.Truncate(time.Second), start.Add(2*time.Second); until.Before(lo) || until.After(hi) {
+		t.Errorf("retrying until %v, want about a second after %v", until.Format(time.TimeOnly), start.Format(time.TimeOnly+".000"))
+	}
+	reports := 0
+	for _, l := range lines[2 : len(lines)-1] {
+		if !later.MatchString(l) {
+			t.Errorf("line %q does not match %v", l, later)
+		}
+		reports++
+	}
+	if reports < 3 {
+		t.Errorf("%d reports while waiting, want at least 3", reports)
+	}
+	if last := lines[len(lines)-1]; !strings.HasPrefix(last, `netlock run: cannot take the lock "job", gave up after 1`) {
+		t.Errorf("the last line %q does not say netlock gave up", last)
+	}
+}
+
+// TestRunExitCodes: each of run's exit codes, in one place, as numbers:
+// they are what scripts test, whatever the constants say.
+func TestRunExitCodes(t *testing.T) {
+	s := redistest.Start(t)
+	refused := closedPort(t)
+	held := func() { redisDo(t, s, "SET", lockKey("busy"), "someone-else:7", "PX", "600000") }
+	for _, tc := range []struct {
+		name   string
+		args   []string // after "run --redis <s>", or after "run" if they have --redis
+		before func()
+		lose   bool // delete the lock key once the program runs
+		code   int
+	}{
+		{"the program's 0", []string{"job", "--", "true"}, nil, false, 0},
+		{"the program's own", []string{"job", "--", "sh", "-c", "exit 3"}, nil, false, 3},
+		{"held elsewhere, --wait 0", []string{"--wait", "0", "busy", "--", "true"}, held, false, 1},
+		{"held elsewhere, --wait ran out", []string{"--wait", "100ms", "busy", "--", "true"}, held, false, 1},
+		{"held elsewhere, --conflict-exit-code", []string{"--wait", "0", "--conflict-exit-code", "9", "busy", "--", "true"}, held, false, 9},
+		{"bad usage", []string{"--wait", "-1s", "job", "--", "true"}, nil, false, 64},
+		{"Redis unreachable", []string{"--redis", refused, "--wait", "0", "job", "--", "true"}, nil, false, 69},
+		{"the hold lost", []string{"--expiry", "1s", "job", "--", "sh", "-c", `echo ready > "$1"; sleep 30`, "sh"}, nil, true, 75},
+		{"not found", []string{"job", "--", "netlock-no-such-program"}, nil, false, 127},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.before != nil {
+				tc.before()
+			}
+			args := []string{"run"}
+			if !containsRedis(tc.args) {
+				args = append(args, "--redis", s.Addr())
+			}
+			args = append(args, tc.args...)
+			ready := filepath.Join(t.TempDir(), "ready")
+			if tc.lose {
+				args = append(args, ready)
+			}
+			p := startNetlock(t, nil, args...)
+			if tc.lose {
+				waitFor(t, "the program to start", func() bool { return exists(ready) })
+				redisDo(t, s, "DEL", lockKey("job"))
+			}
+			if code := p.wait(); code != tc.code {
+				t.Errorf("exit %d, want %d", code, tc.code)
+			}
+		})
 	}
 }

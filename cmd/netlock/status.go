@@ -16,12 +16,6 @@ import (
 	"github.com/netlock-go/netlock"
 )
 
-// Exit codes of "netlock status".
-const (
-	exitFree = 0
-	exitHeld = 1
-)
-
 const statusHelp = `Usage: netlock status [flags] NAME
 
 Shows whether the lock NAME is held, on each Redis node: the remaining TTL
@@ -44,7 +38,9 @@ on stderr. netlock needs maxmemory-policy noeviction.
 write), "ttl_ms", "holder", "waiters", "fence_counter", "maxmemory_policy",
 "maxmemory" (bytes, 0: no limit, -1: unknown), "evicts" and "error".
 
-Exit status: 0 free, 1 held, 2 bad usage or too few nodes answered to tell.
+Exit status: 0 free, 1 held, 64 bad usage, 69 too few nodes answered to tell
+(not reachable, not answering, not a Redis server, or answering with an
+error).
 
 ` + connHelp + `
 Flags:
@@ -97,7 +93,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	code := exitFree
 	switch {
 	case err != nil:
-		code = exitUsage
+		code = exitUnavailable
 	case info.Held:
 		code = exitHeld
 	}
@@ -107,7 +103,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		enc.SetIndent("", "  ")
 		enc.Encode(statusJSON(name, c, info, err))
 	} else {
-		fmt.Fprintf(stdout, "lock %q: %s\n", name, summary(info, err))
+		fmt.Fprintf(stdout, "lock %q: %s\n", name, summary(c, info, err))
 		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "NODE\tSTATE\tTTL\tTOKEN\tWAITERS\tFENCE COUNTER")
 		for i, n := range info.Nodes {
@@ -134,9 +130,9 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	return code
 }
 
-// summary says in a few words what Inspect found: held (by which token, for
-// how long), free, or unknown (why).
-func summary(info netlock.Info, err error) string {
+// summary says in a few words what Inspect found on c's nodes: held (by
+// which token, for how long), free, or unknown (why).
+func summary(c *conn, info netlock.Info, err error) string {
 	n := len(info.Nodes)
 	keyed, failed := 0, 0
 	for _, node := range info.Nodes {
@@ -149,7 +145,7 @@ func summary(info netlock.Info, err error) string {
 	}
 	switch {
 	case err != nil && n == 1:
-		return "unknown: " + nodeErrorText(0, info.Nodes[0].Err)
+		return "unknown: " + c.failure(info.Nodes[0].Err)
 	case err != nil:
 		return fmt.Sprintf("unknown: %d of %d nodes failed, and a quorum of %d cannot be told without them", failed, n, n/2+1)
 	case info.Held:
@@ -223,9 +219,10 @@ func row(n netlock.NodeInfo) string {
 }
 
 // nodeErrorText is node i's error without the "netlock: node i: " the
-// library names it with: the command names the node itself.
+// library names it with (the command names the node itself), and with a
+// node that is not a Redis server said to be so.
 func nodeErrorText(i int, err error) string {
-	return strings.TrimPrefix(err.Error(), fmt.Sprintf("netlock: node %d: ", i))
+	return protocolText(strings.TrimPrefix(err.Error(), fmt.Sprintf("netlock: node %d: ", i)))
 }
 
 // maxmemoryText says when a policy that evicts comes into play.

@@ -73,10 +73,10 @@ func TestStatusOneNode(t *testing.T) {
 	redisDo(t, s, "RPUSH", lockKey("job"), "x")
 	t.Run("wrong type", func(t *testing.T) {
 		code, stdout, stderr := status(t)
-		if code != exitUsage {
-			t.Errorf("exit %d, want %d", code, exitUsage)
+		if code != exitUnavailable {
+			t.Errorf("exit %d, want %d", code, exitUnavailable)
 		}
-		if !strings.HasPrefix(stdout, `lock "job": unknown: a key of this lock holds a value of another type, nothing was changed: WRONGTYPE`) || !statusRow(a, "error", "-", "-", "-", "-").MatchString(stdout) {
+		if !strings.HasPrefix(stdout, `lock "job": unknown: Redis at `+a+` answered with an error: a key of this lock holds a value of another type, nothing was changed: WRONGTYPE`) || !statusRow(a, "error", "-", "-", "-", "-").MatchString(stdout) {
 			t.Errorf("stdout does not show the node's error:\n%s", stdout)
 		}
 		if !strings.HasPrefix(stderr, "netlock status: "+a+": a key of this lock holds a value of another type") || !strings.Contains(stderr, "WRONGTYPE") {
@@ -130,7 +130,7 @@ func TestStatusQuorum(t *testing.T) {
 		{"two values", func() { set(servers[1], "b:5") }, exitFree, "free (a key is left on 2 of 3 nodes, but no holder has a quorum of 2)"},
 		{"two nodes", func() { set(servers[1], "a:4") }, exitHeld, "held, fencing token 4 on 2 of 3 nodes, TTL "},
 		{"two nodes, one down", func() { servers[2].Stop() }, exitHeld, "held, fencing token 4 on 2 of 3 nodes, TTL "},
-		{"one node, one down", func() { redisDo(t, servers[1], "DEL", lockKey("job")) }, exitUsage, "unknown: 1 of 3 nodes failed, and a quorum of 2 cannot be told without them"},
+		{"one node, one down", func() { redisDo(t, servers[1], "DEL", lockKey("job")) }, exitUnavailable, "unknown: 1 of 3 nodes failed, and a quorum of 2 cannot be told without them"},
 		{"none, one down", func() { redisDo(t, servers[0], "DEL", lockKey("job")) }, exitFree, "free"},
 	} {
 		step.do()
@@ -158,8 +158,8 @@ func TestStatusBadInput(t *testing.T) {
 		{[]string{"a", "--redis", "x:1"}, `unexpected "--redis" after the lock name: flags go before NAME`},
 		{[]string{""}, "empty lock name"},
 		{[]string{"}x"}, `lock name "}x" starts with '}'`},
-		{[]string{"--prefix", "a{", "x"}, `--prefix "a{" must not contain '{' or '}'`},
-		{[]string{"--redis", "nope", "a"}, `--redis: "nope" is not host:port`},
+		{[]string{"--prefix", "a{", "x"}, `invalid value "a{" for --prefix: want no '{' or '}'`},
+		{[]string{"--redis", "nope", "a"}, `invalid value "nope" for --redis: want host:port`},
 		{[]string{"--wait", "0", "a"}, "unknown flag --wait"},
 		{[]string{"--json=maybe", "a"}, `invalid value "maybe" for --json`},
 	} {
@@ -185,10 +185,10 @@ func TestStatusNoAuth(t *testing.T) {
 	s := redistest.Start(t)
 	redisDo(t, s, "CONFIG", "SET", "requirepass", "s3cret")
 	code, stdout, stderr := runNetlock(t, nil, "status", "--redis", s.Addr(), "job")
-	if code != exitUsage {
-		t.Errorf("exit %d, want %d", code, exitUsage)
+	if code != exitUnavailable {
+		t.Errorf("exit %d, want %d", code, exitUnavailable)
 	}
-	if !strings.HasPrefix(stdout, `lock "job": unknown: NOAUTH Authentication required`) {
+	if !strings.HasPrefix(stdout, `lock "job": unknown: Redis at `+s.Addr()+` answered with an error: NOAUTH Authentication required`) {
 		t.Errorf("stdout does not report NOAUTH:\n%s", stdout)
 	}
 	if !strings.Contains(stderr, "netlock status: "+s.Addr()+": NOAUTH") || !strings.Contains(stderr, "put it in $NETLOCK_PASSWORD") {
@@ -251,8 +251,8 @@ func TestStatusJSON(t *testing.T) {
 	}
 	redisDo(t, servers[1], "DEL", lockKey("job"))
 	code, got = status(t, servers...)
-	if code != exitUsage || got.State != "unknown" || !strings.HasPrefix(got.Error, "cannot tell whether the lock is held") {
-		t.Errorf("quorum, one holds, one down: exit %d, %+v; want %d, unknown, and why", code, got, exitUsage)
+	if code != exitUnavailable || got.State != "unknown" || !strings.HasPrefix(got.Error, "cannot tell whether the lock is held") {
+		t.Errorf("quorum, one holds, one down: exit %d, %+v; want %d, unknown, and why", code, got, exitUnavailable)
 	}
 }
 
@@ -273,5 +273,21 @@ func TestStatusMaxmemoryPolicy(t *testing.T) {
 	}
 	if !strings.Contains(stdout, `"maxmemory_policy": "volatile-ttl"`) || !strings.Contains(stdout, `"evicts": true`) {
 		t.Errorf("the JSON does not say the node evicts:\n%s", stdout)
+	}
+}
+
+// TestStatusUnreachable: status exits 69 when a node it needs refuses
+// connections or is not a Redis server, naming it.
+func TestStatusUnreachable(t *testing.T) {
+	addr := closedPort(t)
+	code, stdout, stderr := runCmd(t, t.Context(), "status", "--redis", addr, "job")
+	if code != 69 { // EX_UNAVAILABLE, as the help says
+		t.Errorf("exit %d, want 69", code)
+	}
+	if want := `lock "job": unknown: Redis at ` + addr + ` not answering: dial tcp ` + addr + ": connect: connection refused\n"; !strings.HasPrefix(stdout, want) {
+		t.Errorf("stdout does not start with %q:\n%s", want, stdout)
+	}
+	if want := "netlock status: " + addr + ": dial tcp " + addr + ": connect: connection refused\n"; stderr != want {
+		t.Errorf("stderr: got %q, want %q", stderr, want)
 	}
 }
