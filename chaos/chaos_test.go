@@ -26,6 +26,12 @@ import (
 // without it, chaosCI.
 const soakEnv = "NETLOCK_SOAK"
 
+// seedEnv sets the seed of runFaults' faults, as logged by an earlier run
+// ("faults from seed N"): the same faults come in the same order, on the
+// same servers and clients, with the same holds and quiet times. Without
+// it, the seed is the time.
+const seedEnv = "NETLOCK_CHAOS_SEED"
+
 const (
 	chaosCI      = 20 * time.Second
 	chaosNodes   = 5
@@ -55,6 +61,21 @@ const (
 // chaosClient returns the client library of the chaos tests' client i:
 // three redigo, three rueidis and two go-redis.
 func chaosClient(i int) string { return clients[i%len(clients)] }
+
+// faultSeed returns the seed of a chaos test's faults: $NETLOCK_CHAOS_SEED,
+// or the time.
+func faultSeed(t *testing.T) uint64 {
+	t.Helper()
+	v := os.Getenv(seedEnv)
+	if v == "" {
+		return uint64(time.Now().UnixNano())
+	}
+	seed, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		t.Fatalf("%s=%q: want a seed as a run logged it (faults from seed N)", seedEnv, v)
+	}
+	return seed
+}
 
 // chaosDuration returns how long a chaos test runs.
 func chaosDuration(t *testing.T) time.Duration {
@@ -111,7 +132,8 @@ type chaosSetup struct {
 // logged and reported.
 //
 // It runs chaosCI by default; NETLOCK_SOAK=10m runs it for ten minutes (add
-// -timeout 30m).
+// -timeout 30m). NETLOCK_CHAOS_SEED=N runs the faults of the run that
+// logged "faults from seed N" again.
 func TestChaos(t *testing.T) {
 	runChaos(t, chaosSetup{
 		nodes:   chaosNodes,
@@ -347,12 +369,13 @@ func runChaos(t *testing.T, s chaosSetup) {
 // faults (links is [client][node]); every fourth episode sets the stall
 // flag of a random client, for it to take in its next critical section.
 // After each episode it calls quiet with the quiet time s.quiet picked,
-// which must sleep that long. It returns the servers hit by kind and the
-// timeline of the faults, for a report of violations.
+// which must sleep that long. Its random choices come from faultSeed. It
+// returns the servers hit by kind and the timeline of the faults, for a
+// report of violations.
 func runFaults(t *testing.T, s chaosSetup, servers []*redistest.Server, links [][]*toxi.Proxy, stall []atomic.Bool, start time.Time, duration time.Duration, quiet func(time.Duration)) (faults map[string]int, timeline []string) {
 	t.Helper()
-	seed := uint64(time.Now().UnixNano())
-	t.Logf("faults from seed %d", seed)
+	seed := faultSeed(t)
+	t.Logf("faults from seed %d (%s=%d replays them)", seed, seedEnv, seed)
 	rng := rand.New(rand.NewPCG(seed, 5))
 	faults = map[string]int{}
 	clients := len(links)

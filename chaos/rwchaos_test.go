@@ -55,7 +55,8 @@ func rwReaders(i int) int { return 3 - i%2 }
 // (checkStrandedRW). Errors must be the documented sentinels.
 //
 // It runs chaosCI by default; NETLOCK_SOAK=10m runs it for ten minutes
-// (add -timeout 30m).
+// (add -timeout 30m). NETLOCK_CHAOS_SEED=N runs the faults of the run that
+// logged "faults from seed N" again.
 func TestChaosRW(t *testing.T) {
 	runChaosRW(t, chaosSetup{
 		nodes:   chaosNodes,
