@@ -262,7 +262,7 @@ func runChaos(t *testing.T, s chaosSetup) {
 				if stall[i].CompareAndSwap(true, false) {
 					h.paused = true
 					stalls.Add(1)
-					pauseClient(t, links[i], chaosExpiry*3/2+time.Duration(rng.IntN(500))*time.Millisecond, nil)
+					pauseClient(links[i], chaosExpiry*3/2+time.Duration(rng.IntN(500))*time.Millisecond, nil)
 				}
 				resource.write(id, h.token)
 				h.end = time.Now()
@@ -553,46 +553,21 @@ func (p *stallProbe) longest(from, to time.Time) (d time.Duration) {
 // pauseClient simulates a process pause of d (a stop-the-world GC, a
 // suspended VM) for the client whose links these are: nothing it sends is
 // delivered, so its watchdog cannot extend and its hold lapses, while the
-// calling goroutine, inside the critical section, sleeps. ended, if not
-// nil, is called once toxiproxy has taken every stall away (see below).
-func pauseClient(t *testing.T, links []*toxi.Proxy, d time.Duration, ended func()) {
+// calling goroutine, inside the critical section, sleeps. What was held
+// back is delivered when the pause ends, late. ended, if not nil, is
+// called once every link delivers again.
+func pauseClient(links []*toxi.Proxy, d time.Duration, ended func()) {
 	for _, p := range links {
-		if err := p.Add("stall", toxi.Latency("upstream", int(10*chaosExpiry/time.Millisecond), 0)); err != nil {
-			t.Error(err)
-		}
+		p.Stall()
 	}
 	time.Sleep(d)
-	var left atomic.Int64
-	left.Store(int64(len(links)))
-	if len(links) == 0 && ended != nil {
+	for _, p := range links {
+		p.Resume()
+	}
+	if ended != nil {
 		ended()
 	}
-	for _, p := range links {
-		// What was held back is delivered now, late. Removing a toxic
-		// waits for toxiproxy's link to take the interrupt, which once in
-		// a while takes tens of seconds or more (a RW chaos run saw a
-		// client held past two minutes): the client goes on after
-		// removalWait at the latest, the removal finishing behind it (its
-		// connections stay stalled until then: ended says when).
-		removed := make(chan struct{})
-		go func() {
-			defer close(removed)
-			p.Remove("stall")
-			if left.Add(-1) == 0 && ended != nil {
-				ended()
-			}
-		}()
-		select {
-		case <-removed:
-		case <-time.After(removalWait):
-			t.Logf("toxiproxy: removing a stall still blocked after %v; going on", removalWait)
-		}
-	}
 }
-
-// removalWait bounds how long a client waits for the end of its stall to
-// be taken by toxiproxy (see pauseClient).
-const removalWait = 5 * time.Second
 
 // waitNetlockDone waits until no goroutine runs code of package netlock,
 // failing the test if one still does after d: once their clients are
