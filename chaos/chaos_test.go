@@ -26,6 +26,12 @@ import (
 // without it, chaosCI.
 const soakEnv = "NETLOCK_SOAK"
 
+// seedEnv sets the seed of runFaults' faults, as logged by an earlier run
+// ("faults from seed N"): the same faults come in the same order, on the
+// same servers and clients, with the same holds and quiet times. Without
+// it, the seed is the time.
+const seedEnv = "NETLOCK_CHAOS_SEED"
+
 const (
 	chaosCI      = 20 * time.Second
 	chaosNodes   = 5
@@ -55,6 +61,21 @@ const (
 // chaosClient returns the client library of the chaos tests' client i:
 // three redigo, three rueidis and two go-redis.
 func chaosClient(i int) string { return clients[i%len(clients)] }
+
+// faultSeed returns the seed of a chaos test's faults: $NETLOCK_CHAOS_SEED,
+// or the time.
+func faultSeed(t *testing.T) uint64 {
+	t.Helper()
+	v := os.Getenv(seedEnv)
+	if v == "" {
+		return uint64(time.Now().UnixNano())
+	}
+	seed, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		t.Fatalf("%s=%q: want a seed as a run logged it (faults from seed N)", seedEnv, v)
+	}
+	return seed
+}
 
 // chaosDuration returns how long a chaos test runs.
 func chaosDuration(t *testing.T) time.Duration {
@@ -111,7 +132,8 @@ type chaosSetup struct {
 // logged and reported.
 //
 // It runs chaosCI by default; NETLOCK_SOAK=10m runs it for ten minutes (add
-// -timeout 30m).
+// -timeout 30m). NETLOCK_CHAOS_SEED=N runs the faults of the run that
+// logged "faults from seed N" again.
 func TestChaos(t *testing.T) {
 	runChaos(t, chaosSetup{
 		nodes:   chaosNodes,
@@ -240,7 +262,7 @@ func runChaos(t *testing.T, s chaosSetup) {
 				if stall[i].CompareAndSwap(true, false) {
 					h.paused = true
 					stalls.Add(1)
-					pauseClient(t, links[i], chaosExpiry*3/2+time.Duration(rng.IntN(500))*time.Millisecond, nil)
+					pauseClient(links[i], chaosExpiry*3/2+time.Duration(rng.IntN(500))*time.Millisecond, nil)
 				}
 				resource.write(id, h.token)
 				h.end = time.Now()
@@ -347,12 +369,13 @@ func runChaos(t *testing.T, s chaosSetup) {
 // faults (links is [client][node]); every fourth episode sets the stall
 // flag of a random client, for it to take in its next critical section.
 // After each episode it calls quiet with the quiet time s.quiet picked,
-// which must sleep that long. It returns the servers hit by kind and the
-// timeline of the faults, for a report of violations.
+// which must sleep that long. Its random choices come from faultSeed. It
+// returns the servers hit by kind and the timeline of the faults, for a
+// report of violations.
 func runFaults(t *testing.T, s chaosSetup, servers []*redistest.Server, links [][]*toxi.Proxy, stall []atomic.Bool, start time.Time, duration time.Duration, quiet func(time.Duration)) (faults map[string]int, timeline []string) {
 	t.Helper()
-	seed := uint64(time.Now().UnixNano())
-	t.Logf("faults from seed %d", seed)
+	seed := faultSeed(t)
+	t.Logf("faults from seed %d (%s=%d replays them)", seed, seedEnv, seed)
 	rng := rand.New(rand.NewPCG(seed, 5))
 	faults = map[string]int{}
 	clients := len(links)
@@ -530,46 +553,21 @@ func (p *stallProbe) longest(from, to time.Time) (d time.Duration) {
 // pauseClient simulates a process pause of d (a stop-the-world GC, a
 // suspended VM) for the client whose links these are: nothing it sends is
 // delivered, so its watchdog cannot extend and its hold lapses, while the
-// calling goroutine, inside the critical section, sleeps. ended, if not
-// nil, is called once toxiproxy has taken every stall away (see below).
-func pauseClient(t *testing.T, links []*toxi.Proxy, d time.Duration, ended func()) {
+// calling goroutine, inside the critical section, sleeps. What was held
+// back is delivered when the pause ends, late. ended, if not nil, is
+// called once every link delivers again.
+func pauseClient(links []*toxi.Proxy, d time.Duration, ended func()) {
 	for _, p := range links {
-		if err := p.Add("stall", toxi.Latency("upstream", int(10*chaosExpiry/time.Millisecond), 0)); err != nil {
-			t.Error(err)
-		}
+		p.Stall()
 	}
 	time.Sleep(d)
-	var left atomic.Int64
-	left.Store(int64(len(links)))
-	if len(links) == 0 && ended != nil {
+	for _, p := range links {
+		p.Resume()
+	}
+	if ended != nil {
 		ended()
 	}
-	for _, p := range links {
-		// What was held back is delivered now, late. Removing a toxic
-		// waits for toxiproxy's link to take the interrupt, which once in
-		// a while takes tens of seconds or more (a RW chaos run saw a
-		// client held past two minutes): the client goes on after
-		// removalWait at the latest, the removal finishing behind it (its
-		// connections stay stalled until then: ended says when).
-		removed := make(chan struct{})
-		go func() {
-			defer close(removed)
-			p.Remove("stall")
-			if left.Add(-1) == 0 && ended != nil {
-				ended()
-			}
-		}()
-		select {
-		case <-removed:
-		case <-time.After(removalWait):
-			t.Logf("toxiproxy: removing a stall still blocked after %v; going on", removalWait)
-		}
-	}
 }
-
-// removalWait bounds how long a client waits for the end of its stall to
-// be taken by toxiproxy (see pauseClient).
-const removalWait = 5 * time.Second
 
 // waitNetlockDone waits until no goroutine runs code of package netlock,
 // failing the test if one still does after d: once their clients are

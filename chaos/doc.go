@@ -24,4 +24,13 @@
 // NETLOCK_SOAK=10m runs each chaos test for ten minutes instead of 20s (add
 // -timeout 30m); NETLOCK_REPORT names a file to which the tests append their
 // figures.
+//
+// Each chaos test logs the seed of its faults ("faults from seed N");
+// NETLOCK_CHAOS_SEED=N gives it back to a run, to replay a failing soak:
+//
+//	NETLOCK_REQUIRE_REDIS=1 NETLOCK_SOAK=5m NETLOCK_CHAOS_SEED=N go test -run 'TestChaosRW$' -count=1 -timeout 20m -v .
+//
+// The same faults then come in the same order (kinds, servers, clients,
+// durations, the clients told to stall); the clients' timing, and so how
+// the faults meet their calls, is the run's own.
 package chaos

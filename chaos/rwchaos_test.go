@@ -55,7 +55,8 @@ func rwReaders(i int) int { return 3 - i%2 }
 // (checkStrandedRW). Errors must be the documented sentinels.
 //
 // It runs chaosCI by default; NETLOCK_SOAK=10m runs it for ten minutes
-// (add -timeout 30m).
+// (add -timeout 30m). NETLOCK_CHAOS_SEED=N runs the faults of the run that
+// logged "faults from seed N" again.
 func TestChaosRW(t *testing.T) {
 	runChaosRW(t, chaosSetup{
 		nodes:   chaosNodes,
@@ -133,17 +134,15 @@ func runChaosRW(t *testing.T, s chaosSetup) {
 	var wg, watchers sync.WaitGroup
 	var probe stallProbe
 	wg.Go(func() { probe.run(ctx) })
-	// The clients' goroutines, and those of them in a stall: a stall ends
-	// with toxiproxy removing a toxic, which may wait for the connections
-	// it held (toxiproxy's time, not netlock's).
+	// The clients' goroutines, and those of them in a stall (their time is
+	// the stall's, not netlock's).
 	var running, inStall atomic.Int64
 	var stallEnd atomic.Int64 // when the latest stall ended, ns since start
 	start := time.Now()
 	stalled := func(pause func(ended func())) {
 		inStall.Add(1)
-		// The stall ends when toxiproxy has taken it away, which may be
-		// after the client went on (see pauseClient): until then its
-		// connections are still stalled.
+		// The stall ends when every link of the client delivers again
+		// (see pauseClient).
 		pause(func() {
 			stallEnd.Store(int64(time.Since(start)))
 			inStall.Add(-1)
@@ -230,7 +229,7 @@ func runChaosRW(t *testing.T, s chaosSetup) {
 						h.paused = true
 						stalls.Add(1)
 						stalled(func(ended func()) {
-							pauseClient(t, links[i], chaosExpiry*3/2+time.Duration(rng.IntN(500))*time.Millisecond, ended)
+							pauseClient(links[i], chaosExpiry*3/2+time.Duration(rng.IntN(500))*time.Millisecond, ended)
 						})
 					}
 					resource.write(id, h.token)
@@ -286,7 +285,7 @@ func runChaosRW(t *testing.T, s chaosSetup) {
 						rd.paused = true
 						stalls.Add(1)
 						stalled(func(ended func()) {
-							pauseClient(t, links[i], chaosExpiry*3/2+time.Duration(rng.IntN(500))*time.Millisecond, ended)
+							pauseClient(links[i], chaosExpiry*3/2+time.Duration(rng.IntN(500))*time.Millisecond, ended)
 						})
 					}
 					rd.second, rd.secondAt = resource.read()

@@ -164,7 +164,7 @@ func TestChaosSem(t *testing.T) {
 						if w == 0 && stall[i].CompareAndSwap(true, false) {
 							h.paused = true
 							stalls.Add(1)
-							pauseClient(t, links[i], chaosExpiry*3/2+time.Duration(rng.IntN(500))*time.Millisecond, nil)
+							pauseClient(links[i], chaosExpiry*3/2+time.Duration(rng.IntN(500))*time.Millisecond, nil)
 						}
 						if w < writes-1 {
 							time.Sleep(time.Duration(rng.Int64N(int64(gap))))

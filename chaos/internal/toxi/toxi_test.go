@@ -10,6 +10,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -126,6 +127,128 @@ func TestToxiproxy(t *testing.T) {
 			t.Errorf("GET of 10kB cut after 100 bytes: got %v, want an unexpected EOF", err)
 		}
 	})
+}
+
+// TestStall checks that a stall holds back what a client sends, on its
+// connection and on new ones, across a toxic added and removed meanwhile,
+// and delivers it, in order, once resumed.
+func TestStall(t *testing.T) {
+	s := redistest.Start(t)
+	p := New(t).Proxy(s.Addr())
+	c := dialRaw(t, p.Addr())
+	c.send("PING")
+	if got := c.reply(); got != "PONG" {
+		t.Fatalf("PING: got %q", got)
+	}
+	p.Stall()
+	c.send("SET", "k", "1")
+	c.send("INCR", "k")
+	held := func(when string) {
+		t.Helper()
+		time.Sleep(100 * time.Millisecond)
+		if got, _ := s.Do("EXISTS", "k"); got != "0" {
+			t.Fatalf("%s: a command sent in the stall reached the server", when)
+		}
+	}
+	held("stalled")
+	// toxiproxy interrupts the stall to put a toxic after it, and again
+	// to take it away.
+	if err := p.Add("slow", Latency("upstream", 10, 0)); err != nil {
+		t.Fatal(err)
+	}
+	held("a toxic added")
+	p.Remove("slow")
+	held("the toxic removed")
+	if _, err := do(p.Addr(), 200*time.Millisecond, "PING"); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("PING on a new connection in the stall: got %v, want a timeout", err)
+	}
+	p.Resume()
+	if got := c.reply(); got != "OK" {
+		t.Errorf("SET held by the stall: got %q", got)
+	}
+	if got := c.reply(); got != "2" {
+		t.Errorf("INCR held by the stall, after the SET: got %q", got)
+	}
+	if got, err := do(p.Addr(), doTimeout, "PING"); err != nil || got != "PONG" {
+		t.Errorf("PING once resumed: got %q, %v", got, err)
+	}
+}
+
+// TestToxicsAfterAConnectionEnds changes toxics while a connection through
+// the proxy ends with bytes held back: a client, its link slowed and then
+// stalled, closes a connection whose last request the stall holds; the
+// slowing is removed, the stall ends, and a new toxic is added. With the
+// stall a latency toxic added after the slowing and removed before the
+// next toxic is added, toxiproxy panics here (see Proxy).
+func TestToxicsAfterAConnectionEnds(t *testing.T) {
+	s := redistest.Start(t)
+	p := New(t).Proxy(s.Addr())
+	c := dialRaw(t, p.Addr())
+	c.send("PING")
+	if got := c.reply(); got != "PONG" {
+		t.Fatalf("PING: got %q", got)
+	}
+	if err := p.Add("slow", Latency("upstream", 20, 0)); err != nil {
+		t.Fatal(err)
+	}
+	p.Stall()
+	c.send("PING")
+	time.Sleep(100 * time.Millisecond) // held by the stall
+	c.conn.Close()
+	time.Sleep(100 * time.Millisecond) // the end of its stream reaches the stall
+	p.Remove("slow")
+	p.Resume()
+	if err := p.Add("next", Latency("upstream", 300, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := do(p.Addr(), 100*time.Millisecond, "PING"); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("PING with the new toxic's 300ms latency and a 100ms deadline: got %v, want a timeout", err)
+	}
+	p.Remove("next")
+	if got, err := do(p.Addr(), doTimeout, "PING"); err != nil || got != "PONG" {
+		t.Errorf("PING once every toxic is removed: got %q, %v", got, err)
+	}
+}
+
+// errorsTB records the errors reported to it instead of failing the test.
+type errorsTB struct {
+	testing.TB
+	mu   sync.Mutex
+	errs []string
+}
+
+func (e *errorsTB) Errorf(format string, args ...any) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.errs = append(e.errs, fmt.Sprintf(format, args...))
+}
+
+// TestRemoveLastFirst checks that Remove takes toxics off last first only.
+func TestRemoveLastFirst(t *testing.T) {
+	s := redistest.Start(t)
+	tb := &errorsTB{TB: t}
+	p := New(tb).Proxy(s.Addr())
+	if err := p.Add("first", Latency("upstream", 300, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Add("second", Latency("upstream", 1, 0)); err != nil {
+		t.Fatal(err)
+	}
+	p.Remove("first")
+	if len(tb.errs) != 1 {
+		t.Errorf("removing the first of two toxics: got errors %q, want one", tb.errs)
+	}
+	p.Remove("second")
+	if _, err := do(p.Addr(), 100*time.Millisecond, "PING"); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("PING with the first toxic's 300ms latency left on and a 100ms deadline: got %v, want a timeout", err)
+	}
+	p.Remove("first")
+	if got, err := do(p.Addr(), doTimeout, "PING"); err != nil || got != "PONG" {
+		t.Errorf("PING once both toxics are removed: got %q, %v", got, err)
+	}
+	if len(tb.errs) != 1 {
+		t.Errorf("removing toxics last first: got errors %q", tb.errs[1:])
+	}
 }
 
 // rawConn is a client connection that writes commands and reads replies
