@@ -27,7 +27,8 @@ import (
 // reading goroutines cost one lease, one extend per interval and one
 // release. A reader that arrives while the lease is held joins it without a
 // round trip, unless a writer (of this process or another) waits: then it
-// waits for the lease to end and queues in Redis behind that writer. The
+// waits for the lease to end and queues behind that writer (in Redis; for a
+// writer of its own process, locally, as below). The
 // process learns that a writer waits from the lease's acquire and extends
 // (at least every expiry/3) and at once when the writer is of this process;
 // a writer of another process can thus wait up to an extend interval, plus
