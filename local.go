@@ -123,21 +123,6 @@ func (m *NetMutex) mayHandOffLocked(h *hold) bool {
 	return held && time.Until(until) >= m.cfg.expiry/2
 }
 
-// lend counts a hand-off of m's hold to goroutines of this process that use
-// it in its holder's stead (a NetRWMutex's readers under its write lock),
-// if one may be made now (see mayHandOffLocked), and reports whether it
-// did; m stays owned and held. It returns the hold, and how long its last
-// holder held it (for the observer's UnlockDone).
-func (m *NetMutex) lend() (h *hold, held time.Duration, ok bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.hold == nil || !m.mayHandOffLocked(m.hold) {
-		return nil, 0, false
-	}
-	m.handoffs++
-	return m.hold, time.Since(m.since), true
-}
-
 // setHold makes h m's hold, acquired in Redis by the owner of m.
 func (m *NetMutex) setHold(h *hold) {
 	m.mu.Lock()

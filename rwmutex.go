@@ -3,7 +3,6 @@ package netlock
 import (
 	"context"
 	"errors"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,21 +26,11 @@ import (
 // reading goroutines cost one lease, one extend per interval and one
 // release. A reader that arrives while the lease is held joins it without a
 // round trip, unless a writer (of this process or another) waits: then it
-// waits for the lease to end and queues behind that writer (in Redis; for a
-// writer of its own process, locally, as below). The
+// waits for the lease to end and queues in Redis behind that writer. The
 // process learns that a writer waits from the lease's acquire and extends
 // (at least every expiry/3) and at once when the writer is of this process;
 // a writer of another process can thus wait up to an extend interval, plus
 // the read sections under way, for the lease to end.
-//
-// Under the write lock, which excludes every other process, the process's
-// own goroutines get in by sync.RWMutex's rule without a round trip, as a
-// NetMutex hands its hold on (WithLocalHandoffs bounds the hand-offs in a
-// row, so that other processes are not starved): the readers of the
-// process that wait when its writer unlocks read together under the write
-// lock, and then a writer of the process waiting gets it. A reader that
-// arrives while a writer of its process holds or waits waits for that
-// writer, locally.
 //
 // Over one backend (as for NetMutex: see WithSyncReplicas), a release
 // lets the waiters in itself, in its script: the last read lease's release
@@ -92,16 +81,6 @@ type NetRWMutex struct {
 	// the nodes whether one still waits (see lookLocked).
 	changed    chan struct{}
 	recheckDue bool
-
-	// Under this process's write lock its goroutines get in by
-	// sync.RWMutex's rule, within the write lock's hand-offs in a row
-	// (WithLocalHandoffs), without a round trip: a writer alone, or readers
-	// together. wreaders counts the readers reading under it (lent to them
-	// by its writer's Unlock, see NetMutex.lend); rwait are the readers
-	// waiting for it to be lent to them (sent true) or to be released or
-	// lent no more (sent false: look again).
-	wreaders int
-	rwait    []chan bool
 }
 
 // A leaseWatch listens on a NetRWMutex's channel p{name}:rw:joined, where
@@ -222,6 +201,10 @@ func NewRW(name string, backends []Backend, opts ...Option) (*NetRWMutex, error)
 		r.waitChan += ":" + r.waiterID
 	}
 	w.waitChan = k.Channel + ":w:" + w.waiterID
+	// A writer's Unlock releases in Redis, where readers that were waiting
+	// come before the next writer: handing the write lock to a writer of
+	// this process would pass over them.
+	w.cfg.handoffs = 0
 	return &NetRWMutex{w: w, r: r, keys: k, joined: k.Joined}, nil
 }
 
@@ -440,27 +423,19 @@ func (rw *NetRWMutex) Token() uint64 {
 }
 
 // writeHold returns the hold of this process's writer, nil when no writer
-// holds (the write lock lent to readers included).
+// holds.
 func (rw *NetRWMutex) writeHold() *hold {
 	if rw == nil || rw.w == nil {
 		return nil
 	}
-	rw.mu.Lock()
-	defer rw.mu.Unlock()
-	if rw.wreaders > 0 {
-		return nil
-	}
-	return rw.w.current() // lock order: rw.mu before a NetMutex's mu
+	return rw.w.current()
 }
 
-// readHold returns the hold this process's readers read under, the read
-// lease or the write lock lent to them, and how many read; nil when none.
+// readHold returns the read lease this process's readers share, and how
+// many read; nil when none.
 func (rw *NetRWMutex) readHold() (*hold, int) {
 	rw.mu.Lock()
 	defer rw.mu.Unlock()
-	if rw.wreaders > 0 {
-		return rw.w.current(), rw.wreaders
-	}
 	return rw.lease, rw.readers
 }
 
@@ -474,13 +449,12 @@ func (rw *NetRWMutex) Lost() <-chan struct{} {
 	return closedChan
 }
 
-// RLost returns a channel closed when the hold this process's readers read
-// under (its read lease, or its write lock while its readers read under it)
-// ends without its say: its local deadline passed without a successful
-// extend, or an extend found it gone. Every reader of the process shares
-// the hold, so every one of them should stop reading then. It is also
-// closed when the hold is released (the last reader's RUnlock). A closed
-// channel when rw is not locked for reading.
+// RLost returns a channel closed when this process's read lease ends without
+// its say: its local deadline passed without a successful extend, or an
+// extend found it gone. Every reader of the process shares the lease, so
+// every one of them should stop reading then. It is also closed when the
+// lease is released (the last reader's RUnlock). A closed channel when rw is
+// not locked for reading.
 func (rw *NetRWMutex) RLost() <-chan struct{} {
 	if rw == nil || rw.w == nil {
 		return closedChan
@@ -519,7 +493,7 @@ func (rw *NetRWMutex) TryLockCtx(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	rw.mu.Lock()
-	if rw.lease != nil || rw.leasing != nil || rw.wreaders > 0 {
+	if rw.lease != nil || rw.leasing != nil {
 		rw.mu.Unlock()
 		return false, nil // our own readers hold rw, or are about to
 	}
@@ -539,29 +513,6 @@ func (rw *NetRWMutex) UnlockCtx(ctx context.Context) error {
 	if err := rw.check(); err != nil {
 		return err
 	}
-	rw.mu.Lock()
-	if rw.wreaders > 0 {
-		rw.mu.Unlock()
-		return ErrNotHeld // readers hold the write lock, no writer
-	}
-	if len(rw.rwait) > 0 {
-		// Lock order: rw.mu before a NetMutex's mu.
-		if h, held, ok := rw.w.lend(); ok {
-			// The readers of this process waiting when its writer leaves
-			// come before any later writer (sync.RWMutex's rule): they
-			// read together under the write lock, without a round trip.
-			rw.wreaders = len(rw.rwait)
-			for _, turn := range rw.rwait {
-				turn <- true
-			}
-			rw.rwait = nil
-			rw.writers--
-			rw.mu.Unlock()
-			rw.w.unlocked(ctx, h, held, true, nil)
-			return nil
-		}
-	}
-	rw.mu.Unlock()
 	err := rw.w.UnlockCtx(ctx)
 	if errors.Is(err, ErrNotHeld) {
 		return err
@@ -575,82 +526,8 @@ func (rw *NetRWMutex) writerLeft() {
 	rw.writers--
 	if rw.writers == 0 {
 		rw.changedLocked()
-		rw.lookAgainLocked()
 	}
 	rw.mu.Unlock()
-}
-
-// lookAgainLocked wakes the readers waiting for this process's write lock
-// (rwait) to look again: it was released, or no writer of ours waits any
-// more. The caller holds rw.mu.
-func (rw *NetRWMutex) lookAgainLocked() {
-	for _, turn := range rw.rwait {
-		turn <- false
-	}
-	rw.rwait = nil
-}
-
-// underWriteLock lets a reader in under this process's write lock, which a
-// writer of the process holds or waits for, or which its readers hold: it
-// joins the readers reading under it if no writer of ours waits and a
-// hand-off is left; otherwise it waits until the write lock is lent to the
-// waiting readers (admitted) or released (look again), or ctx ends. The
-// caller holds rw.mu; underWriteLock returns without it.
-func (rw *NetRWMutex) underWriteLock(ctx context.Context) (admitted bool, err error) {
-	if rw.wreaders > 0 && rw.writers == 0 {
-		if _, _, ok := rw.w.lend(); ok { // lock order: rw.mu before a NetMutex's mu
-			rw.wreaders++
-			rw.mu.Unlock()
-			return true, nil
-		}
-	}
-	turn := make(chan bool, 1) // its sender never blocks
-	rw.rwait = append(rw.rwait, turn)
-	rw.mu.Unlock()
-	select {
-	case ok := <-turn:
-		return rw.admitted(ctx, ok)
-	case <-ctx.Done():
-	}
-	rw.mu.Lock()
-	if i := slices.Index(rw.rwait, turn); i >= 0 {
-		rw.rwait = slices.Delete(rw.rwait, i, i+1)
-		rw.mu.Unlock()
-		return false, notObtained(context.Cause(ctx))
-	}
-	rw.mu.Unlock()
-	// Our turn came as ctx ended.
-	return rw.admitted(ctx, <-turn)
-}
-
-// admitted takes a reader's turn under the write lock (ok: lent to it; or
-// look again). A caller whose ctx has ended never holds rw: a turn that
-// came as it ended is given back.
-func (rw *NetRWMutex) admitted(ctx context.Context, ok bool) (bool, error) {
-	if ok && ctx.Err() != nil {
-		rw.mu.Lock()
-		rw.runlockUnderWrite(context.WithoutCancel(ctx))
-		return false, notObtained(context.Cause(ctx))
-	}
-	return ok, nil
-}
-
-// runlockUnderWrite undoes a read lock held under this process's write
-// lock. The last of its readers gives the write lock back: to a writer of
-// this process waiting for it (a hand-off), or to Redis. The caller holds
-// rw.mu; runlockUnderWrite returns without it.
-func (rw *NetRWMutex) runlockUnderWrite(ctx context.Context) error {
-	rw.wreaders--
-	if rw.wreaders > 0 {
-		rw.mu.Unlock()
-		return nil
-	}
-	rw.mu.Unlock()
-	err := rw.w.UnlockCtx(ctx)
-	rw.mu.Lock()
-	rw.lookAgainLocked() // readers kept out by the hand-offs spent
-	rw.mu.Unlock()
-	return err
 }
 
 // changedLocked wakes the readers waiting for the lease to become joinable
@@ -733,8 +610,6 @@ func (rw *NetRWMutex) RLockCtx(ctx context.Context) error {
 		var in bool
 		var err error
 		switch {
-		case rw.lease == nil && rw.leasing == nil && (rw.writers > 0 || rw.wreaders > 0):
-			in, err = rw.underWriteLock(ctx)
 		case rw.lease != nil:
 			in, err = rw.joinLease(ctx)
 		case rw.leasing != nil:
@@ -832,15 +707,6 @@ func (rw *NetRWMutex) TryRLockCtx(ctx context.Context) (bool, error) {
 		rw.readers++
 		rw.mu.Unlock()
 		return true, nil
-	case rw.wreaders > 0 && rw.writers == 0:
-		// Join the readers under this process's write lock, if a
-		// hand-off is left.
-		_, _, ok := rw.w.lend() // lock order: rw.mu before a NetMutex's mu
-		if ok {
-			rw.wreaders++
-		}
-		rw.mu.Unlock()
-		return ok, nil
 	case rw.lease != nil || rw.leasing != nil || rw.writers > 0:
 		rw.mu.Unlock()
 		return false, nil
@@ -897,9 +763,6 @@ func (rw *NetRWMutex) RUnlockCtx(ctx context.Context) error {
 	}
 	rw.mu.Lock()
 	if rw.readers == 0 {
-		if rw.wreaders > 0 {
-			return rw.runlockUnderWrite(ctx)
-		}
 		rw.mu.Unlock()
 		return ErrNotHeld
 	}

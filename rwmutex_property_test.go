@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -231,7 +230,6 @@ type rwAcq struct {
 	start, end int64
 	token      uint64
 	who        int
-	hold       *hold // the write lock's hold, which a hand-off passes on within its process
 }
 
 // The model's constants.
@@ -513,16 +511,9 @@ func (mc *rwMachine) rUnlockCtx(rt *rapid.T) {
 		// background: no release then, and nothing to check.
 		live = mc.nNodes
 	}
-	hr, _ := c.rw.readHold()
 	err := c.rw.RUnlockCtx(ctx)
 	_, left := c.rw.readHold()
 	last := left == 0
-	if err == nil && last && c.readers == 0 && c.pend != nil && c.pend.write && hr != nil && hr.m == c.rw.w && c.rw.w.current() == hr {
-		// The write lock its readers read under, handed on to the
-		// writer of the process in the background: as for UnlockCtx.
-		mc.step("runlock/handed on")
-		return
-	}
 	if !last && err != nil && c.pend != nil && !c.pend.write && c.readers == 0 {
 		// Only the last reader's RUnlockCtx releases, and so
 		// fails: it was the last, and the reader in the
@@ -563,15 +554,7 @@ func (mc *rwMachine) unlockCtx(rt *rapid.T) {
 	}
 	c.writer = false
 	live := mc.holdLive(c, true)
-	h := c.rw.writeHold()
 	err := c.rw.UnlockCtx(ctx)
-	if err == nil && c.pend != nil && h != nil && c.rw.w.current() == h {
-		// Handed on to the call in the background (a writer of the
-		// process, or its readers): no release, the hold goes on, and
-		// its release is checked when it comes.
-		mc.step("unlock/handed on")
-		return
-	}
 	mc.released(i, true, live, err)
 	mc.step("unlock/" + rwErrName(err))
 }
@@ -831,9 +814,8 @@ func (mc *rwMachine) writeHold(c *rwPropClient) (*hold, bool) {
 	}
 }
 
-// leaseHold returns the hold c's readers read under (its read lease, or
-// its write lock lent to them), and whether c thinks it holds it (RLost not
-// closed).
+// leaseHold returns c's read lease, and whether c thinks it holds it
+// (RLost not closed).
 func (mc *rwMachine) leaseHold(c *rwPropClient) (*hold, bool) {
 	h, _ := c.rw.readHold()
 	if h == nil {
@@ -872,15 +854,6 @@ func (mc *rwMachine) leaseLive(h *hold) int {
 	return n
 }
 
-// readLive counts the nodes that hold live the hold h c's readers read
-// under: its read lease, or its write lock lent to them.
-func (mc *rwMachine) readLive(c *rwPropClient, h *hold) int {
-	if h.m == c.rw.w {
-		return mc.writeIntact(h)
-	}
-	return mc.leaseLive(h)
-}
-
 // protected reports whether c holds for writing (w) and for reading (r)
 // with its hold believed and live on a quorum; believing, whether it
 // thinks it holds either.
@@ -891,7 +864,7 @@ func (mc *rwMachine) protected(c *rwPropClient) (w, r, believing bool) {
 	}
 	if h, ok := mc.leaseHold(c); ok {
 		believing = true
-		r = mc.readLive(c, h) >= mc.quorum
+		r = mc.leaseLive(h) >= mc.quorum
 	}
 	return w, r, believing
 }
@@ -937,14 +910,7 @@ func (mc *rwMachine) wrote(i int, start int64) {
 	if tok == 0 {
 		mc.rt.Fatalf("client %d acquired the write lock with no token", i)
 	}
-	h := c.rw.writeHold()
-	handed := slices.ContainsFunc(mc.acqs, func(a rwAcq) bool { return a.who == c.id && a.hold == h })
 	for _, a := range mc.acqs {
-		if handed {
-			// Handed on by a writer of its process: the same hold, whose
-			// token was checked when it was acquired.
-			break
-		}
 		if a.token == tok {
 			mc.rt.Fatalf("client %d acquired with token %d, already given to client %d", i, tok, a.who)
 		}
@@ -952,7 +918,7 @@ func (mc *rwMachine) wrote(i int, start int64) {
 			mc.rt.Fatalf("client %d acquired with token %d after client %d's acquisition with token %d had returned", i, tok, a.who, a.token)
 		}
 	}
-	mc.acqs = append(mc.acqs, rwAcq{start: start, end: end, token: tok, who: c.id, hold: h})
+	mc.acqs = append(mc.acqs, rwAcq{start: start, end: end, token: tok, who: c.id})
 	c.writer = true
 	mc.acquired(i, true, "the write lock")
 }
@@ -1053,7 +1019,7 @@ func (mc *rwMachine) holdLive(c *rwPropClient, write bool) int {
 		return 0
 	}
 	if h, _ := mc.leaseHold(c); h != nil {
-		return mc.readLive(c, h)
+		return mc.leaseLive(h)
 	}
 	return 0
 }
