@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -153,11 +154,13 @@ func TestRedigoMuxConnectionKilled(t *testing.T) {
 	if err := concurrentEchoes(b, 8, 50, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	// A script that keeps the server busy for 300ms holds the replies of
+	// A script that keeps the server busy for 1.5s holds the replies of
 	// the calls sent behind it; CLIENT KILL, sent on a connection of its
-	// own, runs after it, before them.
+	// own, runs after it, before them. The window is long enough for the
+	// four calls to be seen in flight on a loaded machine (300ms was not,
+	// under -race beside other packages' tests).
 	busy := newScript("busy", "local t = redis.call('TIME') local s = t[1] * 1e6 + t[2] "+
-		"repeat t = redis.call('TIME') until t[1] * 1e6 + t[2] > s + 300000 return {1}")
+		"repeat t = redis.call('TIME') until t[1] * 1e6 + t[2] > s + 1500000 return {1}")
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -166,12 +169,26 @@ func TestRedigoMuxConnectionKilled(t *testing.T) {
 		b.Eval(c, busy, []string{"k"}, nil) // alone: a connection of the pool
 	})
 	eventually(t, 10*time.Second, "the call alone in flight", func() bool { return rb.inFlight.Load() == 1 })
+	// In flight is not yet running: its call may still be on its way (the
+	// pool's PING, NOSCRIPT and EVAL), and calls sent now could be answered
+	// before it. The server is busy when a PING of a connection of our own
+	// gets no answer.
+	eventually(t, 10*time.Second, "the server busy with the script", func() bool {
+		c, err := redis.Dial("tcp", server.Addr())
+		if err != nil {
+			return false
+		}
+		defer c.Close()
+		_, err = redis.DoWithTimeout(c, 100*time.Millisecond, "PING")
+		var ne net.Error
+		return errors.As(err, &ne) && ne.Timeout()
+	})
 	errs := make(chan error, 4)
 	for i := range 4 {
 		wg.Go(func() {
 			start := time.Now()
-			err := echo(b, i, 5*time.Second)
-			if err != nil && time.Since(start) > 3*time.Second {
+			err := echo(b, i, 8*time.Second)
+			if err != nil && time.Since(start) > 5*time.Second {
 				err = fmt.Errorf("failed only after %v: %w", time.Since(start), err)
 			}
 			errs <- err
@@ -190,7 +207,7 @@ func TestRedigoMuxConnectionKilled(t *testing.T) {
 	if _, err := kill.Do("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"); err != nil {
 		t.Fatal(err)
 	}
-	redistest.Within(t, 3*time.Second, "the calls on the killed connection", wg.Wait)
+	redistest.Within(t, 5*time.Second, "the calls on the killed connection", wg.Wait)
 	close(errs)
 	for err := range errs {
 		if err == nil {
