@@ -317,3 +317,54 @@ func TestSemaphoreCancelledAttemptLeavesNoPlace(t *testing.T) {
 	}
 	holder.Release(1)
 }
+
+// TestSemaphoreOneWakePerCall: a waiter's refused attempt that both sets
+// its process's count back (Redis held a permit the process does not know
+// of: a call whose reply was lost) and moves its place back (its first
+// waiter gave up; the next arrived later) tells the queue once, of the
+// permits free after both. Told twice with the count the first telling
+// began from, the same 2 free permits went to both waiters of 2 behind it:
+// 5 of 3 out (TestChaosSem's count of what Redis holds saw 4).
+func TestSemaphoreOneWakePerCall(t *testing.T) {
+	s := redistest.Start(t)
+	b := newBackend(t, "redigo", s.Addr())
+	keys := semKeysOf("onewake")
+	call := func(script *Script, arg string) []int64 {
+		t.Helper()
+		vals, err := b.Eval(context.Background(), script, keys, []string{arg})
+		if err != nil {
+			t.Fatalf("%s %s: %v", script.Name(), arg, err)
+		}
+		return vals
+	}
+	// "<value>:<base>:<seq>:<size>:<expiry ms>:<member>:<flags>:<place ms>:<fold>:<nonce>:<batch>"
+	// H holds 1 and P 1; A and B wait for 2 each (arrivals 3 and 4), and
+	// P's waiter for 2 more (arrival 5).
+	for _, c := range []struct {
+		arg  string
+		want int64
+	}{
+		{"H:0:1:3:5000:wh::15000:::1@1", 1},
+		{"P:0:1:3:5000:wp::15000:::1@2", 1},
+		{"A:0:1:3:5000:wa:w:15000::NA:2@3", -1},
+		{"B:0:1:3:5000:wb:w:15000::NB:2@4", -1},
+		{"P:1:2:3:5000:wp:gw:15000::N1:2@5", -1},
+	} {
+		if r := call(semAcquireScript, c.arg); r[0] != c.want {
+			t.Fatalf("%s: %v, want status %d", c.arg, r, c.want)
+		}
+	}
+	// P's next attempt says it holds none (it gave its permit up) for a
+	// waiter of 2 that arrived at 7: its count is set back to 0, its place
+	// moves from 5 to 7, and A, first, fits in the 2 now free.
+	if r := call(semAcquireScript, "P:0:3:3:5000:wp:w:15000::N2:2@7"); r[0] != -1 {
+		t.Fatalf("P's attempt: %v, want refused (A came first)", r)
+	}
+	if out := semOut(t, &env{server: s, client: "redigo", addr: s.Addr()}, "onewake"); out > 3 {
+		h, _ := s.Do("HGETALL", keys[1])
+		t.Errorf("%d permits out in Redis, size 3: %q", out, h)
+	}
+	if a, _ := s.Do("HGET", keys[1], "A#g"); a != "NA:2" {
+		t.Errorf("A's grant %q, want \"NA:2\" (first in the queue, and 2 free)", a)
+	}
+}

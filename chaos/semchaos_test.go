@@ -102,6 +102,8 @@ func TestChaosSem(t *testing.T) {
 	var probe stallProbe
 	wg.Go(func() { probe.run(ctx) })
 	start := time.Now()
+	counter := &semCounter{start: start}
+	wg.Go(func() { counter.run(ctx, servers[0].Addr(), semSize) })
 	for i, sem := range sems {
 		for g := range semGoroutines {
 			wg.Go(func() {
@@ -203,6 +205,8 @@ func TestChaosSem(t *testing.T) {
 	})
 	violations = append(violations, unexpl...)
 	violations = append(violations, stranded...)
+	overs, counted := counter.report()
+	violations = append(violations, overs...)
 	for _, e := range slices.Sorted(maps.Keys(errs)) {
 		if strings.Contains(e, "UNDOCUMENTED") {
 			violations = append(violations, fmt.Sprintf("%d times %s", errs[e], e))
@@ -242,7 +246,7 @@ func TestChaosSem(t *testing.T) {
 		fig.lost, fig.stopped, fig.invalidAtStart, leasesLost, leases, grants, extends, assoc.byGrant, assoc.byAdoption, assoc.adoptions, assoc.folded, assoc.ambiguous, assoc.unexplained, fig.maxPermits,
 		fig.maxLate.Round(time.Millisecond), fig.writesLate, probe.longest(start, stopped).Round(time.Millisecond),
 		faults, stalls.Load(), errs, stopped.Sub(stopping).Round(time.Millisecond), len(violations))
-	redistest.Report(t, "%s", figures)
+	redistest.Report(t, "%s; %s", figures, counted)
 	for i, v := range violations {
 		if i == 20 {
 			t.Errorf("... and %d more", len(violations)-i)
@@ -252,6 +256,7 @@ func TestChaosSem(t *testing.T) {
 	}
 	if len(violations) > 0 {
 		logViolatedSem(t, violations, holds, recs, start, timeline)
+		counter.logCalls(t, recs)
 	}
 	if fig.holds < 10 {
 		t.Errorf("only %d acquisitions: the semaphore made no progress between the faults", fig.holds)

@@ -196,9 +196,10 @@ if mine >= 0 and mine ~= base then
     redis.call('ZREM', K.leases, value)
   end
 end
-if dropped or (mine >= 0 and mine ~= base) then
-  wake(K, now, size - out, exp)
-end
+-- The permits a dropped grant or a count set back frees, and a place
+-- moved back, are told to the queue once, below: a second telling from
+-- the same count would grant the permits the first granted.
+local tell = dropped or (mine >= 0 and mine ~= base)
 local moved = false
 if member ~= '' then
   -- A waiter attempts about once per expiry, so this path is kept short:
@@ -234,9 +235,10 @@ if member ~= '' then
     keep(K.permits, placeMS)
   end
 end
-if moved then
-  -- Our place moved back: the waiters it kept out may fit now, as when a
-  -- waiter at the head leaves (see sem_leave.lua).
+if tell or moved then
+  -- Permits came back; or our place moved back, and the waiters it kept
+  -- out may fit now, as when a waiter at the head leaves (see
+  -- sem_leave.lua).
   wake(K, now, size - out, exp)
 end
 local t = exp
