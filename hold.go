@@ -173,13 +173,13 @@ func (h *hold) tick() {
 	if h.expire(now) || !h.m.cfg.autoExtend || now.Before(next) {
 		return // lost; or woken early, until having moved (ExtendCtx)
 	}
-	// While the extend runs no timer is armed: one at the deadline keeps
-	// Lost() on time even if the call comes back late (a frozen
-	// connection whose client library is slow to honour its deadline).
-	until, _ := h.deadline()
-	late := time.AfterFunc(time.Until(until), func() { h.expire(time.Now()) })
+	// While the extend runs the watchdog's timer does not tick h: a timer
+	// of its own at the deadline keeps Lost() on time even if the call
+	// comes back late (a frozen connection whose client library is slow to
+	// honour its deadline).
+	late := h.watchDeadline()
 	err := h.m.extendRound(ctx, h)
-	late.Stop()
+	late.stop()
 	switch {
 	case err == nil:
 		next = h.m.nextExtend(now)
@@ -194,6 +194,46 @@ func (h *hold) tick() {
 	h.mu.Lock()
 	h.next = next
 	h.mu.Unlock()
+}
+
+// A deadlineWatch declares its hold lost at its local deadline, following
+// the deadline as it moves (an extend of a read lease by a reader, see
+// NetRWMutex, may move it while the watchdog's own extend is slow), until
+// stopped.
+type deadlineWatch struct {
+	h       *hold
+	mu      sync.Mutex
+	t       *time.Timer
+	stopped bool
+}
+
+// watchDeadline starts a deadlineWatch of h.
+func (h *hold) watchDeadline() *deadlineWatch {
+	w := &deadlineWatch{h: h}
+	until, _ := h.deadline()
+	w.mu.Lock()
+	w.t = time.AfterFunc(time.Until(until), w.fire)
+	w.mu.Unlock()
+	return w
+}
+
+func (w *deadlineWatch) fire() {
+	if w.h.expire(time.Now()) {
+		return
+	}
+	until, _ := w.h.deadline() // moved meanwhile: watch the new one
+	w.mu.Lock()
+	if !w.stopped {
+		w.t.Reset(time.Until(until))
+	}
+	w.mu.Unlock()
+}
+
+func (w *deadlineWatch) stop() {
+	w.mu.Lock()
+	w.stopped = true
+	w.t.Stop()
+	w.mu.Unlock()
 }
 
 // lostChan returns the channel closed when the hold is lost or released

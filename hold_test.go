@@ -296,6 +296,55 @@ func TestLostOnTimeWithExtendStuck(t *testing.T) {
 	})
 }
 
+// firstExtendStuck is stuckExtends for the first extend only: the
+// watchdog's, stuck, while a later one (ExtendCtx, or a reader's recheck of
+// a read lease, see NetRWMutex.recheck) goes through.
+type firstExtendStuck struct {
+	Backend
+	stuck time.Duration
+	calls atomic.Int32
+}
+
+func (b *firstExtendStuck) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
+	if s.op == opExtend && b.calls.Add(1) == 1 {
+		time.Sleep(b.stuck)
+		return nil, context.DeadlineExceeded
+	}
+	return b.Backend.Eval(ctx, s, keys, args)
+}
+
+// TestLostOnTimeWithExtendStuckAndMoved: while the watchdog's extend is
+// stuck past the hold's deadline, another extend moves the deadline later;
+// Lost() closes at the new deadline, not when the stuck extend comes back.
+func TestLostOnTimeWithExtendStuckAndMoved(t *testing.T) {
+	forEachEnv(t, miniOnly, func(t *testing.T, e *env) {
+		const expiry = 300 * time.Millisecond
+		b := &firstExtendStuck{Backend: e.backend(t), stuck: 3 * time.Second}
+		m, err := New("stuckmoved", []Backend{b}, WithExpiry(expiry))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustLock(t, m)
+		start := time.Now()
+		eventually(t, 5*time.Second, "the watchdog's extend under way", func() bool { return b.calls.Load() == 1 })
+		if err := m.ExtendCtx(context.Background()); err != nil {
+			t.Fatalf("ExtendCtx beside the stuck extend: %v", err)
+		}
+		extended := time.Now()
+		until, _ := m.current().deadline()
+		select {
+		case <-m.Lost():
+			if now := time.Now(); now.Before(until) {
+				t.Errorf("Lost() closed %v before the deadline ExtendCtx set", until.Sub(now))
+			}
+		case <-time.After(time.Until(until) + time.Second):
+			t.Fatalf("Lost() still open 1s after the deadline ExtendCtx set (%v after it returned, %v after the lock): it waits for the stuck extend",
+				until.Sub(extended), until.Sub(start))
+		}
+		m.UnlockCtx(context.Background()) // waits for the stuck extend
+	})
+}
+
 // TestWatchdogTicksEveryArmedHold: a NetMutex's watchdog timer is shared by
 // its holds. A Semaphore's (or NetRWMutex's) new lease can begin before the
 // last one has ended, and that one's tick, finishing, arms it again after
