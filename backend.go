@@ -48,6 +48,12 @@ const (
 	opExtend
 )
 
+// NewScript returns a Script of Lua source src, named name in errors, to
+// run through a Backend's Eval like netlock's own: its reply must be an
+// array of integers. Packages built on netlock (see package fence) use it to
+// run scripts of their own on every client a Backend adapts.
+func NewScript(name, src string) *Script { return newScript(name, src) }
+
 func newScript(name, src string) *Script {
 	sum := sha1.Sum([]byte(src))
 	sha := hex.EncodeToString(sum[:])

@@ -185,3 +185,21 @@ func TestScripts(t *testing.T) {
 		check("release the last grant", release("N3.11"), 1, 0, 0, 0)
 	})
 }
+
+// TestNewScript: a script of the user's runs through every client's Backend,
+// with EVALSHA and the NOSCRIPT fallback.
+func TestNewScript(t *testing.T) {
+	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
+		s := NewScript("sum", "return {tonumber(ARGV[1]) + tonumber(ARGV[2]), #KEYS}")
+		if s.Name() != "sum" || s.Source() == "" || len(s.SHA1()) != 40 {
+			t.Fatalf("NewScript: name %q, source %q, SHA1 %q", s.Name(), s.Source(), s.SHA1())
+		}
+		b := e.backend(t)
+		for range 2 { // NOSCRIPT, then the cached script
+			vals, err := b.Eval(context.Background(), s, []string{"{k}a", "{k}b"}, []string{"2", "40"})
+			if err != nil || len(vals) != 2 || vals[0] != 42 || vals[1] != 2 {
+				t.Fatalf("Eval: %v, %v; want [42 2]", vals, err)
+			}
+		}
+	})
+}
