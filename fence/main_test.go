@@ -24,11 +24,12 @@ func TestMain(m *testing.M) {
 // clients are the client libraries netlock adapts; every test runs on each.
 var clients = []string{"goredis", "redigo", "rueidis"}
 
-// server is a Redis a test runs on: its address, and a Backend of the
-// test's client library on it.
+// server is a Redis a test runs on, and the client library the test's
+// Backends on it use.
 type server struct {
 	addr   string
 	client string
+	mini   *miniredis.Miniredis // nil on a real redis-server
 }
 
 // forEachServer runs fn as a subtest on miniredis and on a real
@@ -38,7 +39,8 @@ func forEachServer(t *testing.T, fn func(t *testing.T, s server)) {
 	t.Helper()
 	for _, client := range clients {
 		t.Run("miniredis/"+client, func(t *testing.T) {
-			fn(t, server{addr: miniredis.RunT(t).Addr(), client: client})
+			mini := miniredis.RunT(t)
+			fn(t, server{addr: mini.Addr(), client: client, mini: mini})
 		})
 	}
 	for _, client := range clients {
