@@ -7,6 +7,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/netlock-go/netlock/fence"
@@ -125,6 +126,34 @@ func TestStaleError(t *testing.T) {
 					}
 				}
 			}
+		}
+	})
+}
+
+// TestSetConcurrent: writers racing with tokens 1..n in any order leave the
+// highest token and its value, whichever order they reach Redis in: the
+// check and the write are one script.
+func TestSetConcurrent(t *testing.T) {
+	const writers = 32
+	forEachServer(t, func(t *testing.T, s server) {
+		b := s.backend(t)
+		ctx := context.Background()
+		errs := make(chan error, writers)
+		var wg sync.WaitGroup
+		for i := range writers {
+			token := uint64(i + 1)
+			wg.Go(func() { errs <- fence.Set(ctx, b, "k", strconv.FormatUint(token, 10), token) })
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil && !errors.Is(err, fence.ErrStale) {
+				t.Errorf("Set: got %v, want nil or ErrStale", err)
+			}
+		}
+		want := strconv.Itoa(writers)
+		if value, _, token := s.fenced(t, "k"); value != want || token != want {
+			t.Fatalf("got value %q and token %q, want %q and %q", value, token, want, want)
 		}
 	})
 }
