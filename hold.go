@@ -34,7 +34,9 @@ type hold struct {
 
 	mu      sync.Mutex
 	until   time.Time // local deadline, monotonic: the hold is lost when it passes
+	limit   time.Time // WithMaxHold's end of the hold; zero if none
 	state   holdState
+	reason  LostReason         // why it was lost, once lost
 	next    time.Time          // when the next extend is due, with auto-extend
 	ticking chan struct{}      // non-nil while tick runs; closed when it returns
 	cancel  context.CancelFunc // cancels the extend tick runs, if any
@@ -58,6 +60,9 @@ func newHold(m *NetMutex, g grant) *hold {
 		token: g.token,
 		until: g.until,
 		next:  m.nextExtend(g.start),
+	}
+	if m.cfg.maxHold > 0 {
+		h.limit = g.start.Add(m.cfg.maxHold)
 	}
 	h.writerWaits.Store(g.writerWaits)
 	m.arm(h, h.wakeLocked()) // h is not shared yet
@@ -141,6 +146,9 @@ func (h *hold) wakeLocked() time.Time {
 	if h.m.cfg.autoExtend && h.next.Before(wake) {
 		wake = h.next
 	}
+	if !h.limit.IsZero() && h.limit.Before(wake) {
+		wake = h.limit
+	}
 	return wake
 }
 
@@ -196,10 +204,10 @@ func (h *hold) tick() {
 	h.mu.Unlock()
 }
 
-// A deadlineWatch declares its hold lost at its local deadline, following
-// the deadline as it moves (an extend of a read lease by a reader, see
-// NetRWMutex, may move it while the watchdog's own extend is slow), until
-// stopped.
+// A deadlineWatch declares its hold lost at its local deadline (or the limit
+// of WithMaxHold), following the deadline as it moves (an extend of a read
+// lease by a reader, see NetRWMutex, may move it while the watchdog's own
+// extend is slow), until stopped.
 type deadlineWatch struct {
 	h       *hold
 	mu      sync.Mutex
@@ -210,9 +218,8 @@ type deadlineWatch struct {
 // watchDeadline starts a deadlineWatch of h.
 func (h *hold) watchDeadline() *deadlineWatch {
 	w := &deadlineWatch{h: h}
-	until, _ := h.deadline()
 	w.mu.Lock()
-	w.t = time.AfterFunc(time.Until(until), w.fire)
+	w.t = time.AfterFunc(time.Until(h.endsBy()), w.fire)
 	w.mu.Unlock()
 	return w
 }
@@ -221,10 +228,10 @@ func (w *deadlineWatch) fire() {
 	if w.h.expire(time.Now()) {
 		return
 	}
-	until, _ := w.h.deadline() // moved meanwhile: watch the new one
+	at := w.h.endsBy() // until moved meanwhile: watch the new one
 	w.mu.Lock()
 	if !w.stopped {
-		w.t.Reset(time.Until(until))
+		w.t.Reset(time.Until(at))
 	}
 	w.mu.Unlock()
 }
@@ -258,6 +265,17 @@ func (h *hold) closeEnded() {
 	}
 }
 
+// endsBy returns when the hold ends unless extended: its local deadline,
+// or WithMaxHold's limit if that is sooner.
+func (h *hold) endsBy() time.Time {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.limit.IsZero() && h.limit.Before(h.until) {
+		return h.limit
+	}
+	return h.until
+}
+
 // deadline returns the local deadline, and false if the hold has ended.
 func (h *hold) deadline() (time.Time, bool) {
 	h.mu.Lock()
@@ -265,21 +283,36 @@ func (h *hold) deadline() (time.Time, bool) {
 	return h.until, h.state == held
 }
 
-// expire declares the hold lost if until has passed at now, and reports
-// whether the hold is over.
+// expire declares the hold lost if until (or the limit of WithMaxHold) has
+// passed at now, and reports whether the hold is over.
 func (h *hold) expire(now time.Time) bool {
 	h.mu.Lock()
-	lostNow := h.state == held && !now.Before(h.until)
-	if lostNow {
-		h.state = lost
+	var reason LostReason
+	if h.state == held {
+		switch {
+		case !now.Before(h.until):
+			reason = LostDeadline
+		case !h.limit.IsZero() && !now.Before(h.limit):
+			reason = LostMaxHold
+		}
+	}
+	if reason != "" {
+		h.state, h.reason = lost, reason
 		h.closeEnded()
 	}
 	over := h.state != held
 	h.mu.Unlock()
-	if lostNow {
-		h.m.lostHold(h, LostDeadline)
+	if reason != "" {
+		h.m.lostHold(h, reason)
 	}
 	return over
+}
+
+// lostReason returns why the hold was lost; "" if it was not.
+func (h *hold) lostReason() LostReason {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.reason
 }
 
 // lose declares the hold lost now (an extend or release found the key gone
@@ -288,7 +321,7 @@ func (h *hold) lose() {
 	h.mu.Lock()
 	lostNow := h.state == held
 	if lostNow {
-		h.state = lost
+		h.state, h.reason = lost, LostExtend
 		h.closeEnded()
 	}
 	h.mu.Unlock()
@@ -303,7 +336,7 @@ func (h *hold) moveUntil(until time.Time) bool {
 	h.mu.Lock()
 	lostNow := h.state == held && !time.Now().Before(h.until)
 	if lostNow {
-		h.state = lost // the extend came back too late
+		h.state, h.reason = lost, LostLateExtend // the extend came back too late
 		h.closeEnded()
 	}
 	if h.state == held && until.After(h.until) {
@@ -322,11 +355,17 @@ func (h *hold) moveUntil(until time.Time) bool {
 // of h returns at once. It reports whether the hold had been lost before.
 func (h *hold) end() (wasLost bool) {
 	h.mu.Lock()
-	lostNow := false
+	var reason LostReason
 	if h.state == held {
-		if !time.Now().Before(h.until) {
-			h.state = lost
-			lostNow = true
+		now := time.Now()
+		switch {
+		case !now.Before(h.until):
+			reason = LostDeadline
+		case !h.limit.IsZero() && !now.Before(h.limit):
+			reason = LostMaxHold
+		}
+		if reason != "" {
+			h.state, h.reason = lost, reason
 		}
 		h.closeEnded()
 	}
@@ -335,8 +374,8 @@ func (h *hold) end() (wasLost bool) {
 	h.m.unwatch(h) // lock order: h.mu before m.dogMu
 	ticking, cancel := h.ticking, h.cancel
 	h.mu.Unlock()
-	if lostNow {
-		h.m.lostHold(h, LostDeadline)
+	if reason != "" {
+		h.m.lostHold(h, reason)
 	}
 	if ticking != nil {
 		// Nothing of the hold outlives Unlock.
@@ -352,6 +391,9 @@ func (h *hold) end() (wasLost bool) {
 // ErrLockLost when the key is gone or taken on so many nodes that a quorum
 // can never hold it again.
 func (m *NetMutex) extendRound(ctx context.Context, h *hold) (err error) {
+	if h.expire(time.Now()) {
+		return ErrLockLost // over: nothing is sent (WithMaxHold: no extend after the bound)
+	}
 	until, ok := h.deadline()
 	if !ok {
 		return ErrLockLost

@@ -3,6 +3,7 @@ package netlock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -222,6 +223,7 @@ func TryDo[T any](ctx context.Context, m *NetMutex, fn func(ctx context.Context)
 
 // runLocked runs fn for Do and TryDo, m locked, and unlocks m.
 func runLocked[T any](ctx context.Context, m *NetMutex, fn func(ctx context.Context) (T, error)) (result T, err error) {
+	h := m.current()
 	lost := m.Lost()
 	fctx, cancel := context.WithCancelCause(ctx)
 	watched := make(chan struct{})
@@ -229,7 +231,7 @@ func runLocked[T any](ctx context.Context, m *NetMutex, fn func(ctx context.Cont
 		defer close(watched)
 		select {
 		case <-lost:
-			cancel(ErrLockLost)
+			cancel(m.lostCause(h))
 		case <-fctx.Done():
 		}
 	}()
@@ -242,4 +244,13 @@ func runLocked[T any](ctx context.Context, m *NetMutex, fn func(ctx context.Cont
 		}
 	}()
 	return fn(fctx)
+}
+
+// lostCause returns the cause of the end of the context Do gives fn when h
+// is lost: ErrLockLost, saying so when it lasted WithMaxHold's bound.
+func (m *NetMutex) lostCause(h *hold) error {
+	if h != nil && h.lostReason() == LostMaxHold {
+		return &wrapError{msg: fmt.Sprintf("netlock: lock lost: held for WithMaxHold's %v", m.cfg.maxHold), err: ErrLockLost}
+	}
+	return ErrLockLost
 }

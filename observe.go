@@ -115,6 +115,8 @@ const (
 	LostLateExtend LostReason = "late_extend"
 	// LostRelease: the release at Unlock found the key gone or taken.
 	LostRelease LostReason = "release"
+	// LostMaxHold: the hold lasted the bound WithMaxHold sets.
+	LostMaxHold LostReason = "max_hold"
 )
 
 // log returns m's logger if it logs at level, nil otherwise. Without

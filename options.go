@@ -73,7 +73,8 @@ type config struct {
 	logger        *slog.Logger // nil: slog.Default(), Warn and above
 	loggerSet     bool
 	observer      Observer
-	replicas      int // WithSyncReplicas; 0: off
+	replicas      int           // WithSyncReplicas; 0: off
+	maxHold       time.Duration // WithMaxHold; 0: no bound
 }
 
 func defaultConfig() config {
@@ -100,6 +101,18 @@ func WithExpiry(d time.Duration) Option { return func(c *config) { c.expiry = d 
 // together), so it does not expire while its process lives; Lost is closed
 // if an extend cannot succeed before the hold's local deadline.
 func WithAutoExtend(on bool) Option { return func(c *config) { c.autoExtend = on } }
+
+// WithMaxHold bounds how long a hold lasts (default: no bound). At d after
+// the acquire began the hold ends: the watchdog extends it no more, Lost()
+// closes (LostMaxHold), the context Do gives fn ends with a cause matching
+// ErrLockLost that names the bound, and ExtendCtx and UnlockCtx return
+// ErrLockLost (UnlockCtx still deletes the key). No extend is sent after d,
+// so the key, if the holder does not unlock, expires at the latest one
+// expiry after d: other processes get in then even if the holder's process
+// hangs on to it. It bounds every hold of the lock: a NetRWMutex's write
+// lock and each read lease, and a Semaphore's lease. d must not be negative;
+// 0 means no bound.
+func WithMaxHold(d time.Duration) Option { return func(c *config) { c.maxHold = d } }
 
 // WithRetryDelay bounds the jittered wait between acquire attempts where a
 // waiter cannot be told its turn (defaults 1ms and 50ms): a Backend without
@@ -262,6 +275,9 @@ func (c *config) checkTimes() (errs []string) {
 	}
 	if len(errs) == 0 && c.expiry-c.driftTerm() <= c.nodeTimeout {
 		errs = append(errs, fmt.Sprintf("expiry %v leaves no validity after the drift allowance %v and the node timeout %v", c.expiry, c.driftTerm(), c.nodeTimeout))
+	}
+	if c.maxHold < 0 {
+		errs = append(errs, fmt.Sprintf("maximum hold %v is negative", c.maxHold))
 	}
 	if !c.outageSet {
 		c.outage = c.expiry
