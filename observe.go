@@ -194,8 +194,12 @@ func (m *NetMutex) extended(ctx context.Context, h *hold, took time.Duration, er
 
 // lostHold tells the observer, and the log at Warn, that h was lost.
 func (m *NetMutex) lostHold(h *hold, reason LostReason) {
-	if l := m.log(context.Background(), slog.LevelWarn); l != nil {
-		l.LogAttrs(context.Background(), slog.LevelWarn, "netlock: lock lost", m.lockAttr(), slog.Uint64("token", h.token), slog.String("reason", string(reason)))
+	level := slog.LevelWarn
+	if reason == LostMaxHold {
+		level = slog.LevelInfo // the end WithMaxHold asked for
+	}
+	if l := m.log(context.Background(), level); l != nil {
+		l.LogAttrs(context.Background(), level, "netlock: lock lost", m.lockAttr(), slog.Uint64("token", h.token), slog.String("reason", string(reason)))
 	}
 	if o := m.cfg.observer.Lost; o != nil {
 		o(LostHold{Name: m.name, Kind: m.leaseKind.observed(), Token: h.token, Reason: reason})

@@ -66,7 +66,7 @@ Exit status:
              Redis server, or refusing netlock's commands (a password, a
              permission); PROGRAM did not run and nothing is held
   75         the hold was lost while PROGRAM ran (or was found lost when
-             releasing it after PROGRAM exited)
+             releasing it after PROGRAM exited), or --max-time ran out
   126, 127   PROGRAM could not be started, or was not found
   128+N      signal N arrived while waiting for the lock; PROGRAM did not run
 
@@ -83,6 +83,7 @@ type runConfig struct {
 	wait     time.Duration // 0: try once; forever when waitSet is false
 	waitSet  bool
 	grace    time.Duration // SIGTERM to SIGKILL when the hold is lost
+	maxTime  time.Duration // --max-time: the hold ends then; 0: no bound
 	conflict int           // exit code when the lock is busy
 	verbose  bool
 }
@@ -120,6 +121,7 @@ func parseRunFlags(args []string, stdout, stderr io.Writer) (cfg runConfig, code
 	// No default shown: without --wait, netlock waits as long as it takes.
 	fs.Func("wait", "wait at most `duration` for the lock, 0 to try once (default: as long as it takes)", (&durationValue{p: &cfg.wait}).Set)
 	fs.Var(&durationValue{p: &cfg.grace}, "grace", "when the hold is lost: `duration` between SIGTERM and SIGKILL to the program\n(0: SIGKILL at once)")
+	fs.Var(&durationValue{p: &cfg.maxTime}, "max-time", "end the hold `duration` after it was taken, as if lost: the program gets\nSIGTERM (then SIGKILL after --grace), and netlock exits with 75; the key\nexpires at the latest --expiry later (default 0: no bound)")
 	fs.Var(&intValue{p: &cfg.conflict, min: 0, max: 255}, "conflict-exit-code", "exit `code` when the lock is held elsewhere, 0 to 255")
 	fs.BoolVar(&cfg.verbose, "v", false, "tell on stderr what netlock does, and while waiting who holds the lock")
 	bad := func(format string, a ...any) (runConfig, int, bool) {
@@ -165,6 +167,20 @@ func parseRunFlags(args []string, stdout, stderr io.Writer) (cfg runConfig, code
 	return cfg, exitOK, true
 }
 
+// whyLost returns why the hold was lost, once Lost() has closed: the
+// Observer is called right after (see netlock.Observer), so a second is
+// plenty; "" if it was not.
+func (r *runner) whyLost() netlock.LostReason {
+	t := time.NewTimer(time.Second)
+	defer t.Stop()
+	select {
+	case why := <-r.lostWhy:
+		return why
+	case <-t.C:
+		return ""
+	}
+}
+
 // A runner is one "netlock run".
 type runner struct {
 	cfg            runConfig
@@ -176,6 +192,9 @@ type runner struct {
 	msgs     io.Writer
 	backends []netlock.Backend
 	opts     []netlock.Option // of the NetMutex, for Inspect too
+	// lostWhy is told why the hold was lost, right after Lost() closes
+	// (see netlock.Observer).
+	lostWhy chan netlock.LostReason
 }
 
 // lockedWriter serializes the writes to w.
@@ -234,6 +253,16 @@ func (r *runner) run(ctx context.Context) int {
 		netlock.WithOutageWindow(cfg.expiry),
 		netlock.WithPrefix(cfg.conn.prefix),
 		netlock.WithLogger(r.logger()),
+	}
+	r.lostWhy = make(chan netlock.LostReason, 1)
+	r.opts = append(r.opts, netlock.WithObserver(netlock.Observer{Lost: func(l netlock.LostHold) {
+		select {
+		case r.lostWhy <- l.Reason:
+		default:
+		}
+	}}))
+	if cfg.maxTime > 0 {
+		r.opts = append(r.opts, netlock.WithMaxHold(cfg.maxTime))
 	}
 	m, err := netlock.New(cfg.name, r.backends, r.opts...)
 	if err != nil {
@@ -429,12 +458,16 @@ func (r *runner) supervise(ctx context.Context, m *netlock.NetMutex, sigs <-chan
 			send(syscall.SIGTERM)
 		case <-lost:
 			lost, lostHold = nil, true
+			what := fmt.Sprintf("lost the lock %q (fencing token %d) while %s ran", cfg.name, token, prog)
+			if r.whyLost() == netlock.LostMaxHold {
+				what = fmt.Sprintf("%s ran for --max-time %v: the hold of the lock %q (fencing token %d) ended", prog, cfg.maxTime, cfg.name, token)
+			}
 			if cfg.grace == 0 {
-				r.errorf("lost the lock %q (fencing token %d) while %s ran; killing it", cfg.name, token, prog)
+				r.errorf("%s; killing it", what)
 				send(syscall.SIGKILL)
 				continue
 			}
-			r.errorf("lost the lock %q (fencing token %d) while %s ran; sending SIGTERM, SIGKILL in %v", cfg.name, token, prog, cfg.grace)
+			r.errorf("%s; sending SIGTERM, SIGKILL in %v", what, cfg.grace)
 			send(syscall.SIGTERM)
 			kill = time.NewTimer(cfg.grace)
 			killC = kill.C

@@ -502,6 +502,8 @@ func TestRunBadInput(t *testing.T) {
 		{[]string{"--wait"}, false, `--wait needs a value`},
 		{[]string{"--wait", "-1s"}, true, `invalid value "-1s" for --wait: want a duration of 0 or more`},
 		{[]string{"--grace", "-1s"}, true, `invalid value "-1s" for --grace: want a duration of 0 or more`},
+		{[]string{"--max-time", "-1s"}, true, `invalid value "-1s" for --max-time: want a duration of 0 or more`},
+		{[]string{"--max-time", "soon"}, true, `invalid value "soon" for --max-time`},
 		{[]string{"--redis", "127.0.0.1:1", "--redis", "127.0.0.1:1"}, true, `invalid value "127.0.0.1:1" for --redis: given twice`},
 		{[]string{"--user", "bob"}, true, "--user bob needs the password in $NETLOCK_PASSWORD"},
 		{[]string{"--no-such-flag"}, true, "unknown flag --no-such-flag"},
@@ -749,5 +751,33 @@ func TestRunExitCodes(t *testing.T) {
 				t.Errorf("exit %d, want %d", code, tc.code)
 			}
 		})
+	}
+}
+
+// TestRunMaxTime: with --max-time the hold ends then, while the program
+// runs and the key is being extended: the program gets SIGTERM, netlock
+// says why and exits with 75, and the lock is free.
+func TestRunMaxTime(t *testing.T) {
+	s := redistest.Start(t)
+	dir := t.TempDir()
+	marker, ready := filepath.Join(dir, "marker"), filepath.Join(dir, "ready")
+	start := time.Now()
+	p := startNetlock(t, nil, "run", "--redis", s.Addr(), "--expiry", "300ms", "--max-time", "1s", "job", "--", "sh", "-c", trapScript("TERM"), "sh", marker, ready)
+	waitFor(t, "the program to start", func() bool { return exists(ready) })
+	code := p.wait()
+	if code != exitLost {
+		t.Errorf("exit %d, want %d", code, exitLost)
+	}
+	if took := time.Since(start); took < time.Second {
+		t.Errorf("netlock exited %v after it started, before --max-time 1s", took)
+	}
+	if got := readFile(t, marker); got != "got TERM\n" {
+		t.Errorf("the program wrote %q, want %q", got, "got TERM\n")
+	}
+	if want := `netlock run: sh ran for --max-time 1s: the hold of the lock "job" (fencing token 1) ended; sending SIGTERM, SIGKILL in 10s`; !strings.Contains(p.stderr.String(), want) {
+		t.Errorf("stderr %q does not say %q", p.stderr.String(), want)
+	}
+	if keys := redisDo(t, s, "EXISTS", lockKey("job")); keys != "0" {
+		t.Errorf("the lock key is still there after netlock exited")
 	}
 }
