@@ -35,6 +35,7 @@ type hold struct {
 	mu      sync.Mutex
 	until   time.Time // local deadline, monotonic: the hold is lost when it passes
 	limit   time.Time // WithMaxHold's end of the hold; zero if none
+	keep    time.Time // WithMinHold's: released before it, the key stays until then
 	state   holdState
 	reason  LostReason         // why it was lost, once lost
 	next    time.Time          // when the next extend is due, with auto-extend
@@ -63,6 +64,9 @@ func newHold(m *NetMutex, g grant) *hold {
 	}
 	if m.cfg.maxHold > 0 {
 		h.limit = g.start.Add(m.cfg.maxHold)
+	}
+	if m.cfg.minHold > 0 {
+		h.keep = g.start.Add(m.cfg.minHold)
 	}
 	h.writerWaits.Store(g.writerWaits)
 	m.arm(h, h.wakeLocked()) // h is not shared yet

@@ -36,6 +36,10 @@ type kind interface {
 	// releaseCall returns the release script, keys and arguments for value
 	// (whose tombstone key is tomb).
 	releaseCall(value, tomb string) (*Script, []string, []string)
+	// keepCall returns the extend script, keys and arguments that set the
+	// hold of value to expire in ms (WithMinHold: a hold released early
+	// keeps excluding until then).
+	keepCall(value string, ms int64) (*Script, []string, []string)
 	// leaveCall returns the script, keys and arguments that take member off
 	// the waiters' queue and pass on a turn given to it.
 	leaveCall(member string) (*Script, []string, []string)

@@ -127,6 +127,9 @@ func (m *NetMutex) UnlockCtx(ctx context.Context) error {
 	m.mu.Unlock()
 
 	wasLost := h.end()
+	if rest := time.Until(h.keep); rest > 0 {
+		return m.keepUntil(ctx, h, held, wasLost, rest)
+	}
 	start := time.Now()
 	replies := m.release(detached(ctx), h.value, h.tomb, nil, true)
 	err := m.settle(replies)
@@ -137,6 +140,24 @@ func (m *NetMutex) UnlockCtx(ctx context.Context) error {
 		grace := min(max(2*time.Since(start), minYield), maxYield)
 		m.yieldUntil.Store(int64(time.Since(m.epoch) + grace))
 	}
+	m.passOwnership()
+	switch {
+	case wasLost:
+		err = ErrLockLost
+	case errors.Is(err, ErrLockLost):
+		m.lostHold(h, LostRelease)
+	}
+	m.unlocked(ctx, h, held, false, err)
+	return err
+}
+
+// keepUntil ends h, released before WithMinHold's time is over, by setting
+// its key to expire in rest (rounded up to Redis's millisecond) instead of
+// deleting it: others get in then. Its errors are UnlockCtx's.
+func (m *NetMutex) keepUntil(ctx context.Context, h *hold, held time.Duration, wasLost bool, rest time.Duration) error {
+	ms := int64((rest + time.Millisecond - 1) / time.Millisecond)
+	s, keys, args := m.kind.keepCall(h.value, ms)
+	err := m.settle(m.fanout(detached(ctx), s, keys, args, nil))
 	m.passOwnership()
 	switch {
 	case wasLost:

@@ -1,5 +1,7 @@
 package netlock
 
+import "strconv"
+
 // mutexKind is the kind of a NetMutex: one key, one owner (lua/acquire.lua,
 // release.lua, extend.lua, leave.lua).
 type mutexKind struct {
@@ -32,6 +34,14 @@ func (k mutexKind) extendCall(value string) (*Script, []string, []string) {
 }
 
 func (mutexKind) extended(*hold, []nodeReply) {}
+
+// keepCall returns the extend script, keys and arguments that set the key
+// of value to expire in ms (WithMinHold: a hold released early keeps
+// excluding until then).
+func (k mutexKind) keepCall(value string, ms int64) (*Script, []string, []string) {
+	m := k.m
+	return extendScript, m.extendKeys, []string{value, strconv.FormatInt(ms, 10), m.queueMS}
+}
 
 func (k mutexKind) leaveCall(member string) (*Script, []string, []string) {
 	m := k.m

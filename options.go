@@ -75,6 +75,7 @@ type config struct {
 	observer      Observer
 	replicas      int           // WithSyncReplicas; 0: off
 	maxHold       time.Duration // WithMaxHold; 0: no bound
+	minHold       time.Duration // WithMinHold; 0: none
 }
 
 func defaultConfig() config {
@@ -113,6 +114,17 @@ func WithAutoExtend(on bool) Option { return func(c *config) { c.autoExtend = on
 // lock and each read lease, and a Semaphore's lease. d must not be negative;
 // 0 means no bound.
 func WithMaxHold(d time.Duration) Option { return func(c *config) { c.maxHold = d } }
+
+// WithMinHold makes a NetMutex's hold exclude others for at least d after
+// its acquire began (default 0: none), for work that must run at most once
+// per interval, on whichever process (as ShedLock's lockAtLeastFor): an
+// UnlockCtx before d leaves the key, set to expire when d is over, instead
+// of deleting it, and waiters get in then; this process's own next acquire
+// waits too. An UnlockCtx after d releases at once. A hold handed to a
+// goroutine of this process (WithLocalHandoffs) goes on as usual. For a
+// NetRWMutex it bounds the write lock (a read lease ends when its last
+// reader leaves); NewSemaphore refuses it. d must not be negative.
+func WithMinHold(d time.Duration) Option { return func(c *config) { c.minHold = d } }
 
 // WithRetryDelay bounds the jittered wait between acquire attempts where a
 // waiter cannot be told its turn (defaults 1ms and 50ms): a Backend without
@@ -278,6 +290,9 @@ func (c *config) checkTimes() (errs []string) {
 	}
 	if c.maxHold < 0 {
 		errs = append(errs, fmt.Sprintf("maximum hold %v is negative", c.maxHold))
+	}
+	if c.minHold < 0 {
+		errs = append(errs, fmt.Sprintf("minimum hold %v is negative", c.minHold))
 	}
 	if !c.outageSet {
 		c.outage = c.expiry

@@ -205,6 +205,9 @@ func NewRW(name string, backends []Backend, opts ...Option) (*NetRWMutex, error)
 	// come before the next writer: handing the write lock to a writer of
 	// this process would pass over them.
 	w.cfg.handoffs = 0
+	// WithMinHold bounds the write lock; a read lease, shared by readers
+	// that come and go, ends when the last one leaves.
+	r.cfg.minHold = 0
 	return &NetRWMutex{w: w, r: r, keys: k, joined: k.Joined}, nil
 }
 
@@ -267,6 +270,11 @@ func (s *rwSide) releaseCall(value, tomb string) (*Script, []string, []string) {
 func (s *rwSide) extendCall(value string) (*Script, []string, []string) {
 	k := s.keys
 	return rwExtendScript, []string{k.Writer, k.Leases, k.Writers}, []string{string(s.mode) + ":" + value + ":" + s.m.expiryMS}
+}
+
+func (s *rwSide) keepCall(value string, ms int64) (*Script, []string, []string) {
+	k := s.keys
+	return rwExtendScript, []string{k.Writer, k.Leases, k.Writers}, []string{string(s.mode) + ":" + value + ":" + strconv.FormatInt(ms, 10)}
 }
 
 // extended: what the nodes say now of a read lease: a writer that gave up

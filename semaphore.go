@@ -143,6 +143,9 @@ func NewSemaphore(name string, size int64, backends []Backend, opts ...Option) (
 	if err != nil {
 		return nil, err
 	}
+	if m.cfg.minHold > 0 {
+		return nil, fmt.Errorf("netlock: semaphore %q: WithMinHold applies to a NetMutex and a NetRWMutex's write lock, not to a Semaphore's permits", name)
+	}
 	if len(backends) != 1 {
 		return nil, fmt.Errorf("netlock: semaphore %q: %d backends; a Semaphore runs on one (a server, with its replicas, or a Cluster): a quorum of independent deployments cannot bound k > 1 holders without nearly every node answering (see Semaphore)", name, len(backends))
 	}

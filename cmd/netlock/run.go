@@ -84,6 +84,7 @@ type runConfig struct {
 	waitSet  bool
 	grace    time.Duration // SIGTERM to SIGKILL when the hold is lost
 	maxTime  time.Duration // --max-time: the hold ends then; 0: no bound
+	minHold  time.Duration // --min-hold: the lock stays taken that long at least
 	conflict int           // exit code when the lock is busy
 	verbose  bool
 }
@@ -122,6 +123,7 @@ func parseRunFlags(args []string, stdout, stderr io.Writer) (cfg runConfig, code
 	fs.Func("wait", "wait at most `duration` for the lock, 0 to try once (default: as long as it takes)", (&durationValue{p: &cfg.wait}).Set)
 	fs.Var(&durationValue{p: &cfg.grace}, "grace", "when the hold is lost: `duration` between SIGTERM and SIGKILL to the program\n(0: SIGKILL at once)")
 	fs.Var(&durationValue{p: &cfg.maxTime}, "max-time", "end the hold `duration` after it was taken, as if lost: the program gets\nSIGTERM (then SIGKILL after --grace), and netlock exits with 75; the key\nexpires at the latest --expiry later (default 0: no bound)")
+	fs.Var(&durationValue{p: &cfg.minHold}, "min-hold", "keep the lock taken at least `duration` after it was taken, even if the program\nexits sooner, so that it runs at most once per duration on any host (default 0)")
 	fs.Var(&intValue{p: &cfg.conflict, min: 0, max: 255}, "conflict-exit-code", "exit `code` when the lock is held elsewhere, 0 to 255")
 	fs.BoolVar(&cfg.verbose, "v", false, "tell on stderr what netlock does, and while waiting who holds the lock")
 	bad := func(format string, a ...any) (runConfig, int, bool) {
@@ -263,6 +265,9 @@ func (r *runner) run(ctx context.Context) int {
 	}}))
 	if cfg.maxTime > 0 {
 		r.opts = append(r.opts, netlock.WithMaxHold(cfg.maxTime))
+	}
+	if cfg.minHold > 0 {
+		r.opts = append(r.opts, netlock.WithMinHold(cfg.minHold))
 	}
 	m, err := netlock.New(cfg.name, r.backends, r.opts...)
 	if err != nil {

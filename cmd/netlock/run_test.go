@@ -504,6 +504,7 @@ func TestRunBadInput(t *testing.T) {
 		{[]string{"--grace", "-1s"}, true, `invalid value "-1s" for --grace: want a duration of 0 or more`},
 		{[]string{"--max-time", "-1s"}, true, `invalid value "-1s" for --max-time: want a duration of 0 or more`},
 		{[]string{"--max-time", "soon"}, true, `invalid value "soon" for --max-time`},
+		{[]string{"--min-hold", "-1s"}, true, `invalid value "-1s" for --min-hold: want a duration of 0 or more`},
 		{[]string{"--redis", "127.0.0.1:1", "--redis", "127.0.0.1:1"}, true, `invalid value "127.0.0.1:1" for --redis: given twice`},
 		{[]string{"--user", "bob"}, true, "--user bob needs the password in $NETLOCK_PASSWORD"},
 		{[]string{"--no-such-flag"}, true, "unknown flag --no-such-flag"},
@@ -779,5 +780,26 @@ func TestRunMaxTime(t *testing.T) {
 	}
 	if keys := redisDo(t, s, "EXISTS", lockKey("job")); keys != "0" {
 		t.Errorf("the lock key is still there after netlock exited")
+	}
+}
+
+// TestRunMinHold: with --min-hold a program that exits at once keeps the
+// lock taken for the rest: a second run in that time finds it held (exit 1,
+// its program not run), one after it runs.
+func TestRunMinHold(t *testing.T) {
+	s := redistest.Start(t)
+	begun := time.Now()
+	if code, _, stderr := runCmd(t, t.Context(), "run", "--redis", s.Addr(), "--min-hold", "1s", "job", "--", "true"); code != 0 {
+		t.Fatalf("first run: exit %d, stderr %q", code, stderr)
+	}
+	marker := filepath.Join(t.TempDir(), "ran")
+	if code, _, _ := runCmd(t, t.Context(), "run", "--redis", s.Addr(), "--wait", "0", "job", "--", "touch", marker); code != exitConflict || exists(marker) {
+		t.Fatalf("a run within --min-hold: exit %d (want %d), program ran %v", code, exitConflict, exists(marker))
+	}
+	if code, _, stderr := runCmd(t, t.Context(), "run", "--redis", s.Addr(), "--wait", "5s", "job", "--", "touch", marker); code != 0 || !exists(marker) {
+		t.Fatalf("a run waiting past --min-hold: exit %d, program ran %v, stderr %q", code, exists(marker), stderr)
+	}
+	if took := time.Since(begun); took < time.Second {
+		t.Errorf("the second program ran %v after the first run began, within --min-hold 1s", took)
 	}
 }
