@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -222,7 +223,9 @@ func runList(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 // printList writes rows as a table.
 func printList(w io.Writer, rows []listRow, nodes bool) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	bw := bufio.NewWriter(w) // tabwriter writes cell by cell
+	defer bw.Flush()
+	tw := tabwriter.NewWriter(bw, 0, 0, 2, ' ', 0)
 	header := "NAME\tKIND\tTOKEN\tTTL\tHELD"
 	if nodes {
 		header += "\tNODE"
@@ -481,26 +484,24 @@ func (l *lister) read(ctx context.Context, conn redis.Conn, n node, keys []strin
 	if err := conn.Send("TIME"); err != nil {
 		return err
 	}
-	if err := conn.Flush(); err != nil {
+	// Flushed and received in one call, each error reply (WRONGTYPE) in
+	// its place among the others (redigo's Do("")).
+	all, err := redis.Values(redis.DoContext(conn, ctx, ""))
+	if err != nil {
 		return err
 	}
-	// Every reply is received before any is looked at: an error reply of
-	// one key (WRONGTYPE) must not leave the others in the connection.
 	type reply struct {
 		v   any
 		err error
 	}
-	var replies []reply
-	for _, it := range items {
-		for range 2 - boolInt(it.kind == kindRWRead) {
-			v, err := redis.ReceiveContext(conn, ctx)
-			if err != nil && !isReply(err) {
-				return err
-			}
-			replies = append(replies, reply{v, err})
+	replies := make([]reply, len(all)-1)
+	for i, v := range all[:len(all)-1] {
+		replies[i].v = v
+		if e, ok := v.(redis.Error); ok {
+			replies[i] = reply{nil, e}
 		}
 	}
-	t, err := redis.Int64s(redis.ReceiveContext(conn, ctx))
+	t, err := redis.Int64s(all[len(all)-1], nil)
 	if err != nil || len(t) != 2 {
 		return fmt.Errorf("TIME: %v", err)
 	}
@@ -551,13 +552,6 @@ func (l *lister) read(ctx context.Context, conn redis.Conn, n node, keys []strin
 		l.rows = append(l.rows, row)
 	}
 	return nil
-}
-
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // liveLeases reads a sorted set of leases (member: value, score: deadline
