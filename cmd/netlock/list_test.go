@@ -153,10 +153,10 @@ func TestListHeld(t *testing.T) {
 	code, stdout, stderr := runCmd(t, ctx, "list", "--redis", a)
 	table := []string{
 		`NAME +KIND +TOKEN +TTL +HELD`,
-		`catalog +rw-write +` + strconv.FormatUint(w.Token(), 10) + ` +[0-9.]+m?s +1`,
-		`orders +mutex +` + strconv.FormatUint(m.Token(), 10) + ` +[0-9.]+m?s +1`,
-		`payments +semaphore +- +[0-9.]+m?s +2/3 permits`,
-		`prices +rw-read +- +[0-9.]+m?s +2 leases`,
+		`catalog +rw-write +` + strconv.FormatUint(w.Token(), 10) + ` +[0-9][0-9.ms]* +1`,
+		`orders +mutex +` + strconv.FormatUint(m.Token(), 10) + ` +[0-9][0-9.ms]* +1`,
+		`payments +semaphore +- +[0-9][0-9.ms]* +2/3 permits`,
+		`prices +rw-read +- +[0-9][0-9.ms]* +2 leases`,
 	}
 	if want := regexp.MustCompile(`^` + strings.Join(table, "\n") + "\n$"); code != exitOK || !want.MatchString(stdout) || stderr != "" {
 		t.Errorf("table: exit %d, stderr %q, stdout does not match %v:\n%s", code, stderr, want, stdout)
@@ -330,7 +330,7 @@ func TestListBadInput(t *testing.T) {
 		s := redistest.Start(t)
 		redisDo(t, s, "SET", lockKey("job"), "v:3", "PX", "60000")
 		code, stdout, stderr := runCmd(t, t.Context(), "list", "--redis", s.Addr(), "--redis", unused)
-		if code != exitUnavailable || !regexp.MustCompile(`(?m)^job +mutex +3 +[0-9.]+s +1 +`+regexp.QuoteMeta(s.Addr())+`$`).MatchString(stdout) ||
+		if code != exitUnavailable || !regexp.MustCompile(`(?m)^job +mutex +3 +[0-9][0-9.ms]* +1 +`+regexp.QuoteMeta(s.Addr())+`$`).MatchString(stdout) ||
 			!strings.Contains(stderr, "Redis at "+unused+" not answering") {
 			t.Errorf("exit %d, stdout %q, stderr %q; want %d, job listed on %s with a NODE column, and %s named", code, stdout, stderr, exitUnavailable, s.Addr(), unused)
 		}
