@@ -9,6 +9,7 @@
 //
 //	run     run a program while holding a lock, like flock(1) over Redis
 //	status  show whether a lock is held, on each Redis node
+//	list    list the locks held, on each Redis node
 //	demo    run a lost-update race on a Redis counter, without and with a NetMutex
 //	help    show help for netlock or for one command
 //	version show netlock's version (also --version)
@@ -38,6 +39,7 @@ type command struct {
 var commands = []command{
 	{name: "run", summary: "run a program while holding a lock, like flock(1) over Redis", run: runRun},
 	{name: "status", summary: "show whether a lock is held, on each Redis node", run: runStatus},
+	{name: "list", summary: "list the locks held, on each Redis node", run: runList},
 	{name: "demo", summary: "run a lost-update race on a Redis counter, without and with a NetMutex", run: runDemo},
 }
 
