@@ -10,6 +10,7 @@
 //	run     run a program while holding a lock, like flock(1) over Redis
 //	status  show whether a lock is held, on each Redis node
 //	list    list the locks held, on each Redis node
+//	break   end a lock's hold by force and let the first waiter in
 //	demo    run a lost-update race on a Redis counter, without and with a NetMutex
 //	help    show help for netlock or for one command
 //	version show netlock's version (also --version)
@@ -40,6 +41,7 @@ var commands = []command{
 	{name: "run", summary: "run a program while holding a lock, like flock(1) over Redis", run: runRun},
 	{name: "status", summary: "show whether a lock is held, on each Redis node", run: runStatus},
 	{name: "list", summary: "list the locks held, on each Redis node", run: runList},
+	{name: "break", summary: "end a lock's hold by force and let the first waiter in", run: runBreak},
 	{name: "demo", summary: "run a lost-update race on a Redis counter, without and with a NetMutex", run: runDemo},
 }
 

@@ -1,0 +1,492 @@
+package main
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/gomodule/redigo/redis"
+
+	"github.com/netlock-go/netlock"
+	"github.com/netlock-go/netlock/internal/keyspace"
+)
+
+const breakHelp = `Usage: netlock break [flags] NAME
+
+Ends a hold of the NetMutex lock NAME by force, on each Redis node: in one
+script per node it deletes the lock's key, raises the node's fence counter
+to at least the broken hold's fencing token, and tells the first waiter in
+the lock's queue that its turn has come, as a release does. That waiter
+takes the lock at once, with a higher token than the broken hold's, so a
+resource that keeps fencing tokens (package netlock/fence) refuses the
+broken holder's writes once the new holder has written. The broken holder
+learns that it lost the lock (NetMutex.Lost) at its next extend, or when its
+local deadline passes, whichever comes first; until then it may still
+believe it holds the lock: only fencing protects the resource meanwhile.
+
+Without --force, break first checks that the holder is not alive: it reads
+the key, waits a third of its TTL (the longest a live NetMutex goes between
+two extends) and a quarter of a second more, and reads it again. If the
+TTL went up (the holder extended it) or the key changed hands, break
+refuses, names the hold by its fencing token (netlock does not record who
+holds a lock), and exits 1. It also refuses a key without a TTL or with a
+value netlock did not write, and a wait longer than --check: the key's TTL
+then says that a live holder may not extend within --check. --force breaks
+at once, whatever holds the key, and asks nothing.
+
+break handles NetMutex locks (what "netlock run" takes). A name held as a
+NetRWMutex or a Semaphore is refused with exit 64: break does not end those
+holds.
+
+Over several --redis, break runs on every node that answers and reports
+each; a node that cannot be reached is named, and break exits 69: its key,
+if any, lasts until its TTL runs out.
+
+Exit status: 0 broken, or not held (nothing to break: the output says which);
+1 refused (the holder is alive, the key is not one netlock wrote, has no TTL,
+or would take longer than --check to tell); 64 bad usage, or a NetRWMutex or
+Semaphore name; 69 a node could not be asked (not reachable, not answering,
+not a Redis server, or answering with an error).
+
+` + connHelp + `
+Flags:
+`
+
+const (
+	// breakTimeout bounds each node's answer, dialling included.
+	breakTimeout = 2 * time.Second
+	// breakCheckDefault is --check's default: enough to see a live holder
+	// of the library's default expiry (8s) extend.
+	breakCheckDefault = 3 * time.Second
+	// extendsPerExpiry is how often a live NetMutex extends its hold per
+	// expiry, at least (the library's own constant): its key's TTL never
+	// falls below two thirds of the expiry, so a key with TTL t is
+	// extended within t/3 if its holder is alive.
+	extendsPerExpiry = 3
+	// aliveMargin is added to that wait, for the holder's extend to reach
+	// Redis (round trips, a GC pause, a busy host).
+	aliveMargin = 250 * time.Millisecond
+	// ttlSlack is what a key's TTL may read above what it should have
+	// fallen to without an extend: Redis counts TTLs in whole
+	// milliseconds.
+	ttlSlack = 10 * time.Millisecond
+	// breakWakeTries bounds the waiters break tries to tell, skipping
+	// those nobody listens for: as many as a release tries.
+	breakWakeTries = 8
+
+	exitBroken  = 0 // break: broken, or not held
+	exitRefused = 1 // break: the holder is alive, or the key is not one to break without --force
+)
+
+//go:embed break.lua
+var breakLua string
+
+var breakScript = netlock.NewScript("break", breakLua)
+
+// runBreak runs "netlock break" with args and returns the exit code.
+func runBreak(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("netlock break", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var cf connFlags
+	cf.register(fs, false)
+	force := fs.Bool("force", false, "break the hold at once, even if its holder is alive (see above)")
+	check := breakCheckDefault
+	fs.Var(&durationValue{p: &check}, "check", "wait at most `duration` to see whether the holder is alive (see above)")
+	bad := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "netlock break: "+format+"\n", a...)
+		fmt.Fprintln(stderr, `Run "netlock break --help" for usage.`)
+		return exitUsage
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(stdout, breakHelp)
+			printFlags(stdout, fs)
+			return exitOK
+		}
+		return bad("%s", flagError(fs, err))
+	}
+	switch {
+	case fs.NArg() == 0:
+		return bad("missing the lock name: netlock break [flags] NAME")
+	case fs.NArg() > 1:
+		return bad("unexpected %q after the lock name: flags go before NAME", fs.Arg(1))
+	}
+	c, err := cf.resolve(os.Getenv)
+	if err != nil {
+		return bad("%v", err)
+	}
+	name := fs.Arg(0)
+
+	pools := c.pools()
+	defer closePools(pools)
+	b := &breaker{name: name, c: c, pools: pools, backends: backends(pools), stdout: stdout, stderr: stderr,
+		keys: keyspace.New(c.prefix, name, true)}
+	info, err := b.look(ctx)
+	if err != nil && !errors.Is(err, netlock.ErrQuorum) {
+		// Inspect validates the name as New does: one rule for every
+		// command.
+		return bad("%s", oneLine(err))
+	}
+	b.noteFailures(info)
+	if ctx.Err() != nil {
+		return exitInterrupted
+	}
+	if !anyHeld(info) {
+		if kind := b.otherKind(ctx); kind != "" {
+			fmt.Fprintf(stderr, "netlock break: lock %q is held as a %s: break ends NetMutex holds only, and leaves it alone\n", name, kind)
+			return exitUsage
+		}
+		return b.finish(fmt.Sprintf("lock %q: not held: nothing to break", name), nil)
+	}
+
+	want := make([]string, len(info.Nodes)) // the hold to break on each node; "": whatever holds it
+	run := make([]bool, len(info.Nodes))    // whether to run the script on the node
+	for i, n := range info.Nodes {
+		run[i] = n.Err == nil
+	}
+	if !*force {
+		if code, refused := b.refuseAtSight(info, check); refused {
+			return code
+		}
+		wait := aliveWait(info)
+		before := time.Now()
+		if !sleepCtx(ctx, wait) {
+			return exitInterrupted
+		}
+		elapsed := time.Since(before)
+		again, _ := b.look(ctx)
+		if ctx.Err() != nil {
+			return exitInterrupted
+		}
+		b.noteFailures(again)
+		if why := extended(info, again, elapsed); why != "" {
+			fmt.Fprintf(stderr, "netlock break: lock %q is held by %s, and its holder is alive: %s during the %v check; netlock does not record who holds a lock, only its fencing token; --force breaks it anyway\n",
+				name, heldText(again), why, wait.Round(time.Millisecond))
+			return b.exit(exitRefused)
+		}
+		if !anyHeld(again) {
+			return b.finish(fmt.Sprintf("lock %q: not held: its key expired during the %v check; nothing to break", name, wait.Round(time.Millisecond)), nil)
+		}
+		for i, n := range again.Nodes {
+			run[i] = n.Err == nil && n.Held
+			want[i] = n.Holder
+		}
+		info = again
+	}
+	return b.breakNodes(ctx, info, run, want)
+}
+
+// A breaker is one run of "netlock break": the lock, its nodes, and which of
+// them failed so far.
+type breaker struct {
+	name     string
+	c        *conn
+	keys     keyspace.Keys
+	pools    []*redis.Pool
+	backends []netlock.Backend
+	failed   map[int]bool // nodes that could not be asked, already said on stderr
+	stdout   io.Writer
+	stderr   io.Writer
+}
+
+// look reads the lock on every node, as netlock status does.
+func (b *breaker) look(ctx context.Context) (netlock.Info, error) {
+	return netlock.Inspect(ctx, b.name, b.backends, netlock.WithPrefix(b.c.prefix), netlock.WithNodeTimeout(breakTimeout))
+}
+
+// noteFailures says on stderr, once per node, why a node of info could not
+// be asked.
+func (b *breaker) noteFailures(info netlock.Info) {
+	for i, n := range info.Nodes {
+		if n.Err != nil {
+			b.fail(i, nodeErrorText(i, n.Err), n.Err)
+		}
+	}
+}
+
+// fail says on stderr, once per node, that node i could not be asked: why.
+func (b *breaker) fail(i int, why string, err error) {
+	if b.failed[i] {
+		return
+	}
+	if b.failed == nil {
+		b.failed = map[int]bool{}
+	}
+	b.failed[i] = true
+	fmt.Fprintf(b.stderr, "netlock break: %s: %s\n", b.who(i), why)
+	if h := authHint(err); h != "" {
+		fmt.Fprintf(b.stderr, "netlock break: %s\n", h)
+	}
+}
+
+// who names node i for a message.
+func (b *breaker) who(i int) string {
+	if len(b.c.nodes) > 1 {
+		return fmt.Sprintf("node %d %s", i, b.c.nodes[i].name)
+	}
+	return b.c.nodes[i].name
+}
+
+// exit returns code, or exitUnavailable if a node could not be asked: a
+// script learns that break did not see (or do) everything.
+func (b *breaker) exit(code int) int {
+	if len(b.failed) > 0 {
+		return exitUnavailable
+	}
+	return code
+}
+
+// finish prints the summary and the table of results (nil for none), and
+// returns the exit code.
+func (b *breaker) finish(summary string, rows []string) int {
+	if len(b.failed) > 0 {
+		summary += fmt.Sprintf(" on the nodes that answered; %d of %d could not be asked (see above), and a key there lasts until its TTL runs out", len(b.failed), len(b.c.nodes))
+	}
+	fmt.Fprintln(b.stdout, summary)
+	if rows != nil {
+		tw := tabwriter.NewWriter(b.stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "NODE\tRESULT\tTOKEN\tFENCE COUNTER\tWAITER")
+		for _, r := range rows {
+			fmt.Fprintln(tw, r)
+		}
+		tw.Flush()
+	}
+	return b.exit(exitBroken)
+}
+
+// refuseAtSight refuses, without --force, a hold that break cannot tell
+// dead by waiting: a value netlock did not write, a key without a TTL, or
+// a TTL whose check would take longer than check.
+func (b *breaker) refuseAtSight(info netlock.Info, check time.Duration) (int, bool) {
+	for i, n := range info.Nodes {
+		switch {
+		case n.Err != nil || !n.Held:
+		case n.Foreign:
+			fmt.Fprintf(b.stderr, "netlock break: lock %q: the key on %s holds a value netlock did not write, so no holder of it extends it; --force deletes it\n", b.name, b.who(i))
+			return b.exit(exitRefused), true
+		case n.TTL < 0:
+			fmt.Fprintf(b.stderr, "netlock break: lock %q: the key on %s (fencing token %d) has no TTL, which netlock always sets: it was not written by a NetMutex, or its TTL was removed; --force deletes it\n", b.name, b.who(i), n.Token)
+			return b.exit(exitRefused), true
+		}
+	}
+	if wait := aliveWait(info); wait > check {
+		fmt.Fprintf(b.stderr, "netlock break: lock %q is held by %s: telling whether its holder is alive takes up to %v (a third of the TTL, the longest a live holder goes between extends, and %v), more than --check %v; give --check %v, or --force to break it anyway\n",
+			b.name, heldText(info), wait.Round(time.Millisecond), aliveMargin, check, wait.Round(time.Second)+time.Second)
+		return b.exit(exitRefused), true
+	}
+	return 0, false
+}
+
+// aliveWait is how long to wait to see a live holder of info's keys extend:
+// a third of the longest TTL (a live NetMutex extends at least every third
+// of its expiry, and its key's TTL is never more than its expiry), and
+// aliveMargin.
+func aliveWait(info netlock.Info) time.Duration {
+	var longest time.Duration
+	for _, n := range info.Nodes {
+		if n.Err == nil && n.Held {
+			longest = max(longest, n.TTL)
+		}
+	}
+	return longest/extendsPerExpiry + aliveMargin
+}
+
+// extended says how the nodes show a live holder, from a look before and one
+// after a wait of elapsed: a key whose TTL went up (an extend), or a key
+// that changed hands; "" if they show none.
+func extended(before, after netlock.Info, elapsed time.Duration) string {
+	for i, a := range after.Nodes {
+		b := before.Nodes[i]
+		switch {
+		case a.Err != nil || b.Err != nil || !a.Held:
+		case !b.Held || a.Holder != b.Holder:
+			return fmt.Sprintf("the key changed hands (now fencing token %d)", a.Token)
+		case a.TTL > b.TTL-elapsed+ttlSlack:
+			// Without an extend the TTL would have fallen by at least
+			// elapsed: the two reads ran on the node at least that far
+			// apart.
+			return fmt.Sprintf("it extended the key's TTL from %v to %v", b.TTL, a.TTL)
+		}
+	}
+	return ""
+}
+
+// anyHeld reports whether a node of info holds the lock's key.
+func anyHeld(info netlock.Info) bool {
+	for _, n := range info.Nodes {
+		if n.Err == nil && n.Held {
+			return true
+		}
+	}
+	return false
+}
+
+// heldText names the hold of info for a message: "fencing token 7, TTL
+// 2.5s", as status words it, where a quorum holds it; otherwise the keys
+// left on fewer nodes.
+func heldText(info netlock.Info) string {
+	if info.Held {
+		return holdText(info)
+	}
+	keyed := 0
+	var token uint64
+	for _, n := range info.Nodes {
+		if n.Err == nil && n.Held {
+			keyed++
+			token = max(token, n.Token)
+		}
+	}
+	return fmt.Sprintf("keys on %d of %d nodes (fencing token up to %d), short of a quorum", keyed, len(info.Nodes), token)
+}
+
+// otherKind returns "NetRWMutex" or "Semaphore" if one of that kind holds
+// the lock's name on a node that answers, "" otherwise.
+func (b *breaker) otherKind(ctx context.Context) string {
+	rw := keyspace.RW(b.c.prefix, b.name, false)
+	sem := keyspace.Sem(b.c.prefix, b.name)
+	for i, p := range b.pools {
+		if b.failed[i] {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(ctx, breakTimeout)
+		n, err := func() ([]int, error) {
+			conn, err := p.GetContext(ctx)
+			if err != nil {
+				return nil, err
+			}
+			defer conn.Close()
+			conn.Send("EXISTS", rw.Writer, rw.Leases)
+			conn.Send("EXISTS", sem.Leases, sem.Permits)
+			return redis.Ints(redis.DoContext(conn, ctx, ""))
+		}()
+		cancel()
+		switch {
+		case err != nil:
+			b.fail(i, protocolText(err.Error()), err)
+		case len(n) == 2 && n[0] > 0:
+			return "NetRWMutex"
+		case len(n) == 2 && n[1] > 0:
+			return "Semaphore"
+		}
+	}
+	return ""
+}
+
+// A breakResult is what the break script did on one node.
+type breakResult struct {
+	state   int64 // 1 broken, 0 not held, -1 held by another hold
+	token   uint64
+	counter uint64
+	heard   int64
+	skipped int64
+	err     error
+}
+
+// breakNodes runs the break script, in parallel, on the nodes run says,
+// each against the hold want names ("" for any), and reports.
+func (b *breaker) breakNodes(ctx context.Context, info netlock.Info, run []bool, want []string) int {
+	results := make([]breakResult, len(run))
+	var wg sync.WaitGroup
+	for i := range run {
+		if !run[i] {
+			continue
+		}
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(ctx, breakTimeout)
+			defer cancel()
+			keys := []string{b.keys.Lock, b.keys.Waiters, b.keys.Fence}
+			v, err := b.backends[i].Eval(ctx, breakScript, keys, []string{want[i], strconv.Itoa(breakWakeTries), b.keys.Channel})
+			switch {
+			case err != nil:
+				results[i].err = err
+			case len(v) == 5 && v[0] == 1:
+				results[i] = breakResult{state: 1, token: uint64(v[1]), counter: uint64(v[2]), heard: v[3], skipped: v[4]}
+			case len(v) == 1 && v[0] == 0:
+				results[i] = breakResult{state: 0}
+			case len(v) == 2 && v[0] == -1:
+				results[i] = breakResult{state: -1, token: uint64(v[1])}
+			default:
+				results[i].err = fmt.Errorf("break script: unexpected reply %v", v)
+			}
+		})
+	}
+	wg.Wait()
+
+	var rows []string
+	broken, changed := 0, 0
+	var token uint64
+	for i, r := range results {
+		row := b.c.nodes[i].name + "\t"
+		switch {
+		case !run[i] && info.Nodes[i].Err != nil, r.err != nil:
+			if r.err != nil {
+				b.fail(i, protocolText(oneLine(r.err)), r.err)
+			}
+			row += "error\t-\t-\t-"
+		case !run[i], r.state == 0:
+			row += "free\t-\t-\t-"
+		case r.state == -1:
+			changed++
+			row += fmt.Sprintf("changed hands\t%d\t-\t-", r.token)
+		default:
+			broken++
+			token = max(token, r.token)
+			row += fmt.Sprintf("broken\t%d\t%d\t%s", r.token, r.counter, waiterText(r))
+		}
+		rows = append(rows, row)
+	}
+	if changed > 0 {
+		fmt.Fprintf(b.stderr, "netlock break: lock %q changed hands after the check, on %d of %d nodes: another holder took it, and break left it alone; run break again to check the new holder\n", b.name, changed, len(run))
+	}
+	var summary string
+	switch {
+	case broken == 0 && changed == 0:
+		summary = fmt.Sprintf("lock %q: not held: its key went before break ran; nothing to break", b.name)
+	case broken == 0:
+		summary = fmt.Sprintf("lock %q: not broken", b.name)
+	case len(run) == 1 && token == 0:
+		summary = fmt.Sprintf("lock %q: broken: the hold (it had no fencing token) ended", b.name)
+	case len(run) == 1:
+		summary = fmt.Sprintf("lock %q: broken: the hold of fencing token %d ended; the fence counter is %d", b.name, token, results[0].counter)
+	default:
+		summary = fmt.Sprintf("lock %q: broken on %d of %d nodes (fencing token up to %d)", b.name, broken, len(run), token)
+	}
+	code := b.finish(summary, rows)
+	if changed > 0 && code == exitBroken {
+		return exitRefused
+	}
+	return code
+}
+
+// waiterText says whom the break told of their turn on one node.
+func waiterText(r breakResult) string {
+	switch {
+	case r.heard > 0 && r.skipped > 0:
+		return fmt.Sprintf("told its turn (%d not listening, taken off the queue)", r.skipped)
+	case r.heard > 0:
+		return "told its turn"
+	case r.skipped > 0:
+		return fmt.Sprintf("none listening (%d taken off the queue)", r.skipped)
+	}
+	return "none waiting"
+}
+
+// sleepCtx waits d, or until ctx ends: it reports whether d passed.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
