@@ -139,6 +139,9 @@ func runBreak(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if ctx.Err() != nil {
 		return exitInterrupted
 	}
+	if len(b.failed) == len(c.nodes) {
+		return exitUnavailable // no node answered: nothing to say on stdout
+	}
 	if !anyHeld(info) {
 		if kind := b.otherKind(ctx); kind != "" {
 			fmt.Fprintf(stderr, "netlock break: lock %q is held as a %s: break ends NetMutex holds only, and leaves it alone\n", name, kind)
@@ -168,8 +171,8 @@ func runBreak(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 		b.noteFailures(again)
 		if why := extended(info, again, elapsed); why != "" {
-			fmt.Fprintf(stderr, "netlock break: lock %q is held by %s, and its holder is alive: %s during the %v check; netlock does not record who holds a lock, only its fencing token; --force breaks it anyway\n",
-				name, heldText(again), why, wait.Round(time.Millisecond))
+			fmt.Fprintf(stderr, "netlock break: lock %q is held by %s, and its holder is alive: %s; netlock does not record who holds a lock, only its fencing token; --force breaks it anyway\n",
+				name, heldText(again), why)
 			return b.exit(exitRefused)
 		}
 		if !anyHeld(again) {
@@ -308,12 +311,13 @@ func extended(before, after netlock.Info, elapsed time.Duration) string {
 		switch {
 		case a.Err != nil || b.Err != nil || !a.Held:
 		case !b.Held || a.Holder != b.Holder:
-			return fmt.Sprintf("the key changed hands (now fencing token %d)", a.Token)
+			return fmt.Sprintf("the key changed hands in the %v between two reads (now fencing token %d)", elapsed.Round(time.Millisecond), a.Token)
 		case a.TTL > b.TTL-elapsed+ttlSlack:
 			// Without an extend the TTL would have fallen by at least
 			// elapsed: the two reads ran on the node at least that far
 			// apart.
-			return fmt.Sprintf("it extended the key's TTL from %v to %v", b.TTL, a.TTL)
+			return fmt.Sprintf("the key's TTL went from %v to %v in %v, where without an extend it would have fallen to at most %v",
+				b.TTL, a.TTL, elapsed.Round(time.Millisecond), (b.TTL - elapsed).Round(time.Millisecond))
 		}
 	}
 	return ""
