@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"text/tabwriter"
 	"time"
@@ -210,13 +211,14 @@ func (b *breaker) look(ctx context.Context) (netlock.Info, error) {
 func (b *breaker) noteFailures(info netlock.Info) {
 	for i, n := range info.Nodes {
 		if n.Err != nil {
-			b.fail(i, nodeErrorText(i, n.Err), n.Err)
+			b.fail(i, n.Err)
 		}
 	}
 }
 
-// fail says on stderr, once per node, that node i could not be asked: why.
-func (b *breaker) fail(i int, why string, err error) {
+// fail says on stderr, once per node, why node i could not be asked, in
+// status's words: not answering, not a Redis server, or an error reply.
+func (b *breaker) fail(i int, err error) {
 	if b.failed[i] {
 		return
 	}
@@ -224,7 +226,16 @@ func (b *breaker) fail(i int, why string, err error) {
 		b.failed = map[int]bool{}
 	}
 	b.failed[i] = true
-	fmt.Fprintf(b.stderr, "netlock break: %s: %s\n", b.who(i), why)
+	why := strings.TrimPrefix(oneLine(err), fmt.Sprintf("node %d: ", i))
+	switch {
+	case strings.HasPrefix(why, notRedisText):
+		why = b.who(i) + " " + why
+	case isReply(err):
+		why = "Redis at " + b.who(i) + " answered with an error: " + why
+	default:
+		why = "Redis at " + b.who(i) + " not answering: " + why
+	}
+	fmt.Fprintf(b.stderr, "netlock break: %s\n", why)
 	if h := authHint(err); h != "" {
 		fmt.Fprintf(b.stderr, "netlock break: %s\n", h)
 	}
@@ -374,7 +385,7 @@ func (b *breaker) otherKind(ctx context.Context) string {
 		cancel()
 		switch {
 		case err != nil:
-			b.fail(i, protocolText(err.Error()), err)
+			b.fail(i, err)
 		case len(n) == 2 && n[0] > 0:
 			return "NetRWMutex"
 		case len(n) == 2 && n[1] > 0:
@@ -432,7 +443,7 @@ func (b *breaker) breakNodes(ctx context.Context, info netlock.Info, run []bool,
 		switch {
 		case !run[i] && info.Nodes[i].Err != nil, r.err != nil:
 			if r.err != nil {
-				b.fail(i, protocolText(oneLine(r.err)), r.err)
+				b.fail(i, r.err)
 			}
 			row += "error\t-\t-\t-"
 		case !run[i], r.state == 0:

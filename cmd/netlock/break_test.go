@@ -282,7 +282,7 @@ func TestBreakQuorum(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(servers[2].Addr()) + `\s+error\s+-\s+-\s+-$`).MatchString(stdout) {
 		t.Errorf("no error row for node 2:\n%s", stdout)
 	}
-	if want := "netlock break: node 2 " + servers[2].Addr() + ": "; !strings.HasPrefix(stderr, want) || !strings.Contains(stderr, "connection refused") {
+	if want := "netlock break: Redis at node 2 " + servers[2].Addr() + " not answering: "; !strings.HasPrefix(stderr, want) || !strings.Contains(stderr, "connection refused") {
 		t.Errorf("stderr %q does not name node 2 and its error", stderr)
 	}
 }
@@ -321,7 +321,7 @@ func TestBreakBadInput(t *testing.T) {
 		if code != exitUnavailable || stdout != "" {
 			t.Errorf("exit %d, stdout %q; want %d and nothing", code, stdout, exitUnavailable)
 		}
-		if want := "netlock break: " + addr + ": dial tcp " + addr + ": connect: connection refused\n"; stderr != want {
+		if want := "netlock break: Redis at " + addr + " not answering: dial tcp " + addr + ": connect: connection refused\n"; stderr != want {
 			t.Errorf("stderr %q, want %q", stderr, want)
 		}
 	})
@@ -331,9 +331,50 @@ func TestBreakBadInput(t *testing.T) {
 			if code != exitUnavailable || stdout != "" {
 				t.Errorf("exit %d, stdout %q; want %d and nothing", code, stdout, exitUnavailable)
 			}
-			if want := regexp.MustCompile(`^netlock break: ` + regexp.QuoteMeta(addr) + `: does not answer as a Redis server \(redigo: [^)]+\)\n$`); !want.MatchString(stderr) {
+			if want := regexp.MustCompile(`^netlock break: ` + regexp.QuoteMeta(addr) + ` does not answer as a Redis server \(redigo: [^)]+\)\n$`); !want.MatchString(stderr) {
 				t.Errorf("stderr %q does not match %v", stderr, want)
 			}
 		})
+	}
+}
+
+// TestBreakChangedHands: a key that another holder takes during the check
+// shows a live lock: break refuses, naming the new token, and leaves it.
+func TestBreakChangedHands(t *testing.T) {
+	s := redistest.Start(t)
+	redisDo(t, s, "SET", lockKey("job"), "r4nd0m:5", "PX", "3000")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		time.Sleep(300 * time.Millisecond) // well inside the check's 1.25s
+		if _, err := s.Do("SET", lockKey("job"), "n3wh0ld:6", "PX", "3000"); err != nil {
+			t.Errorf("SET of the new holder: %v", err) // not Fatal: another goroutine
+		}
+	}()
+	code, stdout, stderr := runCmd(t, t.Context(), "break", "--redis", s.Addr(), "job")
+	<-done
+	if code != exitRefused || stdout != "" {
+		t.Errorf("exit %d, stdout %q; want %d and nothing", code, stdout, exitRefused)
+	}
+	if want := regexp.MustCompile(`^netlock break: lock "job" is held by fencing token 6, TTL [0-9.]+m?s, and its holder is alive: the key changed hands in the [0-9.]+m?s between two reads \(now fencing token 6\); `); !want.MatchString(stderr) {
+		t.Errorf("stderr %q does not match %v", stderr, want)
+	}
+	if got := redisDo(t, s, "GET", lockKey("job")); got != "n3wh0ld:6" {
+		t.Errorf("the key holds %q, want the new holder's value", got)
+	}
+}
+
+// TestBreakHelp: break is listed, and its help gives its flags and exit
+// codes.
+func TestBreakHelp(t *testing.T) {
+	code, stdout, _ := runCmd(t, t.Context(), "help")
+	if code != exitOK || !strings.Contains(stdout, "\tbreak   end a lock's hold by force") {
+		t.Errorf("help: exit %d, and no line for break:\n%s", code, stdout)
+	}
+	code, stdout, _ = runCmd(t, t.Context(), "break", "--help")
+	for _, want := range []string{"Usage: netlock break [flags] NAME", "\n  --force\n", "\n  --check duration\n", "Exit status: 0 broken, or not held", "64 bad usage, or a NetRWMutex or\nSemaphore name; 69"} {
+		if code != exitOK || !strings.Contains(stdout, want) {
+			t.Errorf("break --help: exit %d, and no %q:\n%s", code, want, stdout)
+		}
 	}
 }
