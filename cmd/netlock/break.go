@@ -49,7 +49,9 @@ holds.
 
 Over several --redis, break runs on every node that answers and reports
 each; a node that cannot be reached is named, and break exits 69: its key,
-if any, lasts until its TTL runs out.
+if any, lasts until its TTL runs out. A Redis Cluster is not supported:
+waiters there listen with sharded pub/sub, which break's PUBLISH does not
+reach.
 
 Exit status: 0 broken, or not held (nothing to break: the output says which);
 1 refused (the holder is alive, the key is not one netlock wrote, has no TTL,
