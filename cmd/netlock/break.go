@@ -153,6 +153,10 @@ func runBreak(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return b.finish(fmt.Sprintf("lock %q: not held: nothing to break", name), nil)
 	}
 
+	if addr := b.clusterNode(ctx); addr != "" {
+		fmt.Fprintf(stderr, "netlock break: %s is a node of a Redis Cluster: break does not handle a Cluster yet (its waiters listen with sharded pub/sub); nothing was changed\n", addr)
+		return exitUsage
+	}
 	want := make([]string, len(info.Nodes)) // the hold to break on each node; "": whatever holds it
 	run := make([]bool, len(info.Nodes))    // whether to run the script on the node
 	for i, n := range info.Nodes {
@@ -392,6 +396,31 @@ func (b *breaker) otherKind(ctx context.Context) string {
 			return "NetRWMutex"
 		case len(n) == 2 && n[1] > 0:
 			return "Semaphore"
+		}
+	}
+	return ""
+}
+
+// clusterNode returns the address of the first node that says it is a node
+// of a Redis Cluster (INFO cluster), or "". A node that cannot be asked, or
+// refuses INFO, is taken for a server of its own: the break finds out.
+func (b *breaker) clusterNode(ctx context.Context) string {
+	for i, p := range b.pools {
+		if b.failed[i] {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(ctx, breakTimeout)
+		info, err := func() (string, error) {
+			conn, err := p.GetContext(ctx)
+			if err != nil {
+				return "", err
+			}
+			defer conn.Close()
+			return redis.String(redis.DoContext(conn, ctx, "INFO", "cluster"))
+		}()
+		cancel()
+		if err == nil && strings.Contains(info, "cluster_enabled:1") {
+			return b.c.nodes[i].name
 		}
 	}
 	return ""

@@ -13,6 +13,7 @@ import (
 	"github.com/netlock-go/netlock/fence"
 	"github.com/netlock-go/netlock/internal/keyspace"
 	"github.com/netlock-go/netlock/internal/redistest"
+	redisv9 "github.com/redis/go-redis/v9"
 )
 
 // breakHolder takes the lock name on addr as a NetMutex of its own, with
@@ -376,5 +377,34 @@ func TestBreakHelp(t *testing.T) {
 		if code != exitOK || !strings.Contains(stdout, want) {
 			t.Errorf("break --help: exit %d, and no %q:\n%s", code, want, stdout)
 		}
+	}
+}
+
+// TestBreakCluster: on a node of a Redis Cluster, whose waiters listen with
+// sharded pub/sub, break refuses (64) and leaves the lock held.
+func TestBreakCluster(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	client := redisv9.NewClusterClient(&redisv9.ClusterOptions{Addrs: cluster.Addrs()})
+	defer client.Close()
+	if err := client.Set(t.Context(), lockKey("job"), "0123456789abcdef0123:7", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	addr := ""
+	for _, a := range cluster.Addrs() {
+		c := redisv9.NewClient(&redisv9.Options{Addr: a})
+		if n, err := c.Exists(t.Context(), lockKey("job")).Result(); err == nil && n == 1 {
+			addr = a
+		}
+		c.Close()
+	}
+	if addr == "" {
+		t.Fatal("no node holds the key")
+	}
+	code, _, stderr := runCmd(t, t.Context(), "break", "--force", "--redis", addr, "job")
+	if code != exitUsage || !strings.Contains(stderr, "is a node of a Redis Cluster: break does not handle a Cluster yet") {
+		t.Errorf("break on a Cluster node: exit %d, stderr %q; want %d and the Cluster named", code, stderr, exitUsage)
+	}
+	if n, _ := client.Exists(t.Context(), lockKey("job")).Result(); n != 1 {
+		t.Error("the lock key is gone")
 	}
 }
