@@ -9,9 +9,8 @@ cd "$(dirname "$0")"
 # The root package runs about 10 minutes with -race on 2 cores: go test's
 # default timeout (10m) would cut it; a -timeout among the flags wins.
 # Each module is tested as its own go.mod says, as its users get it, not
-# with the versions the workspace (go.work) picks across all four: go-redis
-# v9.23.0 (chaos/, bench/) in place of the library's v9.17.3 fails
-# TestClusterFailover.
+# with the versions the workspace (go.work) picks across all four (go-redis
+# v9.23.0 of chaos/ and bench/ in place of the library's v9.17.3, say).
 export GOWORK=off
 for m in . chaos otelnetlock bench; do
 	echo "== go test $* ./... in $m"

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/redis/go-redis/v9"
 
@@ -169,6 +170,13 @@ func (b *backend) eval(ctx context.Context, s *netlock.Script, keys []string, ar
 	reply, err := b.client.EvalSha(ctx, s.SHA1(), keys, argv...).Int64Slice()
 	if redis.HasErrorPrefix(err, "NOSCRIPT") {
 		reply, err = b.client.Eval(ctx, s.Source(), keys, argv...).Int64Slice()
+	}
+	if err != nil && b.cluster != nil && errors.Is(err, syscall.ECONNREFUSED) {
+		// The node that served the slot is gone (a master killed, its
+		// replica taking over): have the client read the slots again
+		// rather than dial the dead address until something else does.
+		// Newer go-redis releases (v9.23) no longer do it on a failed dial.
+		b.cluster.ReloadState(ctx)
 	}
 	if err != nil && ctx.Err() != nil {
 		// A read cut short by ctx's deadline fails with an i/o timeout:
