@@ -173,9 +173,9 @@ func (b *backend) eval(ctx context.Context, s *netlock.Script, keys []string, ar
 	}
 	if err != nil && b.cluster != nil && errors.Is(err, syscall.ECONNREFUSED) {
 		// The node that served the slot is gone (a master killed, its
-		// replica taking over): have the client read the slots again
-		// rather than dial the dead address until something else does.
-		// Newer go-redis releases (v9.23) no longer do it on a failed dial.
+		// replica taking over): have the client read the slots again.
+		// With go-redis v9.23 a client left to itself kept dialing the
+		// dead address for over a minute (TestClusterFailover/async).
 		b.cluster.ReloadState(ctx)
 	}
 	if err != nil && ctx.Err() != nil {
