@@ -127,18 +127,11 @@ func (m *NetMutex) UnlockCtx(ctx context.Context) error {
 	m.mu.Unlock()
 
 	wasLost := h.end()
+	var err error
 	if rest := time.Until(h.keep); rest > 0 {
-		return m.keepUntil(ctx, h, held, wasLost, rest)
-	}
-	start := time.Now()
-	replies := m.release(detached(ctx), h.value, h.tomb, nil, true)
-	err := m.settle(replies)
-	if err == nil && woke(replies) {
-		// Other clients were subscribed when we released: an acquire of
-		// ours that starts at once would win the race to the key nearly
-		// every time. Give them about twice the release's round trip.
-		grace := min(max(2*time.Since(start), minYield), maxYield)
-		m.yieldUntil.Store(int64(time.Since(m.epoch) + grace))
+		err = m.keep(ctx, h, rest)
+	} else {
+		err = m.releaseHold(ctx, h)
 	}
 	m.passOwnership()
 	switch {
@@ -151,22 +144,31 @@ func (m *NetMutex) UnlockCtx(ctx context.Context) error {
 	return err
 }
 
-// keepUntil ends h, released before WithMinHold's time is over, by setting
-// its key to expire in rest (rounded up to Redis's millisecond) instead of
-// deleting it: others get in then. Its errors are UnlockCtx's.
-func (m *NetMutex) keepUntil(ctx context.Context, h *hold, held time.Duration, wasLost bool, rest time.Duration) error {
+// releaseHold releases h's key and returns what settle makes of the
+// replies. If the release woke waiters of other clients, this client's next
+// acquire yields to them for a moment.
+func (m *NetMutex) releaseHold(ctx context.Context, h *hold) error {
+	start := time.Now()
+	replies := m.release(detached(ctx), h.value, h.tomb, nil, true)
+	err := m.settle(replies)
+	if err == nil && woke(replies) {
+		// Other clients were subscribed when we released: an acquire of
+		// ours that starts at once would win the race to the key nearly
+		// every time. Give them about twice the release's round trip.
+		grace := min(max(2*time.Since(start), minYield), maxYield)
+		m.yieldUntil.Store(int64(time.Since(m.epoch) + grace))
+	}
+	return err
+}
+
+// keep ends h, unlocked before WithMinHold's time is over, by setting its
+// key to expire in rest (rounded up to Redis's millisecond) instead of
+// deleting it: others get in then. It returns what settle makes of the
+// replies.
+func (m *NetMutex) keep(ctx context.Context, h *hold, rest time.Duration) error {
 	ms := int64((rest + time.Millisecond - 1) / time.Millisecond)
 	s, keys, args := m.kind.keepCall(h.value, ms)
-	err := m.settle(m.fanout(detached(ctx), s, keys, args, nil))
-	m.passOwnership()
-	switch {
-	case wasLost:
-		err = ErrLockLost
-	case errors.Is(err, ErrLockLost):
-		m.lostHold(h, LostRelease)
-	}
-	m.unlocked(ctx, h, held, false, err)
-	return err
+	return m.settle(m.fanout(detached(ctx), s, keys, args, nil))
 }
 
 // heldSince records that the calling goroutine's hold of m begins now, for
