@@ -4,10 +4,8 @@ import (
 	"context"
 	_ "embed"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -96,37 +94,22 @@ var breakScript = netlock.NewScript("break", breakLua)
 
 // runBreak runs "netlock break" with args and returns the exit code.
 func runBreak(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("netlock break", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	var cf connFlags
-	cf.register(fs, false)
+	cmd := newSubcommand("break", breakHelp, stdout, stderr)
+	fs := cmd.fs
 	force := fs.Bool("force", false, "break the hold at once, even if its holder is alive (see above)")
 	check := breakCheckDefault
 	fs.Var(&durationValue{p: &check}, "check", "wait at most `duration` to see whether the holder is alive (see above)")
-	bad := func(format string, a ...any) int {
-		fmt.Fprintf(stderr, "netlock break: "+format+"\n", a...)
-		fmt.Fprintln(stderr, `Run "netlock break --help" for usage.`)
-		return exitUsage
+	if code, done := cmd.parse(args); done {
+		return code
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(stdout, breakHelp)
-			printFlags(stdout, fs)
-			return exitOK
-		}
-		return bad("%s", flagError(fs, err))
+	name, code, bad := cmd.lockName()
+	if bad {
+		return code
 	}
-	switch {
-	case fs.NArg() == 0:
-		return bad("missing the lock name: netlock break [flags] NAME")
-	case fs.NArg() > 1:
-		return bad("unexpected %q after the lock name: flags go before NAME", fs.Arg(1))
+	c, code, bad := cmd.conn()
+	if bad {
+		return code
 	}
-	c, err := cf.resolve(os.Getenv)
-	if err != nil {
-		return bad("%v", err)
-	}
-	name := fs.Arg(0)
 
 	pools := c.pools()
 	defer closePools(pools)
@@ -136,7 +119,7 @@ func runBreak(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err != nil && !errors.Is(err, netlock.ErrQuorum) {
 		// Inspect validates the name as New does: one rule for every
 		// command.
-		return bad("%s", oneLine(err))
+		return cmd.bad("%s", oneLine(err))
 	}
 	b.noteFailures(info)
 	if ctx.Err() != nil {

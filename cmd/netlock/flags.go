@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -200,4 +201,66 @@ func dashDashFirst(fs *flag.FlagSet, args []string) bool {
 	}
 	b, ok := f.Value.(interface{ IsBoolFlag() bool })
 	return ok && b.IsBoolFlag() // a bool flag takes no value: "--" is ours
+}
+
+// A subcommand is what status, list and break share on their command line:
+// a flag set with the connection flags, the usage error that names the
+// command, and the parse that shows the help.
+type subcommand struct {
+	name, help     string // "status"; the text before the flags in --help
+	fs             *flag.FlagSet
+	cf             connFlags
+	stdout, stderr io.Writer
+}
+
+// newSubcommand returns netlock name's command line, its connection flags
+// registered; the caller adds its own flags to fs before parse.
+func newSubcommand(name, help string, stdout, stderr io.Writer) *subcommand {
+	c := &subcommand{name: name, help: help, fs: flag.NewFlagSet("netlock "+name, flag.ContinueOnError), stdout: stdout, stderr: stderr}
+	c.fs.SetOutput(io.Discard) // errors and help are printed by parse and bad
+	c.cf.register(c.fs, false)
+	return c
+}
+
+// bad says what is wrong with the command line and returns exitUsage.
+func (c *subcommand) bad(format string, a ...any) int {
+	fmt.Fprintf(c.stderr, "netlock "+c.name+": "+format+"\n", a...)
+	fmt.Fprintf(c.stderr, "Run \"netlock %s --help\" for usage.\n", c.name)
+	return exitUsage
+}
+
+// parse parses args. When done, the caller exits with code: help was shown
+// (exitOK) or a flag is bad (exitUsage, said on stderr).
+func (c *subcommand) parse(args []string) (code int, done bool) {
+	err := c.fs.Parse(args)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fmt.Fprint(c.stdout, c.help)
+		printFlags(c.stdout, c.fs)
+		return exitOK, true
+	case err != nil:
+		return c.bad("%s", flagError(c.fs, err)), true
+	}
+	return exitOK, false
+}
+
+// lockName returns the one NAME after the flags; when bad, the caller exits
+// with code (exitUsage, said on stderr).
+func (c *subcommand) lockName() (name string, code int, bad bool) {
+	switch {
+	case c.fs.NArg() == 0:
+		return "", c.bad("missing the lock name: netlock %s [flags] NAME", c.name), true
+	case c.fs.NArg() > 1:
+		return "", c.bad("unexpected %q after the lock name: flags go before NAME", c.fs.Arg(1)), true
+	}
+	return c.fs.Arg(0), exitOK, false
+}
+
+// conn resolves the connection flags; when bad, the caller exits with code.
+func (c *subcommand) conn() (cn *conn, code int, bad bool) {
+	cn, err := c.cf.resolve(os.Getenv)
+	if err != nil {
+		return nil, c.bad("%v", err), true
+	}
+	return cn, exitOK, false
 }

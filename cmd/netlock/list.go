@@ -5,11 +5,8 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -148,35 +145,23 @@ func globEscape(s string) string {
 
 // runList runs "netlock list" with args and returns the exit code.
 func runList(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("netlock list", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	var cf connFlags
-	cf.register(fs, false)
+	cmd := newSubcommand("list", listHelp, stdout, stderr)
+	fs := cmd.fs
 	asJSON := fs.Bool("json", false, "print the locks as one JSON array (see above)")
 	limit := listDefaultLimit
 	fs.Var(&intValue{p: &limit, min: 1}, "limit", "look at no more than `n` keys under the prefix")
-	bad := func(format string, a ...any) int {
-		fmt.Fprintf(stderr, "netlock list: "+format+"\n", a...)
-		fmt.Fprintln(stderr, `Run "netlock list --help" for usage.`)
-		return exitUsage
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(stdout, listHelp)
-			printFlags(stdout, fs)
-			return exitOK
-		}
-		return bad("%s", flagError(fs, err))
+	if code, done := cmd.parse(args); done {
+		return code
 	}
 	if fs.NArg() > 0 {
-		return bad("unexpected %q: list takes no arguments, only flags", fs.Arg(0))
+		return cmd.bad("unexpected %q: list takes no arguments, only flags", fs.Arg(0))
 	}
-	if cf.prefix == "" {
-		return bad("%s", badValue("--prefix", "", "want the prefix of netlock's keys, such as "+strconv.Quote(netlock.DefaultPrefix)+": an empty one would match every key that starts with '{'"))
+	if cmd.cf.prefix == "" {
+		return cmd.bad("%s", badValue("--prefix", "", "want the prefix of netlock's keys, such as "+strconv.Quote(netlock.DefaultPrefix)+": an empty one would match every key that starts with '{'"))
 	}
-	c, err := cf.resolve(os.Getenv)
-	if err != nil {
-		return bad("%v", err)
+	c, code, bad := cmd.conn()
+	if bad {
+		return code
 	}
 
 	l := &lister{limit: limit, stderr: stderr}

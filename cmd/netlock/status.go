@@ -4,10 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"os"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -52,35 +50,19 @@ const statusTimeout = 2 * time.Second
 // runStatus runs "netlock status" with args (the arguments after "status")
 // and returns the exit code.
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("netlock status", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	var cf connFlags
-	cf.register(fs, false)
-	asJSON := fs.Bool("json", false, "print the status as JSON (see above)")
-	bad := func(format string, a ...any) int {
-		fmt.Fprintf(stderr, "netlock status: "+format+"\n", a...)
-		fmt.Fprintln(stderr, `Run "netlock status --help" for usage.`)
-		return exitUsage
+	cmd := newSubcommand("status", statusHelp, stdout, stderr)
+	asJSON := cmd.fs.Bool("json", false, "print the status as JSON (see above)")
+	if code, done := cmd.parse(args); done {
+		return code
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(stdout, statusHelp)
-			printFlags(stdout, fs)
-			return exitOK
-		}
-		return bad("%s", flagError(fs, err))
+	name, code, bad := cmd.lockName()
+	if bad {
+		return code
 	}
-	switch {
-	case fs.NArg() == 0:
-		return bad("missing the lock name: netlock status [flags] NAME")
-	case fs.NArg() > 1:
-		return bad("unexpected %q after the lock name: flags go before NAME", fs.Arg(1))
+	c, code, bad := cmd.conn()
+	if bad {
+		return code
 	}
-	c, err := cf.resolve(os.Getenv)
-	if err != nil {
-		return bad("%v", err)
-	}
-	name := fs.Arg(0)
 
 	pools := c.pools()
 	defer closePools(pools)
@@ -88,9 +70,9 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if err != nil && !errors.Is(err, netlock.ErrQuorum) {
 		// Inspect validates the name as New does: one rule for every
 		// command.
-		return bad("%s", oneLine(err))
+		return cmd.bad("%s", oneLine(err))
 	}
-	code := exitFree
+	code = exitFree
 	switch {
 	case err != nil:
 		code = exitUnavailable
