@@ -60,18 +60,19 @@ type Hub struct {
 	counted bool
 
 	// Two locks: mu orders the links' lives and their sends (a SUBSCRIBE is
-	// sent and its confirmation queued under mu); wmu guards the registry of
-	// topics and watches and is never held across I/O, so that a message can
-	// be dispatched from a connection's reading goroutine while a send waits.
-	// Lock order: mu, then wmu.
+	// sent and its confirmation queued under mu, a dial made under it);
+	// wmu guards the registry of topics and watches and is never held
+	// across I/O, so that a message can be dispatched from a connection's
+	// reading goroutine, and a watch stopped, while a send or a dial waits
+	// for a server that does not answer. Lock order: mu, then wmu.
 	mu sync.Mutex
 	// links holds the open links, by node ("" for the one link of a Hub
 	// that is not sharded).
 	links map[string]*link
-	sweep *time.Timer // set while a topic has no watches: unsubscribes it
 
 	wmu    sync.Mutex
 	topics map[string]*topic
+	sweep  *time.Timer // set while a topic has no watches: unsubscribes it
 
 	// checked: a NetMutex of this Backend looked at its server's settings
 	// (see NetMutex.checkServers). The Hub is the one per-Backend place
@@ -257,11 +258,12 @@ func (w *watch) dead() bool {
 
 // stop ends the watch. A channel left without watches stays subscribed
 // for about hubLinger, then is unsubscribed; a link is closed with its last
-// channel.
+// channel. It never waits for I/O: not for mu, under which another waiter
+// of the Hub may be dialing a server that does not answer (an unlock that
+// stops its watches must not wait out a node timeout, its hold's deadline
+// running).
 func (w *watch) stop() {
 	h := w.hub
-	h.mu.Lock()
-	defer h.mu.Unlock()
 	h.wmu.Lock()
 	defer h.wmu.Unlock()
 	t := w.topic
@@ -280,14 +282,15 @@ func (w *watch) stop() {
 func (h *Hub) sweepIdle() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.wmu.Lock()
 	h.sweep = nil
 	if len(h.links) == 0 {
+		h.wmu.Unlock()
 		return
 	}
 	idle := map[*link][]string{}
 	used := map[*link]bool{} // links left with a channel
 	var next time.Duration   // until the next topic is due, if any
-	h.wmu.Lock()
 	for ch, t := range h.topics {
 		if len(t.watches) > 0 {
 			used[t.link] = true
@@ -321,9 +324,12 @@ func (h *Hub) sweepIdle() {
 			}
 		}
 	}
-	if next > 0 && len(h.links) > 0 {
+	h.wmu.Lock()
+	// A watch stopped meanwhile may have set the timer already.
+	if next > 0 && len(h.links) > 0 && h.sweep == nil {
 		h.sweep = time.AfterFunc(next, h.sweepIdle)
 	}
+	h.wmu.Unlock()
 }
 
 // dispatch signals the watches of channel that a message was published on
@@ -390,12 +396,12 @@ func (h *Hub) failLocked(l *link) {
 		}
 		delete(h.topics, ch)
 	}
-	h.wmu.Unlock()
-	clear(l.pending)
 	if len(h.links) == 0 && h.sweep != nil {
 		h.sweep.Stop()
 		h.sweep = nil
 	}
+	h.wmu.Unlock()
+	clear(l.pending)
 }
 
 // signal passes payload to the waiter, unless a wake-up is pending already:

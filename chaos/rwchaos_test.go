@@ -293,11 +293,15 @@ func runChaosRW(t *testing.T, s chaosSetup) {
 					rd.validAtEnd = isOpen(ch)
 					unlockStart := time.Now()
 					err = rw.RUnlockCtx(context.Background())
+					unlockEnd := time.Now()
 					mu.Lock()
 					reads = append(reads, rd)
 					l := &leases[rd.lease]
 					if unlockStart.After(l.unlockStart) {
 						l.unlockStart = unlockStart
+					}
+					if unlockEnd.After(l.unlockEnd) {
+						l.unlockEnd = unlockEnd
 					}
 					if err != nil {
 						l.unlockErr = err
@@ -350,6 +354,7 @@ func runChaosRW(t *testing.T, s chaosSetup) {
 	for l, timing := range leaseTimings {
 		leases[l].until = timing.deadline()
 		leases[l].explained = timing.explained
+		leases[l].engineLost, leases[l].engineReason = timing.lost()
 	}
 	violations, fig := checkRWHistory(holds, reads, leases, resource.writes, resource.at, func(from, to time.Time) time.Duration {
 		return chaosSlack + probe.longest(from, to)
@@ -544,8 +549,8 @@ func logViolatedRW(t *testing.T, violations []string, holds []holdRecord, reads 
 			}
 			seen["l"+sub[1]] = true
 			l := &leases[i]
-			t.Logf("lease %d: client %d (%s), %d sections: until %s, RLost() %s, last RUnlock from %s: %v",
-				i, l.client, chaosClient(l.client), l.sections, at(l.until), at(l.lostAt), at(l.unlockStart), l.unlockErr)
+			t.Logf("lease %d: client %d (%s), %d sections: until %s, RLost() %s, last RUnlock from %s to %s: %v; the Observer's Lost: %s %q",
+				i, l.client, chaosClient(l.client), l.sections, at(l.until), at(l.lostAt), at(l.unlockStart), at(l.unlockEnd), l.unlockErr, at(l.engineLost), l.engineReason)
 		}
 	}
 	for _, f := range timeline {

@@ -79,8 +79,13 @@ type leaseRecord struct {
 	// readers: never after the release of the lease, which the last of
 	// them makes.
 	unlockStart time.Time
-	unlockErr   error // what the RUnlockCtx that released it returned
-	sections    int
+	unlockErr   error     // what the RUnlockCtx that released it returned
+	unlockEnd   time.Time // when the latest RUnlockCtx of its readers returned
+	// engineLost and engineReason: when and why the Observer's Lost said
+	// the lease was lost (zero if it did not): logged with a violation.
+	engineLost   time.Time
+	engineReason netlock.LostReason
+	sections     int
 }
 
 // signalled reports whether RLost() closed before the last RUnlockCtx.

@@ -47,6 +47,18 @@ type leaseTiming struct {
 	until, ext  time.Time // the deadline the acquire gave it; the latest an extend gave it
 	explained   bool      // a granting round the recorder saw explains it
 	handedOvers int       // times the lease went to another local acquire without a round trip
+	// lostAt and reason: when and why the Observer's Lost said the hold
+	// was lost (the engine's own account, logged beside a violation).
+	lostAt time.Time
+	reason netlock.LostReason
+}
+
+// lost returns when and why the Observer said the hold was lost; a zero
+// time if it did not.
+func (l *leaseTiming) lost() (time.Time, netlock.LostReason) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lostAt, l.reason
 }
 
 // deadline returns the hold's local deadline, as its acquire and its
@@ -77,7 +89,27 @@ func (r *rwRecorder) wrap(b netlock.Backend) netlock.Backend { return &rwSpyBack
 
 // observer returns the Observer to give the NetRWMutex with WithObserver.
 func (r *rwRecorder) observer() netlock.Observer {
-	return netlock.Observer{Acquire: r.acquire, Extend: r.extended}
+	return netlock.Observer{Acquire: r.acquire, Extend: r.extended, Lost: r.lost}
+}
+
+// lost is the Observer's Lost: it notes when and why the engine declared
+// the write hold of the token (or, token 0, the current read lease) lost.
+func (r *rwRecorder) lost(x netlock.LostHold) {
+	at := time.Now()
+	r.mu.Lock()
+	l := r.lease
+	if x.Token > 0 {
+		l = r.writers[x.Token]
+	}
+	r.mu.Unlock()
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	if l.lostAt.IsZero() {
+		l.lostAt, l.reason = at, x.Reason
+	}
+	l.mu.Unlock()
 }
 
 // validity returns the local deadline a hold made in rd gets.
