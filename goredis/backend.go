@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -48,6 +49,7 @@ func New(c redis.UniversalClient) netlock.Backend {
 			return nil
 		}
 		b.bounded = c.Options().ContextTimeoutEnabled
+		b.pipe = &pipeline{c: c, eval: b.call}
 	case *redis.ClusterClient:
 		if c == nil {
 			return nil
@@ -76,6 +78,9 @@ type backend struct {
 	bounded bool
 	hub     *netlock.Hub // nil if refused
 	refused error        // returned by every Eval; nil if the client is usable
+	// pipe, for a *redis.Client, sends the calls that come while another
+	// is in flight together, in one pipeline.
+	pipe *pipeline
 
 	// cluster is the client if it is a *redis.ClusterClient; masters holds
 	// its masters' clients that shard has named, by address, for
@@ -106,6 +111,14 @@ func (b *backend) Eval(ctx context.Context, s *netlock.Script, keys, args []stri
 	for i, a := range args {
 		argv[i] = a
 	}
+	if b.pipe != nil {
+		return b.pipe.run(ctx, s, keys, argv)
+	}
+	return b.call(ctx, s, keys, argv)
+}
+
+// call runs one script call on the client, as Eval describes.
+func (b *backend) call(ctx context.Context, s *netlock.Script, keys []string, argv []any) ([]int64, error) {
 	if b.bounded {
 		return b.eval(ctx, s, keys, argv)
 	}
@@ -178,12 +191,24 @@ func (b *backend) eval(ctx context.Context, s *netlock.Script, keys []string, ar
 		// dead address for over a minute (TestClusterFailover/async).
 		b.cluster.ReloadState(ctx)
 	}
-	if err != nil && ctx.Err() != nil {
-		// A read cut short by ctx's deadline fails with an i/o timeout:
-		// the caller's question is whether ctx ended.
-		err = context.Cause(ctx)
+	return reply, ended(ctx, err)
+}
+
+// ended returns ctx's cause in place of err if ctx has ended, or its
+// deadline has passed: a read cut short by the deadline fails with an i/o
+// timeout, maybe a moment before ctx's own timer fires, and the caller's
+// question is whether ctx ended.
+func ended(ctx context.Context, err error) error {
+	if err == nil {
+		return nil
 	}
-	return reply, err
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+		return context.DeadlineExceeded
+	}
+	return err
 }
 
 func (b *backend) evalWait(ctx context.Context, s *netlock.Script, keys []string, argv []any, replicas int) ([]int64, int, error) {
@@ -208,10 +233,7 @@ func (b *backend) evalWait(ctx context.Context, s *netlock.Script, keys []string
 	if redis.HasErrorPrefix(err, "NOSCRIPT") {
 		reply, acked, err = pipeWait(ctx, c, s, true, keys, argv, replicas)
 	}
-	if err != nil && ctx.Err() != nil {
-		err = context.Cause(ctx) // as in eval
-	}
-	return reply, acked, err
+	return reply, acked, ended(ctx, err)
 }
 
 // movedTo returns the address a MOVED error names, "" for another error.

@@ -30,6 +30,18 @@
 // could hold one lock. Independent servers are what a quorum is for: give
 // netlock.New one Backend per server.
 //
+// # Pipelining
+//
+// On a *redis.Client, the script calls of goroutines that run at once are
+// pipelined: a call alone is one EVALSHA on a connection of the client's
+// pool; calls made while another is in flight queue, and one goroutine at
+// a time sends the queue as one pipeline (Client.Pipelined), again while
+// calls queued meanwhile. A queued call returns when its context ends; its
+// command is sent and its reply dropped. A pipeline carries the context
+// values of its first call (a tracing hook sees it under that call) and
+// the latest deadline of its calls. A *redis.ClusterClient runs each call
+// on its own.
+//
 // # Timeouts
 //
 // netlock bounds every call to Redis with a context deadline, the node
