@@ -110,6 +110,9 @@ type watch struct {
 	hub   *Hub
 	topic *topic
 	wake  chan<- string // capacity 1; shared by all watches of one waiter
+	// also are the watches of a MultiMutex's other names' channels on the
+	// same Hub: they die and stop with this one (see NetMutex.watch).
+	also []*watch
 }
 
 // NewHub returns a Hub whose connections are opened by c.Listen, or, when
@@ -247,6 +250,11 @@ func (h *Hub) subscribed(channel string) bool {
 // dead reports whether the watch's connection has failed: the waiter must
 // watch again, and attempt again, to be sure not to miss a release.
 func (w *watch) dead() bool {
+	for _, a := range w.also {
+		if a.dead() {
+			return true
+		}
+	}
 	select {
 	case <-w.topic.down:
 		return true
@@ -259,6 +267,9 @@ func (w *watch) dead() bool {
 // for about hubLinger, then is unsubscribed; a link is closed with its last
 // channel.
 func (w *watch) stop() {
+	for _, a := range w.also {
+		a.stop()
+	}
 	h := w.hub
 	h.mu.Lock()
 	defer h.mu.Unlock()
