@@ -3,7 +3,10 @@ package netlock
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/alicebob/miniredis/v2"
@@ -125,5 +128,34 @@ func TestClientMulti(t *testing.T) {
 	var zero Client
 	if _, err := zero.Multi([]string{"x"}); err == nil {
 		t.Error("zero Client's Multi: got nil error")
+	}
+}
+
+func TestMultiObserved(t *testing.T) {
+	var mu sync.Mutex
+	var got []string
+	obs := Observer{
+		Acquire: func(ctx context.Context, a AcquireStart) (context.Context, func(AcquireDone)) {
+			return ctx, func(d AcquireDone) {
+				mu.Lock()
+				got = append(got, fmt.Sprintf("acquire %s %s %v", d.Name, d.Kind, d.Acquired))
+				mu.Unlock()
+			}
+		},
+		Unlock: func(_ context.Context, u UnlockDone) {
+			mu.Lock()
+			got = append(got, fmt.Sprintf("unlock %s %s %v", u.Name, u.Kind, u.Err))
+			mu.Unlock()
+		},
+	}
+	mm, err := NewMulti([]string{"y", "x"}, []Backend{newBackend(t, "redigo", miniredis.RunT(t).Addr())}, WithObserver(obs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustLockMulti(t, mm)
+	mm.Unlock()
+	want := []string{"acquire y,x multi true", "unlock y,x multi <nil>"}
+	if !slices.Equal(got, want) {
+		t.Errorf("events: got %q, want %q", got, want)
 	}
 }
