@@ -22,6 +22,18 @@ func TestMultiCluster(t *testing.T) {
 		t.Errorf("NewMulti of names in two slots on a Cluster: got %v, want an error naming the slots", err)
 	}
 
+	// A Backend that does not say it is a Cluster (redigo on one node) is
+	// not refused by NewMulti; the server's CROSSSLOT comes back at once.
+	plain, err := NewMulti([]string{"a", "b"}, []Backend{newBackend(t, "redigo", cluster.Addrs()[0])})
+	if err != nil {
+		t.Fatalf("NewMulti on a redigo Backend: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := plain.LockCtx(ctx); err == nil || !strings.Contains(err.Error(), "CROSSSLOT") || ctx.Err() != nil {
+		t.Errorf("LockCtx of names in two slots on a Cluster node: got %v, want the server's CROSSSLOT error at once", err)
+	}
+
 	names := []string{"{order:7}:stock", "{order:7}:payment", "{order:7}:mail"}
 	var s section
 	var wg sync.WaitGroup
