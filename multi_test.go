@@ -319,3 +319,39 @@ func TestMultiAutoExtend(t *testing.T) {
 		mm.Unlock()
 	})
 }
+
+// TestMultiPassesTurnOn: a MultiMutex whose turn on a name comes while
+// another of its names is held passes that turn on to the name's next
+// waiter, who gets in by message (on miniredis, with a minute's expiry, no
+// TTL runs out), and waits on the held name instead.
+func TestMultiPassesTurnOn(t *testing.T) {
+	forEachEnv(t, miniOnly, func(t *testing.T, e *env) {
+		opt := WithExpiry(time.Minute)
+		ha := e.newMutex(t, "a", opt)
+		mustLock(t, ha)
+		mm := e.newMulti(t, []string{"a", "b"}, opt)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		multiDone := make(chan error, 1)
+		go func() { multiDone <- mm.LockCtx(ctx) }()
+		eventually(t, 5*time.Second, "the MultiMutex queued for a", func() bool { return len(e.queued(t, "a")) == 1 })
+		wa := e.newMutex(t, "a", opt)
+		waDone := make(chan error, 1)
+		go func() { waDone <- wa.LockCtx(ctx) }()
+		eventually(t, 5*time.Second, "the NetMutex queued for a behind the MultiMutex", func() bool { return len(e.queued(t, "a")) == 2 })
+		hb := e.newMutex(t, "b", opt)
+		mustLock(t, hb)
+
+		mustUnlock(t, ha) // a's turn goes to the MultiMutex, which finds b held
+		if err := <-waDone; err != nil {
+			t.Fatalf("the NetMutex behind the MultiMutex: LockCtx: %v", err)
+		}
+		eventually(t, 5*time.Second, "the MultiMutex queued for b", func() bool { return len(e.queued(t, "b")) == 1 })
+		mustUnlock(t, hb)
+		mustUnlock(t, wa)
+		if err := <-multiDone; err != nil {
+			t.Fatalf("MultiMutex LockCtx: %v", err)
+		}
+		mm.Unlock()
+	})
+}
