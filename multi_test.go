@@ -355,3 +355,35 @@ func TestMultiPassesTurnOn(t *testing.T) {
 		mm.Unlock()
 	})
 }
+
+// TestMultiLeavePassesTurnOn: the leave of a MultiMutex waiter queued
+// nowhere (a release popped it, giving it its turn, as its context ended)
+// passes the turn of every free name on: a NetMutex waiting for a name whose
+// key vanished without a release gets in by message, not at the holder's
+// TTL (a minute here).
+func TestMultiLeavePassesTurnOn(t *testing.T) {
+	forEachEnv(t, miniOnly, func(t *testing.T, e *env) {
+		opt := WithExpiry(time.Minute)
+		h := e.newMutex(t, "a", opt)
+		mustLock(t, h)
+		w := e.newMutex(t, "a", opt)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		done := make(chan error, 1)
+		go func() { done <- w.LockCtx(ctx) }()
+		eventually(t, 5*time.Second, "the NetMutex queued for a", func() bool { return len(e.queued(t, "a")) == 1 })
+		e.do(t, "DEL", "netlock:{a}") // the holder's key gone, no release: nobody is told
+
+		mm := e.newMulti(t, []string{"b", "a"}, opt)
+		s, keys, args := mm.m.kind.leaveCall(mm.m.waiterID) // a member queued nowhere
+		vals, err := mm.m.nodes[0].Eval(ctx, s, keys, args)
+		if err != nil || len(vals) != 2 || vals[0] != 0 || vals[1] != 1 {
+			t.Fatalf("multi_leave: got %v, %v; want [0 1] (queued nowhere, one client told)", vals, err)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("NetMutex LockCtx after the turn was passed on: %v", err)
+		}
+		mustUnlock(t, w)
+		h.UnlockCtx(context.Background()) // its key is gone: ErrLockLost
+	})
+}
