@@ -115,6 +115,15 @@ var (
 	//go:embed lua/rw_wake.lua
 	rwWakeLua string
 
+	//go:embed lua/multi_acquire.lua
+	multiAcquireLua string
+	//go:embed lua/multi_release.lua
+	multiReleaseLua string
+	//go:embed lua/multi_extend.lua
+	multiExtendLua string
+	//go:embed lua/multi_leave.lua
+	multiLeaveLua string
+
 	//go:embed lua/sem_acquire.lua
 	semAcquireLua string
 	//go:embed lua/sem_release.lua
@@ -139,6 +148,12 @@ var (
 	rwReleaseScript = newTelling("rw_release", rwWakeLua+rwReleaseLua)
 	rwExtendScript  = newScript("rw_extend", rwExtendLua).withOp(opExtend)
 	rwLeaveScript   = newTelling("rw_leave", rwWakeLua+rwLeaveLua)
+
+	// MultiMutex's (see multi.go).
+	multiAcquireScript = newTelling("multi_acquire", handOnLua+multiAcquireLua).withOp(opAcquire)
+	multiReleaseScript = newTelling("multi_release", handOnLua+multiReleaseLua)
+	multiExtendScript  = newScript("multi_extend", multiExtendLua).withOp(opExtend)
+	multiLeaveScript   = newTelling("multi_leave", handOnLua+multiLeaveLua)
 
 	// Semaphore's (see semaphore.go).
 	semAcquireScript = newTelling("sem_acquire", semWakeLua+semAcquireLua).withOp(opAcquire)

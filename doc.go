@@ -2,11 +2,12 @@
 // through Redis: a *NetMutex can replace a sync.Mutex, and the code keeps
 // working, now excluding every process that locks the same name. NetRWMutex
 // does the same for sync.RWMutex, and Semaphore for
-// golang.org/x/sync/semaphore.Weighted.
+// golang.org/x/sync/semaphore.Weighted; a MultiMutex locks several names at
+// once, all or nothing.
 //
 // The guides in the repository's docs directory go into depth: [usage],
-// [clients], [waiting and fairness], [quorum and fencing], [deployments],
-// [observability], [the command], [evidence] and [speed].
+// [clients], [waiting and fairness], [quorum and fencing], [several names],
+// [deployments], [observability], [the command], [evidence] and [speed].
 //
 // # sync.Locker and the context layer
 //
@@ -115,6 +116,7 @@
 // [clients]: https://github.com/netlock-go/netlock/blob/main/docs/clients.md
 // [waiting and fairness]: https://github.com/netlock-go/netlock/blob/main/docs/waiting.md
 // [quorum and fencing]: https://github.com/netlock-go/netlock/blob/main/docs/quorum.md
+// [several names]: https://github.com/netlock-go/netlock/blob/main/docs/multi.md
 // [deployments]: https://github.com/netlock-go/netlock/blob/main/docs/deployments.md
 // [observability]: https://github.com/netlock-go/netlock/blob/main/docs/observability.md
 // [the command]: https://github.com/netlock-go/netlock/blob/main/docs/command.md

@@ -54,6 +54,9 @@ type NetMutex struct {
 	// NetMutex is enough: only the goroutine that owns m waits in Redis.
 	waiterID string
 	waitChan string // its own release channel, p{name}:released:<waiterID>
+	// alsoChans, for a MultiMutex's engine: the release channels of its
+	// other names, which its waiter watches too; nil otherwise.
+	alsoChans []string
 	// wakeTries is how many queued waiters a release tries in a row,
 	// skipping those nobody listens for (releaseWakeTries); 1 where a
 	// node's hub cannot tell (PUBLISH does not count them: a Redis Cluster
@@ -181,14 +184,10 @@ func New(name string, backends []Backend, opts ...Option) (*NetMutex, error) {
 
 // checkNew checks New's name and backends, and returns what is wrong.
 func checkNew(name string, backends []Backend) error {
-	switch {
-	case name == "":
-		return errors.New("netlock: empty lock name")
-	case name[0] == '}':
-		// The lock key p{}...} would have an empty hash tag, so its release
-		// channel could fall in another cluster slot.
-		return fmt.Errorf("netlock: lock name %q starts with '}'", name)
-	case len(backends) == 0:
+	if err := checkName(name); err != nil {
+		return err
+	}
+	if len(backends) == 0 {
 		return errors.New("netlock: no backends")
 	}
 	for i, b := range backends {
@@ -204,6 +203,19 @@ func checkNew(name string, backends []Backend) error {
 				return fmt.Errorf("netlock: backends %d and %d are the same", j, i)
 			}
 		}
+	}
+	return nil
+}
+
+// checkName checks a lock name, and returns what is wrong.
+func checkName(name string) error {
+	switch {
+	case name == "":
+		return errors.New("netlock: empty lock name")
+	case name[0] == '}':
+		// The lock key p{}...} would have an empty hash tag, so its release
+		// channel could fall in another cluster slot.
+		return fmt.Errorf("netlock: lock name %q starts with '}'", name)
 	}
 	return nil
 }

@@ -236,6 +236,8 @@ const (
 	// KindSemaphore: a Semaphore's lease (its process's permits); its
 	// acquires and extends, and its loss.
 	KindSemaphore Kind = "semaphore"
+	// KindMulti: a MultiMutex's hold of all its names.
+	KindMulti Kind = "multi"
 )
 
 // lockAttr names the lock in a log record: its name, and for a NetRWMutex

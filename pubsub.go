@@ -111,6 +111,9 @@ type watch struct {
 	hub   *Hub
 	topic *topic
 	wake  chan<- string // capacity 1; shared by all watches of one waiter
+	// also are the watches of a MultiMutex's other names' channels on the
+	// same Hub: they die and stop with this one (see NetMutex.watch).
+	also []*watch
 }
 
 // NewHub returns a Hub whose connections are opened by c.Listen, or, when
@@ -248,6 +251,11 @@ func (h *Hub) subscribed(channel string) bool {
 // dead reports whether the watch's connection has failed: the waiter must
 // watch again, and attempt again, to be sure not to miss a release.
 func (w *watch) dead() bool {
+	for _, a := range w.also {
+		if a.dead() {
+			return true
+		}
+	}
 	select {
 	case <-w.topic.down:
 		return true
@@ -263,6 +271,9 @@ func (w *watch) dead() bool {
 // stops its watches must not wait out a node timeout, its hold's deadline
 // running).
 func (w *watch) stop() {
+	for _, a := range w.also {
+		a.stop()
+	}
 	h := w.hub
 	h.wmu.Lock()
 	defer h.wmu.Unlock()

@@ -464,7 +464,21 @@ func (w *waiter) listen(ctx context.Context) bool {
 // watch watches m's release channel on node i's hub, bounded by the node
 // timeout; nil if it could not.
 func (m *NetMutex) watch(ctx context.Context, i int, wake chan<- string) *watch {
-	return m.watchChannel(ctx, i, m.waitChan, wake)
+	wt := m.watchChannel(ctx, i, m.waitChan, wake)
+	// A MultiMutex waits in the queue of whichever of its names is held:
+	// it watches the release channel of each, all or none.
+	for _, c := range m.alsoChans {
+		if wt == nil {
+			return nil
+		}
+		a := m.watchChannel(ctx, i, c, wake)
+		if a == nil {
+			wt.stop()
+			return nil
+		}
+		wt.also = append(wt.also, a)
+	}
+	return wt
 }
 
 // watchChannel watches channel on node i's hub, bounded by the node
@@ -489,8 +503,27 @@ func (w *waiter) join() {
 			continue
 		}
 		w.init()
-		w.watches[i] = h.join(m.waitChan, w.wake)
+		w.watches[i] = m.joinAll(h, w.wake)
 	}
+}
+
+// joinAll joins, on hub h, our release channel and those of alsoChans (a
+// MultiMutex's other names), all or none; nil if one is not subscribed and
+// confirmed already.
+func (m *NetMutex) joinAll(h *Hub, wake chan<- string) *watch {
+	wt := h.join(m.waitChan, wake)
+	for _, c := range m.alsoChans {
+		if wt == nil {
+			return nil
+		}
+		a := h.join(c, wake)
+		if a == nil {
+			wt.stop()
+			return nil
+		}
+		wt.also = append(wt.also, a)
+	}
+	return wt
 }
 
 func (w *waiter) init() {

@@ -51,6 +51,8 @@ func report(f flags, scs []*scenario, started time.Time, took time.Duration) str
 			writeRWTable(p, sc)
 		case shapeSem:
 			writeSemTable(p, sc)
+		case shapeMulti:
+			writeMultiTable(p, sc)
 		}
 		p("\n")
 	}

@@ -24,6 +24,7 @@ const (
 	shapeHolds                  // one process holding many locks: lost holds, connections, extends/s, once per row
 	shapeRW                     // readers and writers on one NetRWMutex (or NetMutex): reads/s, writes/s, commands per section
 	shapeSem                    // goroutines of several processes on one Semaphore (or NetMutexes): acquisitions/s, fairness
+	shapeMulti                  // processes each taking several names (MultiMutex, or NetMutexes in order): sets/s
 )
 
 // waitingID is the waiting scenario's id.
@@ -203,6 +204,7 @@ func buildScenarios(cs []contender, addrs []string) []*scenario {
 		strict: true,
 	}
 
+	multis := multiScenarios()
 	for i := range cs {
 		c := &cs[i]
 		if c.waitingOnly {
@@ -231,13 +233,20 @@ func buildScenarios(cs []contender, addrs []string) []*scenario {
 			rwwaiting.rows = append(rwwaiting.rows, rwWaitingRows(c, one[0])...)
 			sem.rows = append(sem.rows, semRows(c, one[0])...)
 			semwaiting.rows = append(semwaiting.rows, semWaitingRow(c, one[0]))
+			for k := range multis {
+				multis[k].rows = append(multis[k].rows, multiRows(c, one[0], multiSizes[k])...)
+			}
 		}
 	}
 	out := []*scenario{&floor, &uncontended, &clients, &shared}
 	for i := range keys {
 		out = append(out, &keys[i])
 	}
-	return append(out, &quorum, &waiting, &holds, &rwread, &rwwaiting, &sem, &semwaiting)
+	out = append(out, &quorum, &waiting, &holds, &rwread, &rwwaiting, &sem, &semwaiting)
+	for k := range multis {
+		out = append(out, &multis[k])
+	}
+	return out
 }
 
 // lockName is a fresh lock name for one round of one row.
