@@ -56,6 +56,8 @@ type waiter struct {
 	nonce   string
 	joined  time.Time
 	arrival int64 // a NetRWMutex's waiter's place (see ask)
+	// splits counts the rounds in a row whose votes split (see refused).
+	splits  int
 	timer   *time.Timer
 	delay   backoff   // polling, and retries while the nodes do not answer
 	down    time.Time // when the nodes stopped answering; zero while they answer
@@ -78,6 +80,15 @@ const maxBallots = 3
 // in the queue, so the waiters granted the lock in turn would pass it over
 // for as long as they keep coming.
 const maxWatchFailures = 2
+
+// maxSplits bounds the quick retries after rounds whose votes split: the
+// clients attempting together are done in a round or two, and one of them
+// wins. Votes that keep splitting mean that no retry will win: a minority
+// of nodes has no key where the holder's quorum has its (a release that
+// reached it late, after the holder's acquire found it busy there), and
+// stays so for the whole hold. Then the waiter waits as for a held lock,
+// by message and the holder's TTL, instead of attempting every round trip.
+const maxSplits = 3
 
 // acquire runs acquire rounds until one succeeds; with wait false (TryLock)
 // it makes just one attempt. It reports false, with a nil error, only when
@@ -158,9 +169,13 @@ func (w *waiter) refused(ctx context.Context, o outcome) (bool, error) {
 	if !w.wait {
 		return false, nil
 	}
+	w.splits++
+	if o.kind != split {
+		w.splits = 0
+	}
 	var err error
 	switch {
-	case o.kind == split || o.kind == ballot:
+	case o.kind == ballot || o.kind == split && w.splits <= maxSplits:
 		// Retry after up to two rounds' time, at random: long enough
 		// for the clients we split with to be done with their cleanup
 		// (or for one to have won).
