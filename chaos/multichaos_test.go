@@ -1,0 +1,300 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/netlock-go/netlock"
+	"github.com/netlock-go/netlock/chaos/internal/toxi"
+	"github.com/netlock-go/netlock/internal/redistest"
+)
+
+// multiNames are the lock names of the MultiMutex chaos tests: one hash
+// tag, so that a set of them is one script per node.
+var multiNames = []string{"{m}a", "{m}b", "{m}c"}
+
+// A multiLock is one lock object a chaos client takes: a MultiMutex over
+// some of multiNames (in an order of its own), or a NetMutex of one of
+// them, with the upper bound of its current hold's local deadline.
+type multiLock struct {
+	names  []string
+	lock   func(context.Context) error
+	unlock func(context.Context) error
+	lost   func() <-chan struct{}
+	tokens func() []uint64
+	bound  *deadlineBound
+}
+
+// A deadlineBound is an upper bound of a hold's local deadline, from its
+// Observer's events alone: an acquire or extend round that ended by t
+// gives a deadline of at most t + expiry − drift term (the engine counts
+// the validity from the round's start, less the round's time). The late
+// Lost() check is then never stricter than the engine, and may be looser.
+type deadlineBound struct {
+	expiry time.Duration // the expiry less the drift term
+	mu     sync.Mutex
+	until  time.Time
+}
+
+func (b *deadlineBound) observer() netlock.Observer {
+	return netlock.Observer{
+		Acquire: func(ctx context.Context, _ netlock.AcquireStart) (context.Context, func(netlock.AcquireDone)) {
+			return ctx, func(d netlock.AcquireDone) {
+				if d.Acquired {
+					b.mu.Lock()
+					b.until = time.Now().Add(b.expiry)
+					b.mu.Unlock()
+				}
+			}
+		},
+		Extend: func(_ context.Context, x netlock.ExtendDone) {
+			if x.Err == nil {
+				b.mu.Lock()
+				b.until = time.Now().Add(b.expiry)
+				b.mu.Unlock()
+			}
+		},
+	}
+}
+
+func (b *deadlineBound) deadline() time.Time {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.until
+}
+
+// multiLocks returns client i's lock objects on backends: MultiMutexes of
+// two and three names in different orders, and NetMutexes of single names,
+// which a MultiMutex of the same names excludes.
+func multiLocks(t *testing.T, backends []netlock.Backend) []multiLock {
+	t.Helper()
+	opts := func(b *deadlineBound) []netlock.Option {
+		return []netlock.Option{netlock.WithExpiry(chaosExpiry), netlock.WithNodeTimeout(100 * time.Millisecond),
+			netlock.WithDriftFactor(chaosDrift), netlock.WithRetryDelay(time.Millisecond, 20*time.Millisecond),
+			netlock.WithObserver(b.observer()), netlock.WithLogger(slog.New(slog.DiscardHandler))}
+	}
+	bound := func() *deadlineBound {
+		return &deadlineBound{expiry: chaosExpiry - time.Duration(float64(chaosExpiry)*chaosDrift) - 2*time.Millisecond}
+	}
+	var locks []multiLock
+	for _, names := range [][]string{{"{m}a", "{m}b"}, {"{m}c", "{m}b", "{m}a"}, {"{m}c", "{m}b"}, {"{m}a", "{m}c"}} {
+		b := bound()
+		mm, err := netlock.NewMulti(names, backends, opts(b)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		locks = append(locks, multiLock{names: names, lock: mm.LockCtx, unlock: mm.UnlockCtx, lost: mm.Lost, tokens: mm.Tokens, bound: b})
+	}
+	for _, name := range []string{"{m}b", "{m}a"} {
+		b := bound()
+		m, err := netlock.New(name, backends, opts(b)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		locks = append(locks, multiLock{names: []string{name}, lock: m.LockCtx, unlock: m.UnlockCtx, lost: m.Lost,
+			tokens: func() []uint64 { return []uint64{m.Token()} }, bound: b})
+	}
+	return locks
+}
+
+// TestChaosMulti runs TestChaos's faults (a minority of three servers)
+// against eight clients that take MultiMutexes over two or three of three
+// names, in different orders, and NetMutexes of single names. Every
+// critical section writes to one fenced resource per name it holds, with
+// that name's token, twice, with a stall past the expiry now and then in
+// between. Each name's history is checked as TestChaos's (checkHistory):
+// no overlap of holds never reported lost, tokens increasing, every stale
+// write refused, Lost() in time; with the local deadline bounded from the
+// Observer's events (see deadlineBound) rather than worked out from the
+// scripts' calls. No key may be left on a server once the clients stop.
+func TestChaosMulti(t *testing.T) {
+	runChaosMulti(t, chaosSetup{
+		nodes:   3,
+		victims: func(rng *rand.Rand) []int { return []int{rng.IntN(3)} },
+		quiet:   func(rng *rand.Rand) time.Duration { return time.Duration(rng.IntN(300)) * time.Millisecond },
+	})
+}
+
+// TestChaosMultiSingle is TestChaosMulti on one server.
+func TestChaosMultiSingle(t *testing.T) {
+	runChaosMulti(t, chaosSetup{
+		nodes:   1,
+		victims: func(*rand.Rand) []int { return []int{0} },
+		quiet:   func(rng *rand.Rand) time.Duration { return chaosQuiet + time.Duration(rng.Int64N(int64(chaosQuiet))) },
+	})
+}
+
+// multiHistory is the history of every name: its holds and its fenced
+// resource.
+type multiHistory struct {
+	mu        sync.Mutex
+	holds     map[string][]holdRecord
+	resources map[string]*fencedResource
+	errs      map[string]int
+}
+
+func newMultiHistory() *multiHistory {
+	h := &multiHistory{holds: map[string][]holdRecord{}, resources: map[string]*fencedResource{}, errs: map[string]int{}}
+	for _, n := range multiNames {
+		h.resources[n] = &fencedResource{}
+	}
+	return h
+}
+
+func (h *multiHistory) count(what string, err error) {
+	h.mu.Lock()
+	h.errs[what+": "+errKind(err)]++
+	h.mu.Unlock()
+}
+
+// section runs one critical section of client i under l: it records a
+// hold per name, writes to each name's resource twice, and unlocks.
+func (h *multiHistory) section(i int, l multiLock, rng *rand.Rand, stall func() bool, pause func()) {
+	tokens := l.tokens()
+	lost := l.lost()
+	start := time.Now()
+	rec := holdRecord{client: i, start: start, validAtStart: isOpen(lost)}
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		<-lost // closed at the latest by UnlockCtx
+		rec.lostAt = time.Now()
+	}()
+	ids := make([]int, len(l.names))
+	h.mu.Lock()
+	for k, n := range l.names {
+		ids[k] = len(h.holds[n])
+		h.holds[n] = append(h.holds[n], holdRecord{}) // filled in below
+	}
+	h.mu.Unlock()
+	for k, n := range l.names {
+		h.resources[n].write(ids[k], tokens[k])
+	}
+	time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
+	if stall() {
+		rec.paused = true
+		pause()
+	}
+	for k, n := range l.names {
+		h.resources[n].write(ids[k], tokens[k])
+	}
+	rec.end = time.Now()
+	rec.validAtEnd = isOpen(lost)
+	rec.unlockStart = time.Now()
+	rec.unlockErr = l.unlock(context.Background())
+	rec.until = l.bound.deadline() // every extend has ended with UnlockCtx
+	<-watched
+	if rec.unlockErr != nil {
+		h.count("unlock", rec.unlockErr)
+	}
+	h.mu.Lock()
+	for k, n := range l.names {
+		r := rec
+		r.token = tokens[k]
+		h.holds[n][ids[k]] = r
+	}
+	h.mu.Unlock()
+}
+
+func runChaosMulti(t *testing.T, s chaosSetup) {
+	duration := chaosDuration(t)
+	t.Cleanup(func() { waitNetlockDone(t, 5*time.Second) })
+	servers := startServers(t, s.nodes, "--appendonly", "yes", "--appendfsync", "always")
+	x := toxi.New(t)
+	links := make([][]*toxi.Proxy, chaosClients) // [client][node]
+	for i := range links {
+		for _, srv := range servers {
+			links[i] = append(links[i], x.Proxy(srv.Addr()))
+		}
+	}
+	locks := make([][]multiLock, chaosClients)
+	for i := range locks {
+		backends := make([]netlock.Backend, s.nodes)
+		for k := range servers {
+			backends[k] = newBackend(t, chaosClient(i), links[i][k].Addr())
+		}
+		locks[i] = multiLocks(t, backends)
+	}
+
+	hist := newMultiHistory()
+	var stalls atomic.Int64
+	stall := make([]atomic.Bool, chaosClients)
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var probe stallProbe
+	wg.Go(func() { probe.run(ctx) })
+	for i := range locks {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(i), uint64(time.Now().UnixNano())))
+			for ctx.Err() == nil {
+				l := locks[i][rng.IntN(len(locks[i]))]
+				lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				err := l.lock(lctx)
+				cancel()
+				if err != nil {
+					hist.count("lock", err)
+					continue
+				}
+				hist.section(i, l, rng, func() bool { return stall[i].CompareAndSwap(true, false) }, func() {
+					stalls.Add(1)
+					pauseClient(links[i], chaosExpiry*3/2+time.Duration(rng.IntN(500))*time.Millisecond, nil)
+				})
+			}
+		})
+	}
+	start := time.Now()
+	faults, timeline := runFaults(t, s, servers, links, stall, start, duration, time.Sleep)
+	stop()
+	wg.Wait()
+	elapsed := time.Since(start)
+
+	var violations []string
+	slack := func(from, to time.Time) time.Duration { return chaosSlack + probe.longest(from, to) }
+	var held, lost, stale int
+	var late time.Duration
+	for _, n := range multiNames {
+		v, fig := checkHistory(hist.holds[n], hist.resources[n].writes, slack)
+		for _, line := range v {
+			violations = append(violations, n+": "+line)
+		}
+		for _, h := range hist.holds[n] {
+			if h.token == 0 {
+				violations = append(violations, fmt.Sprintf("%s: client %d held with token 0", n, h.client))
+			}
+		}
+		held, lost, stale, late = held+fig.holds, lost+fig.lost, stale+fig.staleRejected, max(late, fig.maxLate)
+		violations = append(violations, checkStranded(t, servers, lockKey(n))...)
+	}
+	for _, e := range slices.Sorted(maps.Keys(hist.errs)) {
+		if strings.Contains(e, "UNDOCUMENTED") {
+			violations = append(violations, fmt.Sprintf("%d times %s", hist.errs[e], e))
+		}
+	}
+	redistest.Report(t, "%v, %d clients on %d servers, MultiMutexes of 2 and 3 of %d names and NetMutexes: %d holds of a name (%d lost, %d stale writes rejected), latest Lost() %v after its deadline's bound (longest process stall %v); faults %v, client stalls %d; errors %v; violations %d",
+		elapsed.Round(time.Second), chaosClients, s.nodes, len(multiNames), held, lost, stale, late.Round(time.Millisecond),
+		probe.longest(start, time.Now()).Round(time.Millisecond), faults, stalls.Load(), hist.errs, len(violations))
+	for i, v := range violations {
+		if i == 20 {
+			t.Errorf("... and %d more", len(violations)-i)
+			break
+		}
+		t.Error(v)
+	}
+	if len(violations) > 0 {
+		for _, f := range timeline {
+			t.Logf("fault %s", f)
+		}
+	}
+	if held < 10 {
+		t.Errorf("only %d holds of a name: the locks made no progress between the faults", held)
+	}
+}
