@@ -236,6 +236,9 @@ const (
 	// KindSemaphore: a Semaphore's lease (its process's permits); its
 	// acquires and extends, and its loss.
 	KindSemaphore Kind = "semaphore"
+	// KindElection: an Election's leadership; its campaign (an acquire),
+	// extends, Resign (an unlock) and loss.
+	KindElection Kind = "election"
 )
 
 // lockAttr names the lock in a log record: its name, and for a NetRWMutex
