@@ -322,3 +322,149 @@ func trim(s string) string {
 	}
 	return s
 }
+
+// recv returns the next Leader Observe delivers, failing the test if none
+// comes within d or the channel is closed.
+func recv(t testing.TB, ch <-chan Leader, d time.Duration, what string) Leader {
+	t.Helper()
+	select {
+	case l, ok := <-ch:
+		if !ok {
+			t.Fatalf("%s: Observe's channel closed", what)
+		}
+		return l
+	case <-time.After(d):
+		t.Fatalf("%s: nothing delivered within %v", what, d)
+	}
+	return Leader{}
+}
+
+// Observe delivers the leader now first (nobody: the zero Leader), then
+// every change by message: a leader, a Proclaim, a Resign, the next leader,
+// in order; and closes its channel when ctx ends.
+func TestElectionObserve(t *testing.T) {
+	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
+		a, b, watcher := e.newElection(t, "obs"), e.newElection(t, "obs"), e.newElection(t, "obs")
+		ctx, cancel := context.WithCancel(context.Background())
+		ch := watcher.Observe(ctx)
+		if l := recv(t, ch, 5*time.Second, "first"); l != (Leader{}) {
+			t.Fatalf("first delivery with nobody leading: got %+v, want the zero Leader", l)
+		}
+		mustCampaign(t, a, "a1")
+		la := recv(t, ch, 5*time.Second, "a elected")
+		if la != (Leader{Value: "a1", Term: a.Term()}) {
+			t.Fatalf("after a's Campaign: got %+v, want a1 in term %d", la, a.Term())
+		}
+		if err := a.Proclaim(context.Background(), "a2"); err != nil {
+			t.Fatal(err)
+		}
+		if l := recv(t, ch, 5*time.Second, "a's Proclaim"); l != (Leader{Value: "a2", Term: la.Term}) {
+			t.Fatalf("after Proclaim: got %+v, want a2 in term %d", l, la.Term)
+		}
+		cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer ccancel()
+		bDone := campaign(cctx, b, "b1")
+		eventually(t, 5*time.Second, "b queued", func() bool { return e.zcard(t, a) == 1 })
+		if err := a.Resign(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		l := recv(t, ch, 5*time.Second, "a resigned")
+		if l == (Leader{}) { // nobody, until b recorded its value (a reader may miss it)
+			l = recv(t, ch, 5*time.Second, "b elected")
+		}
+		if err := <-bDone; err != nil {
+			t.Fatal(err)
+		}
+		if l != (Leader{Value: "b1", Term: b.Term()}) || l.Term <= la.Term {
+			t.Fatalf("after a resigned and b was elected: got %+v, want b1 in term %d, above %d", l, b.Term(), la.Term)
+		}
+		if err := b.Resign(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if l := recv(t, ch, 5*time.Second, "b resigned"); l != (Leader{}) {
+			t.Fatalf("after b resigned: got %+v, want the zero Leader", l)
+		}
+		cancel()
+		for range ch { // closed when ctx ends
+		}
+	})
+}
+
+// A leader that dies (its hold not extended) publishes nothing: Observe
+// learns from the lock's TTL that nobody leads, and sees the next leader.
+func TestElectionObserveExpiry(t *testing.T) {
+	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
+		const expiry = 300 * time.Millisecond
+		dead := e.newElection(t, "expire", WithExpiry(expiry), WithAutoExtend(false))
+		watcher := e.newElection(t, "expire")
+		mustCampaign(t, dead, "dead")
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		ch := watcher.Observe(ctx)
+		if l := recv(t, ch, 5*time.Second, "first"); l.Value != "dead" {
+			t.Fatalf("first delivery: got %+v, want dead", l)
+		}
+		<-dead.Lost()
+		if e.mini != nil {
+			e.mini.FastForward(expiry)
+		}
+		if l := recv(t, ch, 5*time.Second, "the leader's hold expired"); l != (Leader{}) {
+			t.Fatalf("after the leader's hold expired: got %+v, want the zero Leader", l)
+		}
+		next := e.newElection(t, "expire")
+		mustCampaign(t, next, "next")
+		if l := recv(t, ch, 5*time.Second, "next elected"); l.Value != "next" || l.Term != next.Term() {
+			t.Fatalf("after the next Campaign: got %+v, want next in term %d", l, next.Term())
+		}
+		if err := next.Resign(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// Observe never delivers an older term after a newer one, whatever order
+// messages and reads come in: a change older than what a node said last is
+// ignored, and a term's end comes after all its values.
+func TestElectionObserveNoOlderTerm(t *testing.T) {
+	e := miniEnv(t)
+	el := e.newElection(t, "order")
+	o := newObserver(el, make(chan Leader))
+	steps := []struct {
+		payload string
+		want    Leader // what is to be delivered after it
+	}{
+		{"l:5:1:1000:a", Leader{"a", 5}},
+		{"l:4:9:1000:old", Leader{"a", 5}}, // an older term, late
+		{"l:5:3:1000:c", Leader{"c", 5}},
+		{"l:5:2:1000:b", Leader{"c", 5}}, // an older revision, late
+		{"n:5", Leader{}},
+		{"l:5:4:1000:d", Leader{}}, // a value of the ended term, late
+		{"l:7:1:1000:x", Leader{"x", 7}},
+		{"n:6", Leader{"x", 7}},
+	}
+	for _, s := range steps {
+		o.take(nodeMsg{i: 0, payload: s.payload})
+		if o.next != s.want {
+			t.Fatalf("after %q: got %+v to deliver, want %+v", s.payload, o.next, s.want)
+		}
+		o.last, o.delivered, o.pending = o.next, true, false
+	}
+	// Over a quorum, the majority's view never goes back to an older term
+	// either, even when a node still says the older one.
+	views := []nodeView{
+		{known: true, leads: true, term: 7, rev: 1, value: "x"},
+		{known: true, leads: true, term: 6, rev: 1, value: "y"},
+		{known: true, leads: true, term: 7, rev: 2, value: "x2"},
+	}
+	if l, ok := majority(views, 2); !ok || l != (Leader{"x", 7}) {
+		t.Fatalf("majority: got %+v %v, want x in term 7 (the revision a quorum has)", l, ok)
+	}
+	views[0].rev, views[0].value = 2, "x2"
+	if l, _ := majority(views, 2); l != (Leader{"x2", 7}) {
+		t.Fatalf("majority: got %+v, want x2 in term 7", l)
+	}
+	views[2] = nodeView{known: true, term: 7}
+	if l, ok := majority(views, 2); ok {
+		t.Fatalf("majority with term 7 led on one node of three: got %+v, want none", l)
+	}
+}
