@@ -3,12 +3,17 @@ package netlock
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/gomodule/redigo/redis"
+
+	"github.com/netlock-go/netlock/internal/redistest"
 )
 
 // newElection returns an Election on a backend of its own, as another
@@ -466,5 +471,74 @@ func TestElectionObserveNoOlderTerm(t *testing.T) {
 	views[2] = nodeView{known: true, term: 7}
 	if l, ok := majority(views, 2); ok {
 		t.Fatalf("majority with term 7 led on one node of three: got %+v, want none", l)
+	}
+}
+
+// Campaigning costs Redis (almost) nothing while it waits: 20 campaigners,
+// each with a client of its own, wait behind a leader with the default
+// expiry for longer than an expiry; the commands the server ran meanwhile
+// (the leader's extends, scripts' commands counted) come to at most one
+// per campaigner-second. Then each is elected in turn.
+func TestElectionWaitingCost(t *testing.T) {
+	const (
+		campaigners = 20
+		window      = DefaultExpiry + 2*time.Second
+	)
+	for _, client := range testClients() {
+		t.Run(client, func(t *testing.T) {
+			t.Parallel()
+			s := redistest.Start(t)
+			newEl := func() *Election {
+				el, err := NewElection("cost", []Backend{newBackend(t, client, s.Addr())})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return el
+			}
+			leader := newEl()
+			mustCampaign(t, leader, "leader")
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			var elected atomic.Int64
+			var wg sync.WaitGroup
+			errs := make(chan error, campaigners)
+			for i := range campaigners {
+				el := newEl()
+				wg.Go(func() {
+					if err := el.Campaign(ctx, strconv.Itoa(i)); err != nil {
+						if !errors.Is(err, context.Canceled) {
+							errs <- err
+						}
+						return
+					}
+					elected.Add(1)
+					el.Resign(context.Background())
+				})
+			}
+			eventually(t, 10*time.Second, "all campaigners queued", func() bool {
+				v, err := s.Do("ZCARD", leader.keys.Waiters)
+				return err == nil && v == strconv.Itoa(campaigners)
+			})
+			total0, lib0 := commandCounts(t, []*redistest.Server{s})
+			time.Sleep(window) // the window the commands are counted over
+			total1, lib1 := commandCounts(t, []*redistest.Server{s})
+			lib := lib1 - lib0
+			ran := total1 - total0 - 1 - lib
+			per := float64(ran) / campaigners / window.Seconds()
+			redistest.Report(t, "%d campaigners for %v: %d commands of netlock's, %.2f per campaigner-second; the client library's own: %d",
+				campaigners, window, ran, per, lib)
+			if per > 1 {
+				t.Errorf("waiting cost: got %.2f commands per campaigner-second, want at most 1", per)
+			}
+			if err := leader.Resign(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, 10*time.Second, "campaigners elected in turn", func() bool { return elected.Load() == campaigners })
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Errorf("Campaign: %v", err)
+			}
+		})
 	}
 }
