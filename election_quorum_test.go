@@ -94,3 +94,61 @@ func TestElectionQuorumNodeDown(t *testing.T) {
 		})
 	}
 }
+
+// On a Redis Cluster, through each cluster client, an Election's keys and
+// channels share one slot: campaigners are woken, and observers told, by
+// sharded messages, on elections whose names land on every master.
+func TestElectionCluster(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	t.Cleanup(func() { waitRueidisDelayedCloses(t) })
+	names := namesOnEveryMaster(t, cluster, "elect")
+	for _, kind := range clusterKinds() {
+		t.Run(kind, func(t *testing.T) {
+			for _, name := range names {
+				newEl := func() *Election {
+					el, err := NewElection(name, []Backend{clusterBackend(t, kind, cluster)})
+					if err != nil {
+						t.Fatal(err)
+					}
+					return el
+				}
+				a, b, watcher := newEl(), newEl(), newEl()
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				ch := watcher.Observe(ctx)
+				if l := recv(t, ch, 5*time.Second, "first"); l != (Leader{}) {
+					t.Fatalf("%s: first delivery: got %+v, want the zero Leader", name, l)
+				}
+				mustCampaign(t, a, "a")
+				if l := recv(t, ch, 5*time.Second, "a elected"); l.Value != "a" {
+					t.Fatalf("%s: got %+v, want a", name, l)
+				}
+				bDone := campaign(ctx, b, "b")
+				if err := a.Proclaim(ctx, "a2"); err != nil {
+					t.Fatal(err)
+				}
+				if l := recv(t, ch, 5*time.Second, "a's Proclaim"); l.Value != "a2" {
+					t.Fatalf("%s: got %+v, want a2", name, l)
+				}
+				if err := a.Resign(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if err := <-bDone; err != nil {
+					t.Fatal(err)
+				}
+				l := recv(t, ch, 5*time.Second, "a resigned")
+				if l == (Leader{}) {
+					l = recv(t, ch, 5*time.Second, "b elected")
+				}
+				if l != (Leader{Value: "b", Term: b.Term()}) {
+					t.Fatalf("%s: got %+v, want b in term %d", name, l, b.Term())
+				}
+				if err := b.Resign(ctx); err != nil {
+					t.Fatal(err)
+				}
+				cancel()
+				for range ch {
+				}
+			}
+		})
+	}
+}

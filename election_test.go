@@ -542,3 +542,37 @@ func TestElectionWaitingCost(t *testing.T) {
 		})
 	}
 }
+
+// A Client makes Elections on its backends with its options; each is a
+// campaigner of its own, not shared.
+func TestElectionClient(t *testing.T) {
+	e := miniEnv(t)
+	c, err := NewClient([]Backend{e.backend(t)}, WithPrefix("app:"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := c.Election("jobs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := c.Election("jobs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a == b {
+		t.Fatal("Client.Election returned one Election twice: want a campaigner each")
+	}
+	mustCampaign(t, a, "a")
+	if l := mustLeader(t, b); l.Value != "a" {
+		t.Fatalf("Leader: got %+v, want a", l)
+	}
+	if !e.exists(t, "app:{jobs}:elect") {
+		t.Fatal("the election's lock key is not under the Client's prefix")
+	}
+	if _, err := c.Election(""); err == nil {
+		t.Fatal("Client.Election with an empty name: got nil error")
+	}
+	if err := a.Resign(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
