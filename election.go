@@ -334,20 +334,30 @@ func (e *Election) Term() uint64 {
 }
 
 // Leader returns who leads the election now, as a majority of the nodes
-// tell: ErrNoLeader when nobody does (or no majority agrees on a term), an
-// error matching ErrQuorum if too few nodes answered. It waits for nothing.
+// tell: ErrNoLeader when nobody does; an error matching ErrQuorum if too
+// few nodes answered to tell (a term led on fewer than a majority of the
+// nodes that answered may be led on the majority with those that did not).
+// It waits for nothing.
 func (e *Election) Leader(ctx context.Context) (Leader, error) {
 	if err := e.check(); err != nil {
 		return Leader{}, err
 	}
 	views := make([]nodeView, len(e.m.nodes))
-	if _, err := e.read(ctx, views, nil); err != nil {
-		return Leader{}, err
-	}
-	if l, ok := majority(views, e.m.quorum); ok {
+	answered, errs := e.read(ctx, views, nil)
+	l, v := majority(views, e.m.quorum)
+	switch v {
+	case leads:
 		return l, nil
+	case nobody:
+		return Leader{}, ErrNoLeader
 	}
-	return Leader{}, ErrNoLeader
+	n := 0
+	for _, a := range answered {
+		if a {
+			n++
+		}
+	}
+	return Leader{}, &quorumError{nodes: len(e.m.nodes), answered: n, need: len(e.m.nodes), errs: errs}
 }
 
 // A nodeView is what one node says of the election: who leads there, as
@@ -377,16 +387,13 @@ func (v nodeView) newer(o nodeView) bool {
 }
 
 // read reads the nodes selected by targets (all when nil) into views, and
-// reports which answered; it returns an error matching ErrQuorum if fewer
-// than a quorum of all nodes answered. A read replaces what was known of a
-// node: it is the node's state when it ran, after every message it
-// published before.
-func (e *Election) read(ctx context.Context, views []nodeView, targets []bool) ([]bool, error) {
+// reports which answered, and the errors of those that did not. A read
+// replaces what was known of a node: it is the node's state when it ran,
+// after every message it published before.
+func (e *Election) read(ctx context.Context, views []nodeView, targets []bool) (answered []bool, errs []error) {
 	replies := e.m.fanout(ctx, electReadScript, []string{e.keys.Lock, e.keys.Leader}, nil, targets)
 	now := time.Now()
-	answered := make([]bool, len(replies))
-	var errs []error
-	n := 0
+	answered = make([]bool, len(replies))
 	for i, r := range replies {
 		if targets != nil && !targets[i] {
 			continue
@@ -398,17 +405,13 @@ func (e *Election) read(ctx context.Context, views []nodeView, targets []bool) (
 					v.term = views[i].term // the record expired: the term we knew ended
 				}
 				views[i], answered[i] = v, true
-				n++
 				continue
 			}
 			r.err = nodeError(i, err)
 		}
 		errs = append(errs, r.err)
 	}
-	if n < e.m.quorum {
-		return answered, &quorumError{nodes: len(e.m.nodes), answered: n, need: e.m.quorum, errs: errs}
-	}
-	return answered, nil
+	return answered, errs
 }
 
 // readView reads lua/elect_read.lua's reply, read at now.
@@ -460,39 +463,54 @@ func parseChange(payload string, now time.Time) (nodeView, bool) {
 	return nodeView{}, false
 }
 
+// A verdict is what the nodes' views say of who leads.
+type verdict int
+
+const (
+	leads   verdict = iota // a term is led on a quorum
+	nobody                 // no term is, nor could be with the nodes not heard from
+	unknown                // a term could be led on a quorum with the nodes not heard from
+)
+
 // majority returns the leader a quorum of views agrees on: a term led on
-// at least quorum nodes, with the latest value at least quorum of those
-// nodes have recorded (the quorum-th highest revision; a Proclaim that
-// reached fewer is not yet what a majority holds). Two terms cannot both
-// have a quorum.
-func majority(views []nodeView, quorum int) (Leader, bool) {
+// at least quorum nodes (two terms cannot both be), with the latest value
+// (the highest revision) any of those nodes recorded. The value of a
+// Proclaim that succeeded is on a quorum, which meets every quorum of
+// nodes: it, or a later one, is found. Without such a term, it tells
+// nobody from unknown: a view not known may be of a node that would make a
+// quorum.
+func majority(views []nodeView, quorum int) (Leader, verdict) {
+	unheard := 0
+	for _, v := range views {
+		if !v.known {
+			unheard++
+		}
+	}
+	result := nobody
+	if unheard >= quorum {
+		result = unknown
+	}
 	for _, v := range views {
 		if !v.leads {
 			continue
 		}
-		var revs []nodeView
+		on, latest := 0, v
 		for _, o := range views {
 			if o.leads && o.term == v.term {
-				revs = append(revs, o)
+				on++
+				if o.rev > latest.rev {
+					latest = o
+				}
 			}
 		}
-		if len(revs) < quorum {
-			continue
+		if on >= quorum {
+			return Leader{Value: latest.value, Term: v.term}, leads
 		}
-		slices.SortFunc(revs, func(a, b nodeView) int { return -cmpUint(a.rev, b.rev) })
-		return Leader{Value: revs[quorum-1].value, Term: v.term}, true
+		if on+unheard >= quorum {
+			result = unknown
+		}
 	}
-	return Leader{}, false
-}
-
-func cmpUint(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
+	return Leader{}, result
 }
 
 // Observe returns a channel that delivers who leads the election: first
@@ -724,20 +742,14 @@ func (o *observer) arm() {
 	o.timer.Reset(time.Until(at))
 }
 
-// judge sets what to deliver next, once a quorum of nodes has been heard
-// from: the majority's leader, if it is not the last delivered and not of
-// an older term.
+// judge sets what to deliver next, once enough nodes have been heard from
+// to tell: the majority's leader (or nobody), if it is not the last
+// delivered and not of an older term.
 func (o *observer) judge() {
-	known := 0
-	for _, v := range o.views {
-		if v.known {
-			known++
-		}
+	l, v := majority(o.views, o.e.m.quorum)
+	if v == unknown {
+		return // wait to hear from more nodes
 	}
-	if known < o.e.m.quorum {
-		return
-	}
-	l, _ := majority(o.views, o.e.m.quorum)
 	if o.delivered && l == o.last {
 		o.pending = false
 		return

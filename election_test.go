@@ -461,16 +461,18 @@ func TestElectionObserveNoOlderTerm(t *testing.T) {
 		{known: true, leads: true, term: 6, rev: 1, value: "y"},
 		{known: true, leads: true, term: 7, rev: 2, value: "x2"},
 	}
-	if l, ok := majority(views, 2); !ok || l != (Leader{"x", 7}) {
-		t.Fatalf("majority: got %+v %v, want x in term 7 (the revision a quorum has)", l, ok)
-	}
-	views[0].rev, views[0].value = 2, "x2"
-	if l, _ := majority(views, 2); l != (Leader{"x2", 7}) {
-		t.Fatalf("majority: got %+v, want x2 in term 7", l)
+	if l, v := majority(views, 2); v != leads || l != (Leader{"x2", 7}) {
+		t.Fatalf("majority: got %+v %v, want x2 in term 7 (led on a quorum, the latest value)", l, v)
 	}
 	views[2] = nodeView{known: true, term: 7}
-	if l, ok := majority(views, 2); ok {
-		t.Fatalf("majority with term 7 led on one node of three: got %+v, want none", l)
+	if l, v := majority(views, 2); v != nobody {
+		t.Fatalf("majority with term 7 led on one node of three: got %+v %v, want nobody", l, v)
+	}
+	// A node not heard from could make a quorum with the one that leads:
+	// who leads cannot be told.
+	views[2] = nodeView{}
+	if l, v := majority(views, 2); v != unknown {
+		t.Fatalf("majority with term 7 led on one node, one not heard from: got %+v %v, want unknown", l, v)
 	}
 }
 
