@@ -125,7 +125,7 @@ func NewElection(name string, backends []Backend, opts ...Option) (*Election, er
 	k := keyspace.Election(m.cfg.prefix, name)
 	e := &Election{m: m, keys: k, recordMS: strconv.FormatInt(recordExpiries*m.cfg.expiry.Milliseconds(), 10)}
 	m.keys = keys{lock: k.Lock, channel: k.Channel, waiters: k.Waiters, fence: k.Fence}
-	m.extendKeys = []string{k.Lock, k.Waiters, k.Leader}
+	m.extendKeys = []string{k.Lock, k.Waiters}
 	m.tombPrefix = m.keys.tomb("")
 	m.waitChan = k.Channel + ":" + m.waiterID
 	m.cfg.handoffs = 0 // one campaigner per Election: nobody to hand to
@@ -174,8 +174,8 @@ func checkValue(value string) error {
 
 // Campaign waits until this process leads the election, then makes value
 // the leader's value, and returns nil. Campaigners are elected in order of
-// arrival; while one waits it costs Redis about one command per expiry (its
-// turn comes by message, see NetMutex.LockCtx).
+// arrival; while one waits it costs Redis one look at the leader's TTL per
+// expiry, a few commands (its turn comes by message, see NetMutex.LockCtx).
 //
 // If ctx ends first, it returns an error matching ctx's error (and
 // ErrNotObtained, or ErrQuorum if Redis did not answer the last attempt),
