@@ -185,8 +185,10 @@ func TestElectionCancelledCampaignLeavesNoPlace(t *testing.T) {
 // Redis once the key expired there.
 func TestElectionLostOnExpiry(t *testing.T) {
 	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
-		const expiry = 200 * time.Millisecond
-		el := e.newElection(t, "lost", WithExpiry(expiry), WithAutoExtend(false))
+		// A node timeout of its own: the default, a tenth of the expiry,
+		// is tight for a loaded machine.
+		const expiry = 500 * time.Millisecond
+		el := e.newElection(t, "lost", WithExpiry(expiry), WithNodeTimeout(200*time.Millisecond), WithAutoExtend(false))
 		mustCampaign(t, el, "short")
 		lost := el.Lost()
 		select {
@@ -399,8 +401,8 @@ func TestElectionObserve(t *testing.T) {
 // learns from the lock's TTL that nobody leads, and sees the next leader.
 func TestElectionObserveExpiry(t *testing.T) {
 	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
-		const expiry = 300 * time.Millisecond
-		dead := e.newElection(t, "expire", WithExpiry(expiry), WithAutoExtend(false))
+		const expiry = 500 * time.Millisecond
+		dead := e.newElection(t, "expire", WithExpiry(expiry), WithNodeTimeout(200*time.Millisecond), WithAutoExtend(false))
 		watcher := e.newElection(t, "expire")
 		mustCampaign(t, dead, "dead")
 		ctx, cancel := context.WithCancel(context.Background())
