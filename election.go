@@ -181,7 +181,8 @@ func checkValue(value string) error {
 // ErrNotObtained, or ErrQuorum if Redis did not answer the last attempt),
 // and leaves nothing behind: no place in the queue, no leadership. If the
 // value cannot be recorded on a quorum, the leadership is given up and the
-// error returned. It returns an error at once for an empty or oversized
+// error returned; ErrLockLost if the leadership was lost as it began (the
+// nodes so slow that its validity ran out). It returns an error at once for an empty or oversized
 // value, while another Campaign of e runs, and while e leads (Proclaim
 // changes the value).
 func (e *Election) Campaign(ctx context.Context, value string) error {
@@ -209,7 +210,11 @@ func (e *Election) Campaign(ctx context.Context, value string) error {
 	h := m.current()
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if err := e.proclaim(ctx, h, 1, value); err != nil {
+	err := e.proclaim(ctx, h, 1, value)
+	if err == nil && h.expire(time.Now()) {
+		err = ErrLockLost // the calls took the whole validity: lost as it began
+	}
+	if err != nil {
 		m.UnlockCtx(context.WithoutCancel(ctx))
 		if ctx.Err() != nil {
 			return notObtained(join(context.Cause(ctx), err))

@@ -31,7 +31,7 @@ func TestElectionQuorumNodeDown(t *testing.T) {
 	for _, client := range testClients() {
 		t.Run(client, func(t *testing.T) {
 			servers := startServers(t, 3)
-			opts := []Option{WithNodeTimeout(500 * time.Millisecond), WithExpiry(2 * time.Second)}
+			opts := []Option{WithNodeTimeout(150 * time.Millisecond), WithExpiry(2 * time.Second)}
 			a := quorumElection(t, client, servers, "q", opts...)
 			b := quorumElection(t, client, servers, "q", opts...)
 			watcher := quorumElection(t, client, servers, "q", opts...)
