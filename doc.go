@@ -2,11 +2,14 @@
 // through Redis: a *NetMutex can replace a sync.Mutex, and the code keeps
 // working, now excluding every process that locks the same name. NetRWMutex
 // does the same for sync.RWMutex, and Semaphore for
-// golang.org/x/sync/semaphore.Weighted.
+// golang.org/x/sync/semaphore.Weighted. Election elects one leader among
+// the processes that campaign under a name, as etcd's
+// concurrency.Election does.
 //
 // The guides in the repository's docs directory go into depth: [usage],
-// [clients], [waiting and fairness], [quorum and fencing], [deployments],
-// [observability], [the command], [evidence] and [speed].
+// [clients], [leader election], [waiting and fairness], [quorum and
+// fencing], [deployments], [observability], [the command], [evidence] and
+// [speed].
 //
 // # sync.Locker and the context layer
 //
@@ -113,6 +116,7 @@
 //
 // [usage]: https://github.com/netlock-go/netlock/blob/main/docs/usage.md
 // [clients]: https://github.com/netlock-go/netlock/blob/main/docs/clients.md
+// [leader election]: https://github.com/netlock-go/netlock/blob/main/docs/election.md
 // [waiting and fairness]: https://github.com/netlock-go/netlock/blob/main/docs/waiting.md
 // [quorum and fencing]: https://github.com/netlock-go/netlock/blob/main/docs/quorum.md
 // [deployments]: https://github.com/netlock-go/netlock/blob/main/docs/deployments.md
