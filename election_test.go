@@ -580,3 +580,51 @@ func TestElectionClient(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Observing costs Redis about one read per expiry while a leader leads:
+// 20 observers, each with a client of its own, follow a leader with the
+// default expiry for longer than an expiry; the commands the server ran
+// meanwhile (the leader's extends, scripts' commands counted) come to at
+// most one per observer-second.
+func TestElectionObserveCost(t *testing.T) {
+	const (
+		observers = 20
+		window    = DefaultExpiry + 2*time.Second
+	)
+	s := redistest.Start(t)
+	newEl := func() *Election {
+		el, err := NewElection("cost", []Backend{newBackend(t, "redigo", s.Addr())})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return el
+	}
+	leader := newEl()
+	mustCampaign(t, leader, "leader")
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for range observers {
+		ch := newEl().Observe(ctx)
+		if l := recv(t, ch, 5*time.Second, "first"); l.Value != "leader" {
+			t.Fatalf("first delivery: got %+v, want leader", l)
+		}
+		wg.Go(func() {
+			for range ch {
+			}
+		})
+	}
+	total0, lib0 := commandCounts(t, []*redistest.Server{s})
+	time.Sleep(window) // the window the commands are counted over
+	total1, lib1 := commandCounts(t, []*redistest.Server{s})
+	ran := total1 - total0 - 1 - (lib1 - lib0)
+	per := float64(ran) / observers / window.Seconds()
+	redistest.Report(t, "%d observers for %v: %d commands of netlock's, %.2f per observer-second", observers, window, ran, per)
+	if per > 1 {
+		t.Errorf("observing cost: got %.2f commands per observer-second, want at most 1", per)
+	}
+	cancel()
+	wg.Wait()
+	if err := leader.Resign(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
