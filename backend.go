@@ -104,6 +104,11 @@ var (
 	//go:embed lua/inspect.lua
 	inspectLua string
 
+	//go:embed lua/elect_proclaim.lua
+	electProclaimLua string
+	//go:embed lua/elect_read.lua
+	electReadLua string
+
 	//go:embed lua/rw_acquire.lua
 	rwAcquireLua string
 	//go:embed lua/rw_release.lua
@@ -142,6 +147,10 @@ var (
 	extendScript  = newScript("extend", extendLua).withOp(opExtend)
 	leaveScript   = newTelling("leave", handOnLua+leaveLua)
 	inspectScript = newScript("inspect", inspectLua)
+
+	// Election's (see election.go).
+	electProclaimScript = newTelling("elect_proclaim", electProclaimLua)
+	electReadScript     = newScript("elect_read", electReadLua)
 
 	// NetRWMutex's (see rwmutex.go).
 	rwAcquireScript = newTelling("rw_acquire", rwAcquireLua).withOp(opAcquire)

@@ -3,11 +3,13 @@
 // working, now excluding every process that locks the same name. NetRWMutex
 // does the same for sync.RWMutex, and Semaphore for
 // golang.org/x/sync/semaphore.Weighted; a MultiMutex locks several names at
-// once, all or nothing.
+// once, all or nothing. Election elects one leader among the processes that
+// campaign under a name, as etcd's concurrency.Election does.
 //
 // The guides in the repository's docs directory go into depth: [usage],
-// [clients], [waiting and fairness], [quorum and fencing], [several names],
-// [deployments], [observability], [the command], [evidence] and [speed].
+// [clients], [leader election], [waiting and fairness], [quorum and
+// fencing], [several names], [deployments], [observability], [the command],
+// [evidence] and [speed].
 //
 // # sync.Locker and the context layer
 //
@@ -114,6 +116,7 @@
 //
 // [usage]: https://github.com/netlock-go/netlock/blob/main/docs/usage.md
 // [clients]: https://github.com/netlock-go/netlock/blob/main/docs/clients.md
+// [leader election]: https://github.com/netlock-go/netlock/blob/main/docs/election.md
 // [waiting and fairness]: https://github.com/netlock-go/netlock/blob/main/docs/waiting.md
 // [quorum and fencing]: https://github.com/netlock-go/netlock/blob/main/docs/quorum.md
 // [several names]: https://github.com/netlock-go/netlock/blob/main/docs/multi.md

@@ -39,6 +39,14 @@ var (
 	// the error, naming the node and the count, is reported at once rather
 	// than ridden out. It also matches ErrQuorum.
 	ErrNotReplicated = errors.New("netlock: not replicated")
+
+	// ErrNoLeader means that nobody leads an Election: no campaigner has
+	// been elected, or the last leader resigned or lost its leadership.
+	ErrNoLeader = errors.New("netlock: no leader")
+
+	// ErrNotLeader means Proclaim or Resign was called on an Election that
+	// does not lead.
+	ErrNotLeader = errors.New("netlock: not the leader")
 )
 
 // errUnlockUnlocked is the panic value of Unlock on an unlocked NetMutex, in

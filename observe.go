@@ -238,6 +238,9 @@ const (
 	KindSemaphore Kind = "semaphore"
 	// KindMulti: a MultiMutex's hold of all its names.
 	KindMulti Kind = "multi"
+	// KindElection: an Election's leadership; its campaign (an acquire),
+	// extends, Resign (an unlock) and loss.
+	KindElection Kind = "election"
 )
 
 // lockAttr names the lock in a log record: its name, and for a NetRWMutex

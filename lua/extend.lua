@@ -8,6 +8,9 @@
 -- ARGV[1]  our lock value; the key holds "<value>:<token>" (see acquire.lua)
 -- ARGV[2]  expiry in milliseconds (relative: PEXPIRE)
 -- ARGV[3]  TTL of the waiters' queue in milliseconds, if it exists
+-- KEYS[3]  an Election's lock only: its leader's record (see
+--          elect_proclaim.lua), kept as long as the lock is held
+-- ARGV[4]  with KEYS[3]: the record's TTL in milliseconds
 --
 -- Reply, an array of one integer:
 --   { 1}  extended
@@ -18,6 +21,9 @@ local mine = ARGV[1] .. ':'
 if cur and string.sub(cur, 1, #mine) == mine then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   redis.call('PEXPIRE', KEYS[2], ARGV[3])
+  if KEYS[3] then
+    redis.call('PEXPIRE', KEYS[3], ARGV[4])
+  end
   return {1}
 end
 if cur then

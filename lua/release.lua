@@ -8,6 +8,10 @@
 -- KEYS[2]  tombstone of our value, p{name}:gone:<value>
 -- KEYS[3]  waiters' queue, p{name}:waiters (see acquire.lua)
 -- KEYS[4]  fence counter, p{tag}:fence (see acquire.lua); absent when fencing is off
+-- KEYS[5]  an Election's lock only: its leader's record (see
+--          elect_proclaim.lua), whose observers are told that our term
+--          ended, on p{name}:elect:changes, with "n:<token>", before the
+--          next waiter's turn comes
 -- ARGV[1]  our lock value; the key holds "<value>:<token>" (see acquire.lua)
 -- ARGV[2]  tombstone TTL in milliseconds (relative: PX)
 -- ARGV[3]  how many queued waiters to try at most (see handOn); 1 where
@@ -34,6 +38,9 @@
 local cur = redis.call('GET', KEYS[1])
 local mine = ARGV[1] .. ':'
 if cur and string.sub(cur, 1, #mine) == mine then
+  if KEYS[5] then
+    redis.call(publish, KEYS[1] .. ':changes', 'n:' .. string.sub(cur, #mine + 1))
+  end
   local heard, granted, skipped = handOn(KEYS[1], KEYS[3], KEYS[4], KEYS[1] .. ':released', tonumber(ARGV[3]), true)
   return {1, heard, granted, skipped}
 end

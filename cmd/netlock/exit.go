@@ -12,6 +12,7 @@ const (
 
 	exitConflict = 1 // run: the lock is held elsewhere (the default of --conflict-exit-code, as flock -n)
 	exitHeld     = 1 // status: the lock is held
+	exitNoLeader = 1 // leader: nobody leads the election
 	exitFailed   = 1 // demo: the locked phase lost updates; run: the program's status could not be learned
 
 	exitUsage       = 64  // a bad flag, argument or lock name; nothing was done (EX_USAGE)

@@ -11,6 +11,7 @@
 //	status  show whether a lock is held, on each Redis node
 //	list    list the locks held, on each Redis node
 //	break   end a lock's hold by force and let the first waiter in
+//	leader  show who leads an election, or watch it change
 //	demo    run a lost-update race on a Redis counter, without and with a NetMutex
 //	help    show help for netlock or for one command
 //	version show netlock's version (also --version)
@@ -42,6 +43,7 @@ var commands = []command{
 	{name: "status", summary: "show whether a lock is held, on each Redis node", run: runStatus},
 	{name: "list", summary: "list the locks held, on each Redis node", run: runList},
 	{name: "break", summary: "end a lock's hold by force and let the first waiter in", run: runBreak},
+	{name: "leader", summary: "show who leads an election, or watch it change", run: runLeader},
 	{name: "demo", summary: "run a lost-update race on a Redis counter, without and with a NetMutex", run: runDemo},
 }
 

@@ -12,7 +12,8 @@
 //	p{t}:fence            the fence counter of the lock key's hash slot
 //
 // A NetRWMutex of the same name uses keys of its own, under p{name}:rw (see
-// RW); a Semaphore, under p{name}:sem (see Sem).
+// RW); a Semaphore, under p{name}:sem (see Sem); an Election, under
+// p{name}:elect (see Election).
 //
 // The braces are a Redis Cluster hash tag. Fence counters are kept per hash
 // slot, not per name: t is a short tag chosen so that the counter lands in
@@ -78,6 +79,24 @@ type SemKeys struct {
 func Sem(prefix, name string) SemKeys {
 	s := New(prefix, name, false).Lock + ":sem"
 	return SemKeys{Leases: s, Permits: s + ":permits", Queue: s + ":queue", Places: s + ":places", Wants: s + ":wants"}
+}
+
+// ElectionKeys are the Redis names of one Election: a lock of its own
+// (Keys, whose holder leads), and beside it the leader's record.
+type ElectionKeys struct {
+	Keys
+	Leader  string // p{name}:elect:leader, a hash: the term, value and revision the leader proclaimed
+	Changes string // p{name}:elect:changes, the channel where every change of leader is told
+}
+
+// Election returns the names of the Election name under prefix: its lock
+// key is p{name}:elect, with New's waiters' queue, release channel and
+// fence counter derived from it.
+func Election(prefix, name string) ElectionKeys {
+	lock := New(prefix, name, true).Lock + ":elect"
+	k := Keys{Lock: lock, Channel: lock + ":released", Waiters: lock + ":waiters",
+		Fence: prefix + "{" + SlotTags()[Slot(lock)] + "}:fence"}
+	return ElectionKeys{Keys: k, Leader: lock + ":leader", Changes: lock + ":changes"}
 }
 
 // Tomb returns the tombstone key of value for the lock key lock:

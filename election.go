@@ -1,0 +1,766 @@
+package netlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	mrand "math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/netlock-go/netlock/internal/keyspace"
+)
+
+// An Election elects one leader among the processes that campaign under one
+// name, in order of arrival, as etcd's concurrency.Election does, over
+// Redis. The leader publishes a value (its address, say) that every process
+// can read (Leader) or follow (Observe); its term is a fencing token,
+// strictly increasing from leader to leader, over a quorum too.
+//
+// Leadership is a hold of a lock of the election's own, taken and kept as a
+// NetMutex's is: a campaigner waits in the lock's queue, woken by message
+// when its turn comes; the leader's hold is extended while its process
+// lives (WithAutoExtend) and expires when it dies, and its loss is told on
+// Lost by the local clock. The options are New's; WithFencing(false) and
+// WithMinHold are refused (the term is the fencing token; a leader that
+// resigns makes way at once).
+//
+// An Election is one campaigner: its methods are safe for concurrent use,
+// but one Campaign runs at a time. Processes (or goroutines) that campaign
+// against each other use an Election each. An Election must be created
+// with NewElection (or Client.Election) and must not be copied after first
+// use.
+type Election struct {
+	m    *NetMutex // the engine: its hold is the leadership
+	keys keyspace.ElectionKeys
+	// recordMS is the leader's record's TTL, recordExpiries, as the
+	// scripts take it.
+	recordMS string
+
+	campaigning atomic.Bool // a Campaign is under way
+
+	// mu orders Campaign's first value, Proclaim and Resign: each value of
+	// a term has a revision of its own, one more than the last.
+	mu   sync.Mutex
+	term *hold  // the hold whose value was proclaimed; nil when not leading
+	rev  uint64 // the revision of term's last value (see lua/elect_proclaim.lua)
+}
+
+// A Leader is who leads an Election: the value it campaigned with or last
+// proclaimed, and its term. The zero Leader means that nobody leads.
+type Leader struct {
+	Value string
+	// Term is the leadership's fencing token: it strictly increases from
+	// one leader to the next, and stays the same across Proclaims.
+	Term uint64
+}
+
+// MaxLeaderValue is the longest value, in bytes, a leader may campaign or
+// proclaim with.
+const MaxLeaderValue = 4096
+
+// recordExpiries: the leader's record outlives its hold by up to ten
+// expiries, so that a node whose leader is gone still tells which term
+// ended (see lua/elect_read.lua). The leader's extends renew it.
+const recordExpiries = 10
+
+// electionKind is the kind of an Election's lock: a NetMutex's, whose
+// release tells observers that the term ended and whose extend keeps the
+// leader's record (lua/release.lua and lua/extend.lua, given the record's
+// key).
+type electionKind struct {
+	mutexKind
+	e *Election
+}
+
+func (electionKind) observed() Kind { return KindElection }
+
+func (k electionKind) releaseCall(value, tomb string) (*Script, []string, []string) {
+	s, keys, args := k.mutexKind.releaseCall(value, tomb)
+	return s, append(keys[:len(keys):len(keys)], k.e.keys.Leader), args
+}
+
+func (k electionKind) extendCall(value string) (*Script, []string, []string) {
+	m := k.m
+	return extendScript, []string{m.keys.lock, m.keys.waiters, k.e.keys.Leader}, []string{value, m.expiryMS, m.queueMS, k.e.recordMS}
+}
+
+// Design. The leadership is the hold of a NetMutex-like lock,
+// p{name}:elect, run by the engine (waiting, queue, watchdog, Lost, quorum
+// and fencing are the engine's): its token is the term. Beside it, in the
+// same hash slot, the leader's record p{name}:elect:leader holds the term,
+// the value and its revision (1 for the campaign's value, one more per
+// Proclaim, proposed by the leader so that every node numbers a value
+// alike). A leader leads while the lock holds the token its record names.
+// Campaign takes the hold, then records its value (lua/elect_proclaim.lua);
+// between the two nobody is reported leading. Every change is published on
+// p{name}:elect:changes: a value recorded ("l:term:rev:pttl:value", by
+// elect_proclaim.lua) and a term ended by Resign ("n:term", by the
+// release). A hold that expires publishes nothing: an observer learns of it
+// from the lock's TTL, which it re-reads when it runs out (a leader that
+// lives has extended it meanwhile), about one read per expiry while a
+// leader leads, none while nobody does.
+
+// NewElection returns the Election called name on backends: one backend, or
+// the independent deployments of a quorum, whose majority elects the leader
+// (as New's lock). It validates name, backends and options, as New does,
+// and does not contact Redis. An Election and a NetMutex of the same name
+// are different things.
+func NewElection(name string, backends []Backend, opts ...Option) (*Election, error) {
+	m, err := New(name, backends, opts...)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case !m.cfg.fencing:
+		return nil, errors.New("netlock: an Election's term is its fencing token: WithFencing(false) does not apply")
+	case m.cfg.minHold > 0:
+		return nil, errors.New("netlock: an Election's leader makes way when it resigns: WithMinHold does not apply")
+	}
+	k := keyspace.Election(m.cfg.prefix, name)
+	e := &Election{m: m, keys: k, recordMS: strconv.FormatInt(recordExpiries*m.cfg.expiry.Milliseconds(), 10)}
+	m.keys = keys{lock: k.Lock, channel: k.Channel, waiters: k.Waiters, fence: k.Fence}
+	m.extendKeys = []string{k.Lock, k.Waiters}
+	m.tombPrefix = m.keys.tomb("")
+	m.waitChan = k.Channel + ":" + m.waiterID
+	m.cfg.handoffs = 0 // one campaigner per Election: nobody to hand to
+	m.setKind(electionKind{mutexKind{m}, e})
+	return e, nil
+}
+
+// Election returns a new Election called name on c's backends, with c's
+// options and opts. Elections are not shared: each is one campaigner. Its
+// errors are NewElection's.
+func (c *Client) Election(name string, opts ...Option) (*Election, error) {
+	if c == nil || c.mutexes == nil {
+		return nil, errZeroClient
+	}
+	return NewElection(name, c.backends, c.options(opts)...)
+}
+
+// Name returns the election's name.
+func (e *Election) Name() string {
+	if e == nil || e.m == nil {
+		return ""
+	}
+	return e.m.name
+}
+
+// errZeroElection is returned by an Election not made by NewElection.
+var errZeroElection = errors.New("netlock: Election not created by NewElection (the zero value is not usable)")
+
+func (e *Election) check() error {
+	if e == nil || e.m == nil {
+		return errZeroElection
+	}
+	return nil
+}
+
+// checkValue returns what is wrong with a leader's value.
+func checkValue(value string) error {
+	switch {
+	case value == "":
+		return errors.New("netlock: empty leader value")
+	case len(value) > MaxLeaderValue:
+		return fmt.Errorf("netlock: leader value of %d bytes is longer than MaxLeaderValue (%d)", len(value), MaxLeaderValue)
+	}
+	return nil
+}
+
+// Campaign waits until this process leads the election, then makes value
+// the leader's value, and returns nil. Campaigners are elected in order of
+// arrival; while one waits it costs Redis one look at the leader's TTL per
+// expiry, a few commands (its turn comes by message, see NetMutex.LockCtx).
+//
+// If ctx ends first, it returns an error matching ctx's error (and
+// ErrNotObtained, or ErrQuorum if Redis did not answer the last attempt),
+// and leaves nothing behind: no place in the queue, no leadership. If the
+// value cannot be recorded on a quorum, the leadership is given up and the
+// error returned; ErrLockLost if the leadership was lost as it began (the
+// nodes so slow that its validity ran out). It returns an error at once for an empty or oversized
+// value, while another Campaign of e runs, and while e leads (Proclaim
+// changes the value).
+func (e *Election) Campaign(ctx context.Context, value string) error {
+	if err := e.check(); err != nil {
+		return err
+	}
+	if err := checkValue(value); err != nil {
+		return err
+	}
+	if !e.campaigning.CompareAndSwap(false, true) {
+		return errors.New("netlock: Campaign: another Campaign of this Election is under way")
+	}
+	defer e.campaigning.Store(false)
+	if e.leading() != nil {
+		return errors.New("netlock: Campaign: this Election leads already (Proclaim changes its value)")
+	}
+	m := e.m
+	if h := m.current(); h != nil {
+		// A leadership lost before Resign: its hold is still m's.
+		m.UnlockCtx(context.WithoutCancel(ctx))
+	}
+	if err := m.LockCtx(ctx); err != nil {
+		return err
+	}
+	h := m.current()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	err := e.proclaim(ctx, h, 1, value)
+	if err == nil && h.expire(time.Now()) {
+		err = ErrLockLost // the calls took the whole validity: lost as it began
+	}
+	if err != nil {
+		m.UnlockCtx(context.WithoutCancel(ctx))
+		if ctx.Err() != nil {
+			return notObtained(join(context.Cause(ctx), err))
+		}
+		return err
+	}
+	e.term, e.rev = h, 1
+	return nil
+}
+
+// leading returns the hold of the current term if e leads, nil otherwise.
+func (e *Election) leading() *hold {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.leadingLocked()
+}
+
+// leadingLocked is leading; the caller holds e.mu.
+func (e *Election) leadingLocked() *hold {
+	if e.term == nil || e.term != e.m.current() {
+		return nil
+	}
+	if _, held := e.term.deadline(); !held {
+		return nil
+	}
+	return e.term
+}
+
+// proclaim records value under revision rev on every node where h holds
+// the lock, and returns what settle makes of the replies: ErrLockLost if
+// the lock is no longer h's on too many nodes (then h is lost). The caller
+// holds e.mu.
+func (e *Election) proclaim(ctx context.Context, h *hold, rev uint64, value string) error {
+	until, held := h.deadline()
+	if !held {
+		return ErrLockLost
+	}
+	ctx, cancel := context.WithDeadline(ctx, until)
+	defer cancel()
+	keys := []string{e.keys.Lock, e.keys.Leader}
+	args := []string{h.value, strconv.FormatUint(rev, 10), e.recordMS, value}
+	err := e.m.settle(e.m.fanout(ctx, electProclaimScript, keys, args, nil))
+	if errors.Is(err, ErrLockLost) {
+		h.lose()
+	}
+	return err
+}
+
+// Proclaim makes value the leader's value, in the same term, and tells the
+// observers. It returns ErrNotLeader if e does not lead (and, if e's
+// leadership was found lost just now, ErrLockLost too); an error matching
+// ErrQuorum if too few nodes recorded it (the value may then be seen on
+// some: Proclaim again). ctx and the leadership's deadline bound the call.
+func (e *Election) Proclaim(ctx context.Context, value string) error {
+	if err := e.check(); err != nil {
+		return err
+	}
+	if err := checkValue(value); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	h := e.leadingLocked()
+	if h == nil {
+		return ErrNotLeader
+	}
+	// A revision is used once, whatever the outcome: a value that reached
+	// some nodes only is never numbered like the next.
+	e.rev++
+	err := e.proclaim(ctx, h, e.rev, value)
+	if errors.Is(err, ErrLockLost) {
+		return join(ErrNotLeader, ErrLockLost)
+	}
+	return err
+}
+
+// Resign ends e's leadership, telling the observers that nobody leads, and
+// gives the next campaigner its turn. It returns ErrNotLeader if e does not
+// lead, and ErrLockLost if its leadership had been lost before (Lost was
+// closed then). The release runs under a context detached from ctx's
+// cancellation, as NetMutex.UnlockCtx's does; afterwards e does not lead,
+// whatever Resign returns.
+func (e *Election) Resign(ctx context.Context) error {
+	if err := e.check(); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	h := e.term
+	e.term = nil
+	if h == nil || h != e.m.current() {
+		return ErrNotLeader
+	}
+	return e.m.UnlockCtx(ctx)
+}
+
+// Lost returns a channel that is closed when e's leadership ends without
+// Resign: its local deadline passed without a successful extend, or an
+// extend or Proclaim found the lock gone or taken. It is also closed by
+// Resign, so that a goroutine watching it ends with the term, as
+// NetMutex.Lost is by Unlock. When e does not lead, Lost returns a closed
+// channel.
+func (e *Election) Lost() <-chan struct{} {
+	if e == nil || e.m == nil {
+		return closedChan
+	}
+	if h := e.leading(); h != nil {
+		return h.lostChan()
+	}
+	return closedChan
+}
+
+// Term returns the term of e's leadership, 0 when e does not lead.
+func (e *Election) Term() uint64 {
+	if e == nil || e.m == nil {
+		return 0
+	}
+	if h := e.leading(); h != nil {
+		return h.token
+	}
+	return 0
+}
+
+// Leader returns who leads the election now, as a majority of the nodes
+// tell: ErrNoLeader when nobody does; an error matching ErrQuorum if too
+// few nodes answered to tell (a term led on fewer than a majority of the
+// nodes that answered may be led on the majority with those that did not).
+// It waits for nothing.
+func (e *Election) Leader(ctx context.Context) (Leader, error) {
+	if err := e.check(); err != nil {
+		return Leader{}, err
+	}
+	views := make([]nodeView, len(e.m.nodes))
+	answered, errs := e.read(ctx, views, nil)
+	l, v := majority(views, e.m.quorum)
+	switch v {
+	case leads:
+		return l, nil
+	case nobody:
+		return Leader{}, ErrNoLeader
+	}
+	n := 0
+	for _, a := range answered {
+		if a {
+			n++
+		}
+	}
+	return Leader{}, &quorumError{nodes: len(e.m.nodes), answered: n, need: len(e.m.nodes), errs: errs}
+}
+
+// A nodeView is what one node says of the election: who leads there, as
+// far as we know.
+type nodeView struct {
+	known     bool // read or told at least once
+	leads     bool
+	term, rev uint64
+	value     string
+	until     time.Time // leads: when the lock expires unless extended (local clock)
+}
+
+// order returns v's place in the node's history: a term's values in the
+// order of their revisions, then the term's end.
+func (v nodeView) order() (uint64, uint64) {
+	if !v.leads {
+		return v.term, math.MaxUint64
+	}
+	return v.term, v.rev
+}
+
+// newer reports whether v comes after o in the node's history.
+func (v nodeView) newer(o nodeView) bool {
+	vt, vr := v.order()
+	ot, or := o.order()
+	return !o.known || vt > ot || (vt == ot && vr > or)
+}
+
+// read reads the nodes selected by targets (all when nil) into views, and
+// reports which answered, and the errors of those that did not. A read
+// replaces what was known of a node: it is the node's state when it ran,
+// after every message it published before.
+func (e *Election) read(ctx context.Context, views []nodeView, targets []bool) (answered []bool, errs []error) {
+	replies := e.m.fanout(ctx, electReadScript, []string{e.keys.Lock, e.keys.Leader}, nil, targets)
+	now := time.Now()
+	answered = make([]bool, len(replies))
+	for i, r := range replies {
+		if targets != nil && !targets[i] {
+			continue
+		}
+		if r.err == nil {
+			v, err := readView(r.vals, now)
+			if err == nil {
+				if !v.leads && views[i].term > v.term {
+					v.term = views[i].term // the record expired: the term we knew ended
+				}
+				views[i], answered[i] = v, true
+				continue
+			}
+			r.err = nodeError(i, err)
+		}
+		errs = append(errs, r.err)
+	}
+	return answered, errs
+}
+
+// readView reads lua/elect_read.lua's reply, read at now.
+func readView(vals []int64, now time.Time) (nodeView, error) {
+	if len(vals) < 5 {
+		return nodeView{}, fmt.Errorf("elect_read script: unexpected reply %v", vals)
+	}
+	v := nodeView{known: true, leads: vals[0] == 1, term: uint64(vals[1]), rev: uint64(vals[2])}
+	if !v.leads {
+		return v, nil
+	}
+	v.until = now.Add(time.Duration(vals[3]) * time.Millisecond)
+	n := int(vals[4])
+	if n < 0 || len(vals) != 5+(n+5)/6 {
+		return nodeView{}, fmt.Errorf("elect_read script: value of %d bytes in %d integers", n, len(vals)-5)
+	}
+	b := make([]byte, 0, n)
+	for _, x := range vals[5:] {
+		k := min(6, n-len(b))
+		for j := k - 1; j >= 0; j-- {
+			b = append(b, byte(x>>(8*j)))
+		}
+	}
+	v.value = string(b)
+	return v, nil
+}
+
+// parseChange reads a message of p{name}:elect:changes (see
+// lua/elect_proclaim.lua and lua/release.lua), received at now.
+func parseChange(payload string, now time.Time) (nodeView, bool) {
+	kind, rest, _ := strings.Cut(payload, ":")
+	switch kind {
+	case "n":
+		term, err := strconv.ParseUint(rest, 10, 64)
+		return nodeView{known: true, term: term}, err == nil
+	case "l":
+		parts := strings.SplitN(rest, ":", 4)
+		if len(parts) != 4 {
+			return nodeView{}, false
+		}
+		term, err1 := strconv.ParseUint(parts[0], 10, 64)
+		rev, err2 := strconv.ParseUint(parts[1], 10, 64)
+		pttl, err3 := strconv.ParseInt(parts[2], 10, 64)
+		if err1 != nil || err2 != nil || err3 != nil {
+			return nodeView{}, false
+		}
+		return nodeView{known: true, leads: true, term: term, rev: rev, value: parts[3], until: now.Add(time.Duration(pttl) * time.Millisecond)}, true
+	}
+	return nodeView{}, false
+}
+
+// A verdict is what the nodes' views say of who leads.
+type verdict int
+
+const (
+	leads   verdict = iota // a term is led on a quorum
+	nobody                 // no term is, nor could be with the nodes not heard from
+	unknown                // a term could be led on a quorum with the nodes not heard from
+)
+
+// majority returns the leader a quorum of views agrees on: a term led on
+// at least quorum nodes (two terms cannot both be), with the latest value
+// (the highest revision) any of those nodes recorded. The value of a
+// Proclaim that succeeded is on a quorum, which meets every quorum of
+// nodes: it, or a later one, is found. Without such a term, it tells
+// nobody from unknown: a view not known may be of a node that would make a
+// quorum.
+func majority(views []nodeView, quorum int) (Leader, verdict) {
+	unheard := 0
+	for _, v := range views {
+		if !v.known {
+			unheard++
+		}
+	}
+	result := nobody
+	if unheard >= quorum {
+		result = unknown
+	}
+	for _, v := range views {
+		if !v.leads {
+			continue
+		}
+		on, latest := 0, v
+		for _, o := range views {
+			if o.leads && o.term == v.term {
+				on++
+				if o.rev > latest.rev {
+					latest = o
+				}
+			}
+		}
+		if on >= quorum {
+			return Leader{Value: latest.value, Term: v.term}, leads
+		}
+		if on+unheard >= quorum {
+			result = unknown
+		}
+	}
+	return Leader{}, result
+}
+
+// Observe returns a channel that delivers who leads the election: first
+// the leader now (the zero Leader when nobody leads), then every change, as
+// a majority of the nodes tell it: a new leader, a Proclaim's new value,
+// and the zero Leader when a leader resigns or its hold expires. It learns
+// of changes by message; of an expiry, which publishes nothing, from the
+// lock's TTL, within about a node timeout of it (a read per expiry while a
+// leader leads). A reader slower than the changes misses the states in
+// between, never the latest; a term is never followed by an older one.
+// The channel is closed when ctx ends. If Redis cannot be asked, Observe
+// keeps trying (a failed read or subscription is tried again about every
+// third of the expiry) and delivers nothing until it can.
+func (e *Election) Observe(ctx context.Context) <-chan Leader {
+	out := make(chan Leader)
+	if e.check() != nil {
+		close(out)
+		return out
+	}
+	o := newObserver(e, out)
+	go o.run(ctx)
+	return out
+}
+
+// An observer is one Observe call: its watches of the changes channel, one
+// per node, what each node said last, when to look at each again, and what
+// was delivered.
+type observer struct {
+	e       *Election
+	out     chan<- Leader
+	views   []nodeView
+	wakes   []chan string // per node: the watch's messages ("" for a failed connection)
+	watches []*watch      // per node; nil where not watching (no Hub, or failed)
+	// look is, per node, when to look at it again: watch it if it is not
+	// watched, and read it. Zero: only a message will tell.
+	look  []time.Time
+	msgs  chan nodeMsg // the forwarders' messages, by node
+	timer *time.Timer
+
+	last      Leader // the last delivered
+	delivered bool
+	next      Leader // to deliver, when pending
+	pending   bool
+}
+
+// A nodeMsg is a message of node i's changes channel; lost says that some
+// may have been dropped before it (its watch's buffer was full), or that
+// the connection failed (payload "").
+type nodeMsg struct {
+	i       int
+	payload string
+	lost    bool
+}
+
+// observeBuffer is how many messages a node's watch keeps between two
+// looks of its forwarder; beyond it they are dropped, and the node read
+// again.
+const observeBuffer = 16
+
+func newObserver(e *Election, out chan<- Leader) *observer {
+	n := len(e.m.nodes)
+	o := &observer{e: e, out: out, views: make([]nodeView, n), wakes: make([]chan string, n),
+		watches: make([]*watch, n), look: make([]time.Time, n), msgs: make(chan nodeMsg)}
+	now := time.Now()
+	for i := range n {
+		o.wakes[i] = make(chan string, observeBuffer)
+		o.look[i] = now
+	}
+	return o
+}
+
+// run is the observer's goroutine: it watches, reads and delivers until
+// ctx ends, then stops its watches and closes out. Its forwarders end
+// before it returns.
+func (o *observer) run(ctx context.Context) {
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range o.wakes {
+		wg.Go(func() { o.forward(i, stop) })
+	}
+	o.timer = time.NewTimer(time.Hour)
+	defer func() {
+		close(stop)
+		wg.Wait()
+		for _, wt := range o.watches {
+			if wt != nil {
+				wt.stop()
+			}
+		}
+		o.timer.Stop()
+		close(o.out)
+	}()
+	for ctx.Err() == nil {
+		o.refresh(ctx)
+		var send chan<- Leader
+		if o.pending {
+			send = o.out
+		}
+		select {
+		case send <- o.next:
+			o.last, o.delivered, o.pending = o.next, true, false
+		case msg := <-o.msgs:
+			o.take(msg)
+		case <-o.timer.C:
+		case <-ctx.Done():
+		}
+	}
+}
+
+// forward passes node i's messages to the observer's goroutine, tagged
+// with i, until stop is closed.
+func (o *observer) forward(i int, stop <-chan struct{}) {
+	wake := o.wakes[i]
+	for {
+		var p string
+		select {
+		case p = <-wake:
+		case <-stop:
+			return
+		}
+		// A watch drops a message when its buffer is full: a buffer that
+		// was full when this one was taken may have dropped one.
+		msg := nodeMsg{i: i, payload: p, lost: p == "" || len(wake) >= cap(wake)-1}
+		select {
+		case o.msgs <- msg:
+		case <-stop:
+			return
+		}
+	}
+}
+
+// take applies a message of node i: a change newer than what the node last
+// said replaces it; a lost message or a failed connection has the node
+// looked at again at once.
+func (o *observer) take(msg nodeMsg) {
+	now := time.Now()
+	if msg.lost {
+		o.look[msg.i] = now
+	}
+	if v, ok := parseChange(msg.payload, now); ok && v.newer(o.views[msg.i]) {
+		o.views[msg.i] = v
+		if !msg.lost {
+			o.look[msg.i] = o.nextLook(msg.i, now)
+		}
+		o.judge()
+	}
+}
+
+// refresh looks at the nodes due: watches those not watched, then reads
+// them (a change made after the read is then told); and sets the timer for
+// the next look.
+func (o *observer) refresh(ctx context.Context) {
+	e := o.e
+	now := time.Now()
+	due := make([]bool, len(o.look))
+	for i, at := range o.look {
+		due[i] = !at.IsZero() && !now.Before(at)
+	}
+	if !slices.Contains(due, true) {
+		o.arm()
+		return
+	}
+	for i, h := range e.m.hubs {
+		if due[i] && h != nil && !o.watching(i) {
+			if old := o.watches[i]; old != nil {
+				old.stop()
+			}
+			o.watches[i] = e.m.watchChannel(ctx, i, e.keys.Changes, o.wakes[i])
+		}
+	}
+	views := slices.Clone(o.views)
+	answered, _ := e.read(ctx, views, due)
+	now = time.Now()
+	for i := range due {
+		switch {
+		case !due[i]:
+		case answered[i]:
+			o.views[i] = views[i]
+			o.look[i] = o.nextLook(i, now)
+		default:
+			o.look[i] = now.Add(o.retry())
+		}
+	}
+	o.judge()
+	o.arm()
+}
+
+// watching reports whether node i's changes channel is watched.
+func (o *observer) watching(i int) bool {
+	return o.watches[i] != nil && !o.watches[i].dead()
+}
+
+// retry is how long after a failed read or watch a node is looked at
+// again, and how often a node whose messages cannot be heard is read.
+func (o *observer) retry() time.Duration {
+	return max(o.e.m.cfg.expiry/extendsPerExpiry, time.Millisecond)
+}
+
+// nextLook returns when to look at node i next, after learning what it
+// says at now: just after its leader's TTL runs out (with a little jitter,
+// so that observers do not read together), or, where its messages cannot
+// be heard, after retry; otherwise never (a message will tell).
+func (o *observer) nextLook(i int, now time.Time) time.Time {
+	var at time.Time
+	if v := o.views[i]; v.leads {
+		ttl := max(v.until.Sub(now), 0)
+		at = v.until.Add(time.Millisecond + mrand.N(ttl/ttlJitter+time.Millisecond))
+	}
+	if !o.watching(i) {
+		if r := now.Add(o.retry()); at.IsZero() || r.Before(at) {
+			at = r
+		}
+	}
+	return at
+}
+
+// arm sets the timer for the next look due.
+func (o *observer) arm() {
+	var at time.Time
+	for _, t := range o.look {
+		if !t.IsZero() && (at.IsZero() || t.Before(at)) {
+			at = t
+		}
+	}
+	if at.IsZero() {
+		at = time.Now().Add(time.Hour) // only a message can change anything
+	}
+	o.timer.Stop()
+	o.timer.Reset(time.Until(at))
+}
+
+// judge sets what to deliver next, once enough nodes have been heard from
+// to tell: the majority's leader (or nobody), if it is not the last
+// delivered and not of an older term.
+func (o *observer) judge() {
+	l, v := majority(o.views, o.e.m.quorum)
+	if v == unknown {
+		return // wait to hear from more nodes
+	}
+	if o.delivered && l == o.last {
+		o.pending = false
+		return
+	}
+	if l.Term != 0 && l.Term < max(o.last.Term, o.next.Term) {
+		return // an older term, told late: never after a newer one
+	}
+	o.next, o.pending = l, true
+}
