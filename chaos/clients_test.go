@@ -105,7 +105,7 @@ func errKind(err error) string {
 		name string
 	}{
 		{netlock.ErrNotObtained, "ErrNotObtained"}, {netlock.ErrNotHeld, "ErrNotHeld"}, {netlock.ErrLockLost, "ErrLockLost"},
-		{netlock.ErrQuorum, "ErrQuorum"}, {context.Canceled, "Canceled"}, {context.DeadlineExceeded, "DeadlineExceeded"},
+		{netlock.ErrQuorum, "ErrQuorum"}, {netlock.ErrNotLeader, "ErrNotLeader"}, {context.Canceled, "Canceled"}, {context.DeadlineExceeded, "DeadlineExceeded"},
 	} {
 		if errors.Is(err, s.err) {
 			kinds = append(kinds, s.name)
