@@ -236,7 +236,7 @@ func (s *Semaphore) Acquire(ctx context.Context, n int64) (err error) {
 	if done != nil {
 		defer func() { done(err == nil, contended, false, err) }()
 	}
-	w := &semWaiter{n: n, arrival: time.Now().UnixMicro(), turn: make(chan struct{}), poke: make(chan struct{}, 1)}
+	w := &semWaiter{n: n, arrival: s.m.clk.Now().UnixMicro(), turn: make(chan struct{}), poke: make(chan struct{}, 1)}
 	if !s.enqueue(w) {
 		contended = true
 		if over, err := s.awaitTurn(ctx, w); over {
@@ -496,7 +496,7 @@ func (sw *semWait) failed(ctx context.Context, r semResult) (time.Duration, erro
 		sw.leave(ctx)
 		return 0, r.err
 	}
-	now := time.Now()
+	now := sw.s.m.clk.Now()
 	if sw.down.IsZero() {
 		sw.down = now
 	}
@@ -510,8 +510,9 @@ func (sw *semWait) failed(ctx context.Context, r semResult) (time.Duration, erro
 // sleep waits for look, a wake-up (a grant it takes in: granted), a poke
 // (another waiter of ours came), or ctx's end.
 func (sw *semWait) sleep(ctx context.Context, look time.Duration) (granted bool, err error) {
-	timer := time.NewTimer(look)
-	defer timer.Stop()
+	clk := sw.s.m.clk
+	timer := clk.NewTimer(look)
+	defer clk.Stop(timer)
 	select {
 	case p := <-sw.wake:
 		if sw.s.adopt(sw.w, p) {
@@ -598,7 +599,7 @@ func (s *Semaphore) adopt(w *semWaiter, payload string) bool {
 	}
 	if s.lease == nil {
 		until := s.joined.Add(m.cfg.expiry - m.driftTerm)
-		if time.Until(until) < m.cfg.expiry/extendsPerExpiry {
+		if m.clk.Until(until) < m.cfg.expiry/extendsPerExpiry {
 			return false
 		}
 		s.lease = newHold(m, grant{value: value, start: s.joined, until: until})
@@ -649,9 +650,9 @@ func (s *Semaphore) attempt(ctx context.Context, w *semWaiter, try bool) semResu
 		// ctx once it returns.
 		callCtx = context.WithoutCancel(ctx)
 	}
-	start := time.Now()
+	start := s.m.clk.Now()
 	r := s.m.fanout(callCtx, semAcquireScript, s.keys, []string{c.arg(s)}, nil)[0]
-	took := time.Since(start)
+	took := s.m.clk.Since(start)
 	if r.err != nil {
 		return s.callFailed(ctx, c.value, r)
 	}
@@ -723,7 +724,7 @@ func (s *Semaphore) prepare(w *semWaiter, try bool) (semCall, bool) {
 	}
 	s.seq++
 	if !try && s.grants && s.nonce == "" {
-		s.nonce, s.joined = rand.Text(), time.Now()
+		s.nonce, s.joined = rand.Text(), s.m.clk.Now()
 	}
 	c := semCall{value: s.value, grow: s.lease != nil, base: s.held, seq: s.seq, fold: s.fold, nonce: s.nonce, try: try}
 	c.batch = []*semWaiter{w}
@@ -1020,7 +1021,7 @@ func (s *Semaphore) fix() {
 	// The retry delay of a failed extend: often enough that a lease's
 	// extends are not what keeps the count right.
 	bo := backoff{min: time.Millisecond, max: max(m.cfg.expiry/extendsPerExpiry/failedExtendRetries, time.Millisecond)}
-	giveUp := time.Now().Add(tombstoneExpiries * m.cfg.expiry)
+	giveUp := m.clk.Now().Add(tombstoneExpiries * m.cfg.expiry)
 	for first := true; ; first = false {
 		if !first {
 			time.Sleep(bo.next(-1))
@@ -1028,7 +1029,7 @@ func (s *Semaphore) fix() {
 		s.op.Lock()
 		s.mu.Lock()
 		s.retireLostLocked()
-		if !s.dirty || s.value == "" || time.Now().After(giveUp) {
+		if !s.dirty || s.value == "" || m.clk.Now().After(giveUp) {
 			s.dirty, s.fixing = false, false
 			s.mu.Unlock()
 			s.op.Unlock()

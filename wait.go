@@ -108,7 +108,7 @@ func (w *waiter) run(ctx context.Context) (bool, error) {
 		w.turn = false
 		w.drain() // a wake-up from before this attempt is answered by it
 		if q.nonce != "" && strings.Contains(q.flags, "j") && w.joined.IsZero() {
-			w.joined = time.Now()
+			w.joined = m.clk.Now()
 		}
 		o := m.acquireRound(ctx, q)
 		if o.rejoin {
@@ -212,7 +212,7 @@ func (w *waiter) ask() ask {
 	q.member = w.m.waiterID
 	if w.m.kind.ordered() {
 		if w.arrival == 0 {
-			w.arrival = time.Now().UnixMicro()
+			w.arrival = w.m.clk.Now().UnixMicro()
 		}
 		q.arrival = w.arrival
 	}
@@ -295,7 +295,7 @@ func (w *waiter) granted(ctx context.Context, payload string) (grant, bool) {
 		return grant{}, false
 	}
 	until := w.joined.Add(m.cfg.expiry - m.driftTerm)
-	if w.joined.IsZero() || time.Until(until) < m.cfg.expiry/extendsPerExpiry {
+	if w.joined.IsZero() || m.clk.Until(until) < m.cfg.expiry/extendsPerExpiry {
 		return grant{}, false
 	}
 	g := grant{value: value, token: token, start: w.joined, until: until}
@@ -314,7 +314,7 @@ func (w *waiter) rideOut(ctx context.Context, err error) error {
 	if !w.wait {
 		return err
 	}
-	now := time.Now()
+	now := w.m.clk.Now()
 	if w.down.IsZero() {
 		w.down = now
 		w.delay.n = 0
@@ -360,10 +360,11 @@ func (w *waiter) sleep(ctx context.Context, d time.Duration) (woken bool, err er
 
 // sleepFor is sleep, returning the wake-up's payload too.
 func (w *waiter) sleepFor(ctx context.Context, d time.Duration) (payload string, woken bool, err error) {
+	clk := w.m.clk
 	if w.timer == nil {
-		w.timer = time.NewTimer(d)
+		w.timer = clk.NewTimer(d)
 	} else {
-		w.timer.Reset(d)
+		clk.Reset(w.timer, d)
 	}
 	select {
 	case <-ctx.Done():
@@ -371,7 +372,7 @@ func (w *waiter) sleepFor(ctx context.Context, d time.Duration) (payload string,
 	case <-w.timer.C:
 		return "", false, nil
 	case payload = <-w.wake: // nil, blocking for ever, while not listening
-		w.timer.Stop()
+		clk.Stop(w.timer)
 		return payload, true, nil
 	}
 }
@@ -410,7 +411,7 @@ const (
 
 // yieldLeft returns how long an acquire starting now must yield.
 func (m *NetMutex) yieldLeft() time.Duration {
-	return time.Duration(m.yieldUntil.Load()) - time.Since(m.epoch)
+	return time.Duration(m.yieldUntil.Load()) - m.clk.Since(m.epoch)
 }
 
 // listen watches our release channel on every node that has a hub and is
@@ -531,7 +532,7 @@ func (w *waiter) done(ctx context.Context, ok bool) {
 		}
 	}
 	if w.timer != nil {
-		w.timer.Stop()
+		w.m.clk.Stop(w.timer)
 	}
 	if !ok && w.queued {
 		w.m.leave(ctx, w.ask().member, nil)
