@@ -40,6 +40,7 @@ type outcome struct {
 	kind  outcomeKind
 	grant grant         // acquired
 	ttl   time.Duration // busy: the shortest remaining TTL of a holder seen, -1 if unknown
+	start time.Time     // when the round began: ttl was read within took after it
 	took  time.Duration // how long the round took
 	err   error         // down, failed, ended
 	// unqueue lists, after an acquired round, the nodes that did not grant:
@@ -295,7 +296,9 @@ func (m *NetMutex) acquireRound(ctx context.Context, q ask) outcome {
 		}
 	}
 	m.releaseDetached(ctx, value, tomb, v.cleanup, v.nGranted > 0)
-	return m.lostRound(ctx, &v, took)
+	o := m.lostRound(ctx, &v, took)
+	o.start = start
+	return o
 }
 
 // votes is what the nodes answered one acquire round.

@@ -398,7 +398,7 @@ func (s *Semaphore) wait(ctx context.Context, w *semWaiter) (contended bool, err
 	for {
 		r := s.attempt(ctx, w, false)
 		sw.attempted = true
-		var look time.Duration
+		var look, leeway time.Duration
 		switch r.kind {
 		case semGranted:
 			return contended, sw.holding(ctx)
@@ -410,12 +410,16 @@ func (s *Semaphore) wait(ctx context.Context, w *semWaiter) (contended bool, err
 			if look, again = sw.refused(ctx, r.look); again {
 				continue // a wake-up sent before we listened is not lost: look again now
 			}
+			// look counts from the attempt's end, not from now; the
+			// attempt's duration is leeway (see waiter.await).
+			leeway = r.took
+			look = max(look-s.m.clk.Since(r.start), 0) + leeway
 		case semFailed:
 			if look, err = sw.failed(ctx, r); err != nil {
 				return contended, err
 			}
 		}
-		if granted, err := sw.sleep(ctx, look); granted || err != nil {
+		if granted, err := sw.sleep(ctx, look, leeway); granted || err != nil {
 			return contended, err
 		}
 	}
@@ -507,11 +511,12 @@ func (sw *semWait) failed(ctx context.Context, r semResult) (time.Duration, erro
 	return sw.bo.next(-1), nil
 }
 
-// sleep waits for look, a wake-up (a grant it takes in: granted), a poke
+// sleep waits for look (whose last leeway a clock moved by a test may cut,
+// see internal/clock), a wake-up (a grant it takes in: granted), a poke
 // (another waiter of ours came), or ctx's end.
-func (sw *semWait) sleep(ctx context.Context, look time.Duration) (granted bool, err error) {
+func (sw *semWait) sleep(ctx context.Context, look, leeway time.Duration) (granted bool, err error) {
 	clk := sw.s.m.clk
-	timer := clk.NewTimer(look)
+	timer := clk.NewTimerWithin(look, leeway)
 	defer clk.Stop(timer)
 	select {
 	case p := <-sw.wake:
@@ -613,6 +618,8 @@ func (s *Semaphore) adopt(w *semWaiter, payload string) bool {
 type semResult struct {
 	kind      semVerdict
 	look      time.Duration // semRefused: when to look again at the latest
+	start     time.Time     // semRefused: when the attempt began
+	took      time.Duration // semRefused: how long it took; look counts from its end
 	err       error         // semFailed
 	permanent bool          // semFailed: retrying cannot change the answer
 }
@@ -690,7 +697,7 @@ func (s *Semaphore) attempt(ctx context.Context, w *semWaiter, try bool) semResu
 	if look <= 0 || look > s.m.cfg.expiry {
 		look = s.m.cfg.expiry
 	}
-	return semResult{kind: semRefused, look: look}
+	return semResult{kind: semRefused, look: look, start: start, took: took}
 }
 
 // A semCall is one call of lua/sem_acquire.lua, as attempt makes it.

@@ -169,7 +169,7 @@ func (w *waiter) refused(ctx context.Context, o outcome) (bool, error) {
 		// Listening just now: attempt, and so queue, before sleeping.
 	default:
 		var g grant
-		if g, err = w.await(ctx, o.ttl); err == nil && !g.start.IsZero() {
+		if g, err = w.await(ctx, o); err == nil && !g.start.IsZero() {
 			w.acquired(ctx, g, nil)
 			return true, nil
 		}
@@ -235,24 +235,33 @@ func (w *waiter) flags() string {
 	return w.m.kind.waitFlags(w.listening(), w.turn, w.queued)
 }
 
-// await sleeps until the waiter's turn, its connection failing, the
-// holder's TTL (ttl, -1 if unknown) running out, or ctx's end. A waiter that
-// cannot listen polls instead. If the turn came with the lock granted (see
-// lua/handon.lua), it returns the grant.
-func (w *waiter) await(ctx context.Context, ttl time.Duration) (grant, error) {
+// await sleeps, after round o found the lock held, until the waiter's
+// turn, its connection failing, the holder's TTL (o.ttl, -1 if unknown)
+// running out, or ctx's end. A waiter that cannot listen polls instead. If
+// the turn came with the lock granted (see lua/handon.lua), it returns the
+// grant.
+func (w *waiter) await(ctx context.Context, o outcome) (grant, error) {
+	ttl := o.ttl
 	if !w.listening() {
 		_, err := w.sleep(ctx, w.delay.next(ttl))
 		return grant{}, err
 	}
 	// A key without a TTL (not netlock's) is looked at again after an expiry.
-	d := w.m.cfg.expiry
+	d, leeway := w.m.cfg.expiry, time.Duration(0)
 	if ttl >= 0 {
 		// Just past the expiry (Redis expires keys with 1ms resolution),
 		// with jitter, so that waiters that attempted together do not
-		// attempt together again.
-		d = ttl + time.Millisecond + mrand.N(ttl/ttlJitter+time.Millisecond)
+		// attempt together again. The TTL was read during the round, so
+		// the key expires by the round's end plus ttl: counted from
+		// there, not from now (the round's cleanup took a round trip
+		// since). The round's duration and the jitter are leeway: a
+		// clock a test moves (see internal/clock) wakes us at the
+		// round's start plus ttl, whatever moved while the reply was on
+		// its way.
+		leeway = o.took + mrand.N(ttl/ttlJitter+time.Millisecond)
+		d = max(w.m.clk.Until(o.start.Add(ttl)), 0) + time.Millisecond + leeway
 	}
-	payload, woken, err := w.sleepFor(ctx, d)
+	payload, woken, err := w.sleepFor(ctx, d, leeway)
 	if !woken || err != nil {
 		return grant{}, err
 	}
@@ -354,17 +363,19 @@ func (w *waiter) ended(cause error) error {
 // joined with ErrNotObtained). It reports whether a wake-up ended it. A
 // grant that wakes it is left to the next attempt, which finds it.
 func (w *waiter) sleep(ctx context.Context, d time.Duration) (woken bool, err error) {
-	_, woken, err = w.sleepFor(ctx, d)
+	_, woken, err = w.sleepFor(ctx, d, 0)
 	return woken, err
 }
 
-// sleepFor is sleep, returning the wake-up's payload too.
-func (w *waiter) sleepFor(ctx context.Context, d time.Duration) (payload string, woken bool, err error) {
+// sleepFor is sleep, returning the wake-up's payload too. The last leeway
+// of d is leeway: a clock moved by a test (see internal/clock) may end the
+// sleep before it.
+func (w *waiter) sleepFor(ctx context.Context, d, leeway time.Duration) (payload string, woken bool, err error) {
 	clk := w.m.clk
 	if w.timer == nil {
-		w.timer = clk.NewTimer(d)
+		w.timer = clk.NewTimerWithin(d, leeway)
 	} else {
-		clk.Reset(w.timer, d)
+		clk.ResetWithin(w.timer, d, leeway)
 	}
 	select {
 	case <-ctx.Done():

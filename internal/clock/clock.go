@@ -58,6 +58,18 @@ func (c Clock) NewTimer(d time.Duration) *time.Timer {
 	return c.f.newTimer(d, nil)
 }
 
+// NewTimerWithin is NewTimer(d) for a wait that may as well end up to
+// leeway before d: the real clock fires it at d, a Fake at d-leeway. A
+// waiter's jitter is such a leeway: on the real clock it spreads the
+// waiters' attempts, and a test that moves time past a holder's expiry
+// sees the waiter attempt then, without knowing of the jitter.
+func (c Clock) NewTimerWithin(d, leeway time.Duration) *time.Timer {
+	if c.f == nil {
+		return time.NewTimer(d)
+	}
+	return c.f.newTimer(d-min(leeway, d), nil)
+}
+
 // AfterFunc is time.AfterFunc. Its Reset and Stop must go through c.
 func (c Clock) AfterFunc(d time.Duration, f func()) *time.Timer {
 	if c.f == nil {
@@ -72,6 +84,14 @@ func (c Clock) Reset(t *time.Timer, d time.Duration) bool {
 		return t.Reset(d)
 	}
 	return c.f.reset(t, d)
+}
+
+// ResetWithin is Reset(t, d) with NewTimerWithin's leeway.
+func (c Clock) ResetWithin(t *time.Timer, d, leeway time.Duration) bool {
+	if c.f == nil {
+		return t.Reset(d)
+	}
+	return c.f.reset(t, d-min(leeway, d))
 }
 
 // Stop is t.Stop(), for a timer made by c.
