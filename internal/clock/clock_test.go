@@ -1,0 +1,151 @@
+package clock
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+)
+
+// fired reports whether c has a value now.
+func fired(c <-chan time.Time) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// receive waits for a value of c, up to a second of real time.
+func receive(t *testing.T, c <-chan time.Time) {
+	t.Helper()
+	select {
+	case <-c:
+	case <-time.After(time.Second):
+		t.Fatal("timer did not fire")
+	}
+}
+
+func TestRealClockIsTime(t *testing.T) {
+	var c Clock
+	now := c.Now()
+	if now.Round(0) == now {
+		t.Error("real clock's Now has no monotonic reading")
+	}
+	tm := c.NewTimer(time.Millisecond)
+	receive(t, tm.C)
+	if c.Stop(tm) {
+		t.Error("Stop of a fired timer: got true, want false")
+	}
+	done := make(chan struct{})
+	c.AfterFunc(time.Millisecond, func() { close(done) })
+	<-done
+}
+
+func TestAdvanceStepsThroughTimers(t *testing.T) {
+	f := NewFake()
+	c := f.Clock()
+	start := c.Now()
+	var at []time.Duration // when each function ran, from start
+	var steps []time.Duration
+	var again *time.Timer
+	again = c.AfterFunc(10*time.Second, func() {
+		at = append(at, c.Since(start).Round(time.Second))
+		if len(at) < 3 {
+			c.Reset(again, 10*time.Second) // set again from its function, as a watchdog does
+		}
+	})
+	f.Advance(35*time.Second, func(d time.Duration) { steps = append(steps, d.Round(time.Second)) })
+	if want := []time.Duration{10 * time.Second, 20 * time.Second, 30 * time.Second}; !slices.Equal(at, want) {
+		t.Errorf("functions ran at %v, want %v", at, want)
+	}
+	if want := []time.Duration{10 * time.Second, 10 * time.Second, 10 * time.Second, 5 * time.Second}; !slices.Equal(steps, want) {
+		t.Errorf("steps: got %v, want %v", steps, want)
+	}
+	if got := c.Since(start).Round(time.Second); got != 35*time.Second {
+		t.Errorf("after Advance(35s): got %v, want 35s", got)
+	}
+}
+
+func TestAdvanceFiresChannelTimerOnce(t *testing.T) {
+	f := NewFake()
+	c := f.Clock()
+	tm := c.NewTimer(time.Minute)
+	f.Advance(59*time.Second, nil)
+	if fired(tm.C) {
+		t.Fatal("fired before its due time")
+	}
+	f.Advance(time.Second, nil)
+	receive(t, tm.C)
+	f.Advance(time.Hour, nil)
+	if fired(tm.C) {
+		t.Error("fired again by a later Advance")
+	}
+	c.Reset(tm, time.Minute)
+	f.Advance(time.Minute, nil)
+	receive(t, tm.C)
+}
+
+func TestAdvanceLeavesStoppedTimers(t *testing.T) {
+	f := NewFake()
+	c := f.Clock()
+	tm := c.NewTimer(time.Minute)
+	ran := false
+	fn := c.AfterFunc(time.Minute, func() { ran = true })
+	if !c.Stop(tm) || !c.Stop(fn) {
+		t.Fatal("Stop of a set timer: got false, want true")
+	}
+	f.Advance(time.Hour, nil)
+	if fired(tm.C) || ran {
+		t.Errorf("a stopped timer fired (channel %v, function %v)", fired(tm.C), ran)
+	}
+}
+
+func TestTimerWithinFiresAtLeeway(t *testing.T) {
+	f := NewFake()
+	c := f.Clock()
+	tm := c.NewTimerWithin(time.Minute, 10*time.Second)
+	f.Advance(50*time.Second, nil)
+	receive(t, tm.C)
+	c.ResetWithin(tm, time.Minute, 10*time.Second)
+	f.Advance(49*time.Second, nil)
+	if fired(tm.C) {
+		t.Error("fired before its due time less its leeway")
+	}
+}
+
+func TestFakeRunsAtRealPace(t *testing.T) {
+	c := NewFake().Clock()
+	tm := c.NewTimer(time.Millisecond)
+	receive(t, tm.C) // without an Advance
+}
+
+func TestFakeWithDeadline(t *testing.T) {
+	f := NewFake()
+	c := f.Clock()
+	f.Advance(time.Hour, nil)
+	ctx, cancel := c.WithDeadline(context.Background(), c.Now().Add(time.Minute))
+	defer cancel()
+	dl, _ := ctx.Deadline()
+	if left := time.Until(dl); left < 50*time.Second || left > time.Minute {
+		t.Errorf("real time left: got %v, want about a minute", left)
+	}
+}
+
+func TestOf(t *testing.T) {
+	type backend struct{ int }
+	a, b := &backend{1}, &backend{2}
+	if Of([]any{a, b}).f != nil {
+		t.Fatal("a clock before Attach")
+	}
+	f := NewFake()
+	Attach(b, f)
+	if got := Of([]any{a, b, []int{1}}).f; got != f {
+		t.Errorf("Of after Attach: got %p, want %p", got, f)
+	}
+	Detach(b)
+	if Of([]any{a, b}).f != nil {
+		t.Error("a clock after Detach")
+	}
+}
