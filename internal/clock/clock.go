@@ -184,7 +184,10 @@ func (f *Fake) reset(t *time.Timer, d time.Duration) bool {
 	defer f.mu.Unlock()
 	tm := f.timers[t]
 	if tm == nil {
-		tm = &timer{} // a channel timer whose value was delivered
+		// A channel timer whose value was delivered; or one of
+		// AfterFunc stopped, whose function Advance then leaves to the
+		// timer (Reset(0)) rather than running it itself.
+		tm = &timer{}
 		f.timers[t] = tm
 	}
 	tm.when, tm.armed = time.Now().Add(f.offset+d), true
