@@ -3,6 +3,7 @@ package clock
 import (
 	"context"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -148,4 +149,33 @@ func TestOf(t *testing.T) {
 	if Of([]any{a, b}).f != nil {
 		t.Error("a clock after Detach")
 	}
+}
+
+// A timer whose function sets it due at once again, for ever, does not keep
+// Advance from returning, or from moving time by all of d.
+func TestAdvanceEndsWithTimersDueAtOnce(t *testing.T) {
+	f := NewFake()
+	c := f.Clock()
+	start := c.Now()
+	var tm *time.Timer
+	var runs atomic.Int64
+	var advanced atomic.Bool
+	done := make(chan struct{})
+	tm = c.AfterFunc(time.Second, func() {
+		runs.Add(1)
+		if !advanced.Load() {
+			c.Reset(tm, 0)
+		} else {
+			close(done)
+		}
+	})
+	f.Advance(time.Minute, nil)
+	advanced.Store(true)
+	if got := c.Since(start); got < time.Minute {
+		t.Errorf("after Advance(1m): got %v, want at least 1m", got)
+	}
+	if n := runs.Load(); n < 2 {
+		t.Errorf("function ran %d times, want it run again while due", n)
+	}
+	<-done // its last run, by the real clock
 }
