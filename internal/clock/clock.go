@@ -11,8 +11,15 @@
 // What is not the engine's reasoning stays on the real clock everywhere:
 // the per-node timeout of a call (a socket deadline the client library
 // reads from the context, against the real clock), a connection's idle
-// time, and the pub/sub hub's linger. A Fake that moved them would cut
-// calls short that the server answers at once.
+// time, the pub/sub hub's linger, and the pauses between retries of a
+// call that failed (the reaper's, a Semaphore's count fix). A Fake that
+// moved them would cut short calls that the server answers at once, or
+// retry a node as often as a test moves time. Only the give-up times of
+// those retries, counted in expiries, are the engine's.
+//
+// Engine code takes its Clock from its NetMutex (m.clk); a time.Now,
+// time.AfterFunc or timer Reset of its own would keep the real clock under
+// a test that moves time.
 package clock
 
 import (
