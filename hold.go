@@ -92,11 +92,11 @@ func (m *NetMutex) arm(h *hold, at time.Time) {
 	}
 	switch {
 	case m.dog == nil:
-		m.dog = m.clk.AfterFunc(m.clk.Until(at), m.bark)
+		m.dog = m.clk.AfterFuncAt(at, m.bark)
 	case !m.dogAt.IsZero() && !at.Before(m.dogAt):
 		return // set in time already
 	default:
-		m.clk.Reset(m.dog, m.clk.Until(at))
+		m.clk.ResetAt(m.dog, at, 0)
 	}
 	m.dogAt = at
 }
@@ -223,7 +223,7 @@ type deadlineWatch struct {
 func (h *hold) watchDeadline() *deadlineWatch {
 	w := &deadlineWatch{h: h}
 	w.mu.Lock()
-	w.t = h.m.clk.AfterFunc(h.m.clk.Until(h.endsBy()), w.fire)
+	w.t = h.m.clk.AfterFuncAt(h.endsBy(), w.fire)
 	w.mu.Unlock()
 	return w
 }
@@ -236,7 +236,7 @@ func (w *deadlineWatch) fire() {
 	at := w.h.endsBy() // until moved meanwhile: watch the new one
 	w.mu.Lock()
 	if !w.stopped {
-		clk.Reset(w.t, clk.Until(at))
+		clk.ResetAt(w.t, at, 0)
 	}
 	w.mu.Unlock()
 }
@@ -405,6 +405,8 @@ func (m *NetMutex) extendRound(ctx context.Context, h *hold) (err error) {
 	}
 	ctx, cancel := m.clk.WithDeadline(ctx, until)
 	defer cancel()
+	measured := m.clk.Measure()
+	defer measured()
 	start := m.clk.Now()
 	defer func() { m.extended(ctx, h, m.clk.Since(start), err) }()
 	s, keys, args := m.leaseKind.extendCall(h.value)

@@ -267,10 +267,12 @@ func (m *NetMutex) acquireRound(ctx context.Context, q ask) outcome {
 	// The monotonic start is taken before anything is sent: each node's TTL
 	// starts after it, so start+validity is before any node's key expires
 	// (up to the drift allowance).
+	measured := m.clk.Measure()
 	start := m.clk.Now()
 	s, keys, args := m.kind.acquireCall(value, m.tomb(value, tomb), proposal, q)
 	replies := m.fanout(ctx, s, keys, args, nil)
 	took := m.clk.Since(start)
+	measured()
 	validity := m.cfg.expiry - took - m.driftTerm
 
 	// Each node's reply as its kind reads it; a plain lock's kept off the

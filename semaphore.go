@@ -399,6 +399,7 @@ func (s *Semaphore) wait(ctx context.Context, w *semWaiter) (contended bool, err
 		r := s.attempt(ctx, w, false)
 		sw.attempted = true
 		var look, leeway time.Duration
+		var at time.Time // when to look again, or as late as leeway after
 		switch r.kind {
 		case semGranted:
 			return contended, sw.holding(ctx)
@@ -412,14 +413,14 @@ func (s *Semaphore) wait(ctx context.Context, w *semWaiter) (contended bool, err
 			}
 			// look counts from the attempt's end, not from now; the
 			// attempt's duration is leeway (see waiter.await).
-			leeway = r.took
-			look = max(look-s.m.clk.Since(r.start), 0) + leeway
+			at, leeway = r.start.Add(look), r.took
 		case semFailed:
 			if look, err = sw.failed(ctx, r); err != nil {
 				return contended, err
 			}
+			at = s.m.clk.Now().Add(look)
 		}
-		if granted, err := sw.sleep(ctx, look, leeway); granted || err != nil {
+		if granted, err := sw.sleep(ctx, at, leeway); granted || err != nil {
 			return contended, err
 		}
 	}
@@ -511,12 +512,12 @@ func (sw *semWait) failed(ctx context.Context, r semResult) (time.Duration, erro
 	return sw.bo.next(-1), nil
 }
 
-// sleep waits for look (whose last leeway a clock moved by a test may cut,
-// see internal/clock), a wake-up (a grant it takes in: granted), a poke
-// (another waiter of ours came), or ctx's end.
-func (sw *semWait) sleep(ctx context.Context, look, leeway time.Duration) (granted bool, err error) {
+// sleep waits until at, or as late as leeway after (a clock moved by a
+// test, see internal/clock, ends it at at), for a wake-up (a grant it
+// takes in: granted), a poke (another waiter of ours came), or ctx's end.
+func (sw *semWait) sleep(ctx context.Context, at time.Time, leeway time.Duration) (granted bool, err error) {
 	clk := sw.s.m.clk
-	timer := clk.NewTimerWithin(look, leeway)
+	timer := clk.NewTimerAt(at, leeway)
 	defer clk.Stop(timer)
 	select {
 	case p := <-sw.wake:
@@ -657,9 +658,11 @@ func (s *Semaphore) attempt(ctx context.Context, w *semWaiter, try bool) semResu
 		// ctx once it returns.
 		callCtx = context.WithoutCancel(ctx)
 	}
+	measured := s.m.clk.Measure()
 	start := s.m.clk.Now()
 	r := s.m.fanout(callCtx, semAcquireScript, s.keys, []string{c.arg(s)}, nil)[0]
 	took := s.m.clk.Since(start)
+	measured()
 	if r.err != nil {
 		return s.callFailed(ctx, c.value, r)
 	}

@@ -163,8 +163,11 @@ func (w *waiter) refused(ctx context.Context, o outcome) (bool, error) {
 	case o.kind == split || o.kind == ballot:
 		// Retry after up to two rounds' time, at random: long enough
 		// for the clients we split with to be done with their cleanup
-		// (or for one to have won).
-		_, err = w.sleep(ctx, mrand.N(2*o.took+1))
+		// (or for one to have won). All of it leeway: the round's
+		// time, on a clock a test moves (see internal/clock), holds
+		// the moves made while it was on its way, and is no measure
+		// of the others' cleanup.
+		_, _, err = w.sleepFor(ctx, w.m.clk.Now(), mrand.N(2*o.took+1))
 	case w.listen(ctx):
 		// Listening just now: attempt, and so queue, before sleeping.
 	default:
@@ -247,7 +250,7 @@ func (w *waiter) await(ctx context.Context, o outcome) (grant, error) {
 		return grant{}, err
 	}
 	// A key without a TTL (not netlock's) is looked at again after an expiry.
-	d, leeway := w.m.cfg.expiry, time.Duration(0)
+	at, leeway := w.m.clk.Now().Add(w.m.cfg.expiry), time.Duration(0)
 	if ttl >= 0 {
 		// Just past the expiry (Redis expires keys with 1ms resolution),
 		// with jitter, so that waiters that attempted together do not
@@ -258,10 +261,10 @@ func (w *waiter) await(ctx context.Context, o outcome) (grant, error) {
 		// clock a test moves (see internal/clock) wakes us at the
 		// round's start plus ttl, whatever moved while the reply was on
 		// its way.
+		at = o.start.Add(ttl + time.Millisecond)
 		leeway = o.took + mrand.N(ttl/ttlJitter+time.Millisecond)
-		d = max(w.m.clk.Until(o.start.Add(ttl)), 0) + time.Millisecond + leeway
 	}
-	payload, woken, err := w.sleepFor(ctx, d, leeway)
+	payload, woken, err := w.sleepFor(ctx, at, leeway)
 	if !woken || err != nil {
 		return grant{}, err
 	}
@@ -363,19 +366,19 @@ func (w *waiter) ended(cause error) error {
 // joined with ErrNotObtained). It reports whether a wake-up ended it. A
 // grant that wakes it is left to the next attempt, which finds it.
 func (w *waiter) sleep(ctx context.Context, d time.Duration) (woken bool, err error) {
-	_, woken, err = w.sleepFor(ctx, d, 0)
+	_, woken, err = w.sleepFor(ctx, w.m.clk.Now().Add(d), 0)
 	return woken, err
 }
 
-// sleepFor is sleep, returning the wake-up's payload too. The last leeway
-// of d is leeway: a clock moved by a test (see internal/clock) may end the
-// sleep before it.
-func (w *waiter) sleepFor(ctx context.Context, d, leeway time.Duration) (payload string, woken bool, err error) {
+// sleepFor is sleep until at, or as late as leeway after (a clock moved by
+// a test, see internal/clock, ends it at at), returning the wake-up's
+// payload too.
+func (w *waiter) sleepFor(ctx context.Context, at time.Time, leeway time.Duration) (payload string, woken bool, err error) {
 	clk := w.m.clk
 	if w.timer == nil {
-		w.timer = clk.NewTimerWithin(d, leeway)
+		w.timer = clk.NewTimerAt(at, leeway)
 	} else {
-		clk.ResetWithin(w.timer, d, leeway)
+		clk.ResetAt(w.timer, at, leeway)
 	}
 	select {
 	case <-ctx.Done():

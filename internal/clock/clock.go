@@ -57,49 +57,55 @@ func (c Clock) Until(t time.Time) time.Duration {
 	return t.Sub(c.f.Now())
 }
 
-// NewTimer is time.NewTimer. Its Reset and Stop must go through c.
-func (c Clock) NewTimer(d time.Duration) *time.Timer {
-	if c.f == nil {
-		return time.NewTimer(d)
-	}
-	return c.f.newTimer(d, nil)
-}
+// Timers are set for a time of the clock, not a duration: a Fake computes
+// the duration from its own now, at once, so that an Advance cannot come
+// between the two and leave the timer late by its whole length.
 
-// NewTimerWithin is NewTimer(d) for a wait that may as well end up to
-// leeway before d: the real clock fires it at d, a Fake at d-leeway. A
+// NewTimerAt is time.NewTimer for a wait that ends at at, or as late as
+// leeway after: the real clock fires it at at+leeway, a Fake at at. A
 // waiter's jitter is such a leeway: on the real clock it spreads the
 // waiters' attempts, and a test that moves time past a holder's expiry
-// sees the waiter attempt then, without knowing of the jitter.
-func (c Clock) NewTimerWithin(d, leeway time.Duration) *time.Timer {
+// sees the waiter attempt then, without knowing of the jitter. Its Reset
+// and Stop must go through c.
+func (c Clock) NewTimerAt(at time.Time, leeway time.Duration) *time.Timer {
 	if c.f == nil {
-		return time.NewTimer(d)
+		return time.NewTimer(time.Until(at) + leeway)
 	}
-	return c.f.newTimer(d-min(leeway, d), nil)
+	return c.f.newTimer(at, nil)
 }
 
-// AfterFunc is time.AfterFunc. Its Reset and Stop must go through c.
-func (c Clock) AfterFunc(d time.Duration, f func()) *time.Timer {
+// AfterFuncAt is time.AfterFunc, calling f at at. Its Reset and Stop must
+// go through c.
+func (c Clock) AfterFuncAt(at time.Time, f func()) *time.Timer {
 	if c.f == nil {
-		return time.AfterFunc(d, f)
+		return time.AfterFunc(time.Until(at), f)
 	}
-	return c.f.newTimer(d, f)
+	return c.f.newTimer(at, f)
 }
 
-// Reset is t.Reset(d), for a timer made by c.
-func (c Clock) Reset(t *time.Timer, d time.Duration) bool {
+// ResetAt sets t, made by c, to fire at at, or as late as leeway after (see
+// NewTimerAt), as t.Reset does.
+func (c Clock) ResetAt(t *time.Timer, at time.Time, leeway time.Duration) bool {
 	if c.f == nil {
-		return t.Reset(d)
+		return t.Reset(time.Until(at) + leeway)
 	}
-	return c.f.reset(t, d)
+	return c.f.reset(t, at)
 }
 
-// ResetWithin is Reset(t, d) with NewTimerWithin's leeway.
-func (c Clock) ResetWithin(t *time.Timer, d, leeway time.Duration) bool {
+// Measure marks the start of a call whose duration the engine measures (an
+// acquire's, an extend's), and returns the function that marks its end. A
+// Fake does not move while such calls are under way: their duration holds
+// no Advance, as a test means it to hold none (a grant sent before the
+// move and answered after it would be a hold that took all the move to
+// come back, lost at once).
+func (c Clock) Measure() (end func()) {
 	if c.f == nil {
-		return t.Reset(d)
+		return nothing
 	}
-	return c.f.reset(t, d-min(leeway, d))
+	return c.f.measure()
 }
+
+func nothing() {}
 
 // Stop is t.Stop(), for a timer made by c.
 func (c Clock) Stop(t *time.Timer) bool {
@@ -134,6 +140,8 @@ type Fake struct {
 	mu     sync.Mutex
 	offset time.Duration
 	timers map[*time.Timer]*timer
+	calls  int           // measured calls under way (see Measure)
+	idle   chan struct{} // closed when calls drops to 0; nil while it is 0
 }
 
 // A timer is what a Fake knows of one of its timers.
@@ -159,10 +167,11 @@ func (f *Fake) Now() time.Time {
 	return time.Now().Add(f.offset)
 }
 
-func (f *Fake) newTimer(d time.Duration, fn func()) *time.Timer {
+func (f *Fake) newTimer(at time.Time, fn func()) *time.Timer {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	tm := &timer{f: fn, when: time.Now().Add(f.offset + d), armed: true}
+	d := at.Sub(time.Now().Add(f.offset))
+	tm := &timer{f: fn, when: at, armed: true}
 	var t *time.Timer
 	if fn == nil {
 		t = time.NewTimer(d)
@@ -186,7 +195,7 @@ func (f *Fake) fired(tm *timer) {
 	f.mu.Unlock()
 }
 
-func (f *Fake) reset(t *time.Timer, d time.Duration) bool {
+func (f *Fake) reset(t *time.Timer, at time.Time) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	tm := f.timers[t]
@@ -197,8 +206,8 @@ func (f *Fake) reset(t *time.Timer, d time.Duration) bool {
 		tm = &timer{}
 		f.timers[t] = tm
 	}
-	tm.when, tm.armed = time.Now().Add(f.offset+d), true
-	return t.Reset(d)
+	tm.when, tm.armed = at, true
+	return t.Reset(at.Sub(time.Now().Add(f.offset)))
 }
 
 func (f *Fake) stop(t *time.Timer) bool {
@@ -254,11 +263,55 @@ func (f *Fake) Advance(d time.Duration, step func(time.Duration)) {
 	}
 }
 
+// measure counts a measured call until the function it returns is called.
+func (f *Fake) measure() func() {
+	f.mu.Lock()
+	if f.calls == 0 {
+		f.idle = make(chan struct{})
+	}
+	f.calls++
+	f.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			f.mu.Lock()
+			if f.calls--; f.calls == 0 {
+				close(f.idle)
+				f.idle = nil
+			}
+			f.mu.Unlock()
+		})
+	}
+}
+
+// maxMeasured bounds, in real time, how long an Advance waits for the
+// measured calls under way to end: a call that hangs (a Backend of a
+// test's own) must not hang the test's Advance with it.
+const maxMeasured = 10 * time.Second
+
 // jump moves the offset to the earliest due time of a timer within left,
-// or by left if there is none, and returns how far it moved.
+// or by left if there is none, once no measured call is under way, and
+// returns how far it moved.
 func (f *Fake) jump(left time.Duration) time.Duration {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	var bound *time.Timer
+wait:
+	for f.calls > 0 {
+		if bound == nil {
+			bound = time.NewTimer(maxMeasured)
+			defer bound.Stop()
+		}
+		idle := f.idle
+		f.mu.Unlock()
+		select {
+		case <-idle:
+			f.mu.Lock()
+		case <-bound.C:
+			f.mu.Lock()
+			break wait // moves under a call that hangs
+		}
+	}
 	now := time.Now().Add(f.offset)
 	jump := left
 	for _, tm := range f.timers {

@@ -34,13 +34,13 @@ func TestRealClockIsTime(t *testing.T) {
 	if now.Round(0) == now {
 		t.Error("real clock's Now has no monotonic reading")
 	}
-	tm := c.NewTimer(time.Millisecond)
+	tm := c.NewTimerAt(c.Now(), time.Millisecond)
 	receive(t, tm.C)
 	if c.Stop(tm) {
 		t.Error("Stop of a fired timer: got true, want false")
 	}
 	done := make(chan struct{})
-	c.AfterFunc(time.Millisecond, func() { close(done) })
+	c.AfterFuncAt(c.Now().Add(time.Millisecond), func() { close(done) })
 	<-done
 }
 
@@ -51,10 +51,10 @@ func TestAdvanceStepsThroughTimers(t *testing.T) {
 	var at []time.Duration // when each function ran, from start
 	var steps []time.Duration
 	var again *time.Timer
-	again = c.AfterFunc(10*time.Second, func() {
+	again = c.AfterFuncAt(start.Add(10*time.Second), func() {
 		at = append(at, c.Since(start).Round(time.Second))
 		if len(at) < 3 {
-			c.Reset(again, 10*time.Second) // set again from its function, as a watchdog does
+			c.ResetAt(again, c.Now().Add(10*time.Second), 0) // set again from its function, as a watchdog does
 		}
 	})
 	f.Advance(35*time.Second, func(d time.Duration) { steps = append(steps, d.Round(time.Second)) })
@@ -72,7 +72,7 @@ func TestAdvanceStepsThroughTimers(t *testing.T) {
 func TestAdvanceFiresChannelTimerOnce(t *testing.T) {
 	f := NewFake()
 	c := f.Clock()
-	tm := c.NewTimer(time.Minute)
+	tm := c.NewTimerAt(c.Now().Add(time.Minute), 0)
 	f.Advance(59*time.Second, nil)
 	if fired(tm.C) {
 		t.Fatal("fired before its due time")
@@ -83,7 +83,7 @@ func TestAdvanceFiresChannelTimerOnce(t *testing.T) {
 	if fired(tm.C) {
 		t.Error("fired again by a later Advance")
 	}
-	c.Reset(tm, time.Minute)
+	c.ResetAt(tm, c.Now().Add(time.Minute), 0)
 	f.Advance(time.Minute, nil)
 	receive(t, tm.C)
 }
@@ -91,9 +91,9 @@ func TestAdvanceFiresChannelTimerOnce(t *testing.T) {
 func TestAdvanceLeavesStoppedTimers(t *testing.T) {
 	f := NewFake()
 	c := f.Clock()
-	tm := c.NewTimer(time.Minute)
+	tm := c.NewTimerAt(c.Now().Add(time.Minute), 0)
 	ran := false
-	fn := c.AfterFunc(time.Minute, func() { ran = true })
+	fn := c.AfterFuncAt(c.Now().Add(time.Minute), func() { ran = true })
 	if !c.Stop(tm) || !c.Stop(fn) {
 		t.Fatal("Stop of a set timer: got false, want true")
 	}
@@ -103,22 +103,34 @@ func TestAdvanceLeavesStoppedTimers(t *testing.T) {
 	}
 }
 
-func TestTimerWithinFiresAtLeeway(t *testing.T) {
+// A Fake fires a timer at its time, not its leeway later.
+func TestFakeCutsLeeway(t *testing.T) {
 	f := NewFake()
 	c := f.Clock()
-	tm := c.NewTimerWithin(time.Minute, 10*time.Second)
+	tm := c.NewTimerAt(c.Now().Add(50*time.Second), 10*time.Second)
 	f.Advance(50*time.Second, nil)
 	receive(t, tm.C)
-	c.ResetWithin(tm, time.Minute, 10*time.Second)
+	c.ResetAt(tm, c.Now().Add(50*time.Second), 10*time.Second)
 	f.Advance(49*time.Second, nil)
 	if fired(tm.C) {
-		t.Error("fired before its due time less its leeway")
+		t.Error("fired before its time")
 	}
+}
+
+// A timer set for a time of the clock is due then, though the clock moved
+// after that time was read: an Advance between the two does not make it
+// late.
+func TestTimerAtAfterAdvance(t *testing.T) {
+	f := NewFake()
+	c := f.Clock()
+	at := c.Now().Add(time.Minute)
+	f.Advance(2*time.Minute, nil)
+	receive(t, c.NewTimerAt(at, 0).C)
 }
 
 func TestFakeRunsAtRealPace(t *testing.T) {
 	c := NewFake().Clock()
-	tm := c.NewTimer(time.Millisecond)
+	tm := c.NewTimerAt(c.Now().Add(time.Millisecond), 0)
 	receive(t, tm.C) // without an Advance
 }
 
@@ -158,13 +170,11 @@ func TestAdvanceEndsWithTimersDueAtOnce(t *testing.T) {
 	c := f.Clock()
 	start := c.Now()
 	var tm *time.Timer
-	var runs atomic.Int64
 	var advanced atomic.Bool
 	done := make(chan struct{})
-	tm = c.AfterFunc(time.Second, func() {
-		runs.Add(1)
+	tm = c.AfterFuncAt(start.Add(time.Second), func() {
 		if !advanced.Load() {
-			c.Reset(tm, 0)
+			c.ResetAt(tm, c.Now(), 0)
 		} else {
 			close(done)
 		}
@@ -174,8 +184,33 @@ func TestAdvanceEndsWithTimersDueAtOnce(t *testing.T) {
 	if got := c.Since(start); got < time.Minute {
 		t.Errorf("after Advance(1m): got %v, want at least 1m", got)
 	}
-	if n := runs.Load(); n < 2 {
-		t.Errorf("function ran %d times, want it run again while due", n)
-	}
 	<-done // its last run, by the real clock
+}
+
+// Advance does not move time while a measured call is under way, so that
+// the call's duration holds no move.
+func TestAdvanceWaitsForMeasuredCalls(t *testing.T) {
+	f := NewFake()
+	c := f.Clock()
+	end := c.Measure()
+	start := c.Now()
+	advanced := make(chan struct{})
+	go func() {
+		f.Advance(time.Minute, nil)
+		close(advanced)
+	}()
+	select {
+	case <-advanced:
+		t.Fatal("Advance returned while a measured call was under way")
+	case <-time.After(50 * time.Millisecond):
+	}
+	if took := c.Since(start); took > time.Second {
+		t.Errorf("measured call took %v, want no move of the clock in it", took)
+	}
+	end()
+	end() // a second call is harmless
+	<-advanced
+	if got := c.Since(start); got < time.Minute {
+		t.Errorf("after the call and Advance(1m): got %v, want at least 1m", got)
+	}
 }
