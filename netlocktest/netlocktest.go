@@ -132,7 +132,9 @@ func (s *Server) attach(b netlock.Backend, closeClient func()) netlock.Backend {
 // extend is sent before time moves on, so a hold whose process lives stays
 // held however far time moves, as it would on Redis. A waiter woken by the
 // move (its holder's key expired) attempts on a goroutine of its own; the
-// call returns without waiting for it.
+// call returns without waiting for it. An acquire or extend under way when
+// FastForward is called is answered before time moves: the move is never
+// part of its duration.
 //
 // Calls are one at a time; between them the time runs at the real pace.
 // Time never moves backwards: a negative d moves nothing.
