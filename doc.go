@@ -114,6 +114,13 @@
 // them into OpenTelemetry metrics and spans), and Inspect tells whether a
 // lock is held, by which token and for how long, without taking it.
 //
+// # Testing
+//
+// Package netlock/netlocktest runs locks on an in-process miniredis whose
+// time, and the locks' own, moves when a test says so: a holder's expiry,
+// a waiter's turn, a watchdog's extends and Lost take no real time. See
+// [testing].
+//
 // [usage]: https://github.com/netlock-go/netlock/blob/main/docs/usage.md
 // [clients]: https://github.com/netlock-go/netlock/blob/main/docs/clients.md
 // [leader election]: https://github.com/netlock-go/netlock/blob/main/docs/election.md
@@ -125,4 +132,5 @@
 // [the command]: https://github.com/netlock-go/netlock/blob/main/docs/command.md
 // [evidence]: https://github.com/netlock-go/netlock/blob/main/docs/evidence.md
 // [speed]: https://github.com/netlock-go/netlock/blob/main/docs/speed.md
+// [testing]: https://github.com/netlock-go/netlock/blob/main/docs/testing.md
 package netlock

@@ -92,11 +92,11 @@ func (m *NetMutex) arm(h *hold, at time.Time) {
 	}
 	switch {
 	case m.dog == nil:
-		m.dog = time.AfterFunc(time.Until(at), m.bark)
+		m.dog = m.clk.AfterFuncAt(at, m.bark)
 	case !m.dogAt.IsZero() && !at.Before(m.dogAt):
 		return // set in time already
 	default:
-		m.dog.Reset(time.Until(at))
+		m.clk.ResetAt(m.dog, at, 0)
 	}
 	m.dogAt = at
 }
@@ -181,7 +181,7 @@ func (h *hold) tick() {
 		close(done)
 	}()
 
-	now := time.Now()
+	now := h.m.clk.Now()
 	if h.expire(now) || !h.m.cfg.autoExtend || now.Before(next) {
 		return // lost; or woken early, until having moved (ExtendCtx)
 	}
@@ -223,19 +223,20 @@ type deadlineWatch struct {
 func (h *hold) watchDeadline() *deadlineWatch {
 	w := &deadlineWatch{h: h}
 	w.mu.Lock()
-	w.t = time.AfterFunc(time.Until(h.endsBy()), w.fire)
+	w.t = h.m.clk.AfterFuncAt(h.endsBy(), w.fire)
 	w.mu.Unlock()
 	return w
 }
 
 func (w *deadlineWatch) fire() {
-	if w.h.expire(time.Now()) {
+	clk := w.h.m.clk
+	if w.h.expire(clk.Now()) {
 		return
 	}
 	at := w.h.endsBy() // until moved meanwhile: watch the new one
 	w.mu.Lock()
 	if !w.stopped {
-		w.t.Reset(time.Until(at))
+		clk.ResetAt(w.t, at, 0)
 	}
 	w.mu.Unlock()
 }
@@ -243,7 +244,7 @@ func (w *deadlineWatch) fire() {
 func (w *deadlineWatch) stop() {
 	w.mu.Lock()
 	w.stopped = true
-	w.t.Stop()
+	w.h.m.clk.Stop(w.t)
 	w.mu.Unlock()
 }
 
@@ -338,7 +339,7 @@ func (h *hold) lose() {
 // until is later. It reports whether the hold is still held.
 func (h *hold) moveUntil(until time.Time) bool {
 	h.mu.Lock()
-	lostNow := h.state == held && !time.Now().Before(h.until)
+	lostNow := h.state == held && !h.m.clk.Now().Before(h.until)
 	if lostNow {
 		h.state, h.reason = lost, LostLateExtend // the extend came back too late
 		h.closeEnded()
@@ -361,7 +362,7 @@ func (h *hold) end() (wasLost bool) {
 	h.mu.Lock()
 	var reason LostReason
 	if h.state == held {
-		now := time.Now()
+		now := h.m.clk.Now()
 		switch {
 		case !now.Before(h.until):
 			reason = LostDeadline
@@ -395,24 +396,26 @@ func (h *hold) end() (wasLost bool) {
 // ErrLockLost when the key is gone or taken on so many nodes that a quorum
 // can never hold it again.
 func (m *NetMutex) extendRound(ctx context.Context, h *hold) (err error) {
-	if h.expire(time.Now()) {
+	if h.expire(m.clk.Now()) {
 		return ErrLockLost // over: nothing is sent (WithMaxHold: no extend after the bound)
 	}
 	until, ok := h.deadline()
 	if !ok {
 		return ErrLockLost
 	}
-	ctx, cancel := context.WithDeadline(ctx, until)
+	ctx, cancel := m.clk.WithDeadline(ctx, until)
 	defer cancel()
-	start := time.Now()
-	defer func() { m.extended(ctx, h, time.Since(start), err) }()
+	measured := m.clk.Measure()
+	defer measured()
+	start := m.clk.Now()
+	defer func() { m.extended(ctx, h, m.clk.Since(start), err) }()
 	s, keys, args := m.leaseKind.extendCall(h.value)
 	replies := m.fanout(ctx, s, keys, args, nil)
 	if err = m.settle(replies); err != nil {
 		return err
 	}
 	m.leaseKind.extended(h, replies)
-	if !h.moveUntil(start.Add(m.cfg.expiry - time.Since(start) - m.driftTerm)) {
+	if !h.moveUntil(start.Add(m.cfg.expiry - m.clk.Since(start) - m.driftTerm)) {
 		return ErrLockLost
 	}
 	return nil

@@ -3,7 +3,6 @@ package netlock
 import (
 	"context"
 	"slices"
-	"time"
 )
 
 // The in-process side of a NetMutex: goroutines sharing one NetMutex queue
@@ -120,7 +119,7 @@ func (m *NetMutex) mayHandOffLocked(h *hold) bool {
 	// ahead; less than half means extends are failing: release instead of
 	// handing over a hold about to be lost.
 	until, held := h.deadline()
-	return held && time.Until(until) >= m.cfg.expiry/2
+	return held && m.clk.Until(until) >= m.cfg.expiry/2
 }
 
 // setHold makes h m's hold, acquired in Redis by the owner of m.

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/netlock-go/netlock/internal/clock"
 )
 
 // A NetMutex is a mutual exclusion lock shared across processes and machines
@@ -68,6 +70,9 @@ type NetMutex struct {
 	// round trip.
 	grants bool
 	epoch  time.Time
+	// clk is the time of m's holds and waits: the real clock, or the one
+	// package netlocktest attached to a Backend (see internal/clock).
+	clk clock.Clock
 	// tombPrefix is the tombstone keys' common part: a value's tombstone
 	// key is tombPrefix+value (see freshValue).
 	tombPrefix string
@@ -147,6 +152,7 @@ func New(name string, backends []Backend, opts ...Option) (*NetMutex, error) {
 	if err != nil {
 		return nil, err
 	}
+	clk := clock.Of(backends)
 	m := &NetMutex{
 		name:      name,
 		cfg:       cfg,
@@ -160,7 +166,8 @@ func New(name string, backends []Backend, opts ...Option) (*NetMutex, error) {
 		hubs:      make([]*Hub, len(backends)),
 		limiters:  make([]*limiter, len(backends)),
 		waiterID:  rand.Text(),
-		epoch:     time.Now(),
+		epoch:     clk.Now(),
+		clk:       clk,
 	}
 	m.setKind(mutexKind{m})
 	m.extendKeys = []string{m.keys.lock, m.keys.waiters}

@@ -117,7 +117,7 @@ func (m *NetMutex) UnlockCtx(ctx context.Context) error {
 		m.mu.Unlock()
 		return ErrNotHeld
 	}
-	held := time.Since(m.since)
+	held := m.clk.Since(m.since)
 	if m.handOffLocked(h) {
 		m.mu.Unlock()
 		m.unlocked(ctx, h, held, true, nil)
@@ -128,7 +128,7 @@ func (m *NetMutex) UnlockCtx(ctx context.Context) error {
 
 	wasLost := h.end()
 	var err error
-	if rest := time.Until(h.keep); rest > 0 {
+	if rest := m.clk.Until(h.keep); rest > 0 {
 		err = m.keep(ctx, h, rest)
 	} else {
 		err = m.releaseHold(ctx, h)
@@ -148,15 +148,15 @@ func (m *NetMutex) UnlockCtx(ctx context.Context) error {
 // replies. If the release woke waiters of other clients, this client's next
 // acquire yields to them for a moment.
 func (m *NetMutex) releaseHold(ctx context.Context, h *hold) error {
-	start := time.Now()
+	start := m.clk.Now()
 	replies := m.release(detached(ctx), h.value, h.tomb, nil, true)
 	err := m.settle(replies)
 	if err == nil && woke(replies) {
 		// Other clients were subscribed when we released: an acquire of
 		// ours that starts at once would win the race to the key nearly
 		// every time. Give them about twice the release's round trip.
-		grace := min(max(2*time.Since(start), minYield), maxYield)
-		m.yieldUntil.Store(int64(time.Since(m.epoch) + grace))
+		grace := min(max(2*m.clk.Since(start), minYield), maxYield)
+		m.yieldUntil.Store(int64(m.clk.Since(m.epoch) + grace))
 	}
 	return err
 }
@@ -175,7 +175,7 @@ func (m *NetMutex) keep(ctx context.Context, h *hold, rest time.Duration) error 
 // UnlockDone.Held.
 func (m *NetMutex) heldSince() {
 	m.mu.Lock()
-	m.since = time.Now()
+	m.since = m.clk.Now()
 	m.mu.Unlock()
 }
 
@@ -210,7 +210,7 @@ func (m *NetMutex) ExtendCtx(ctx context.Context) error {
 		h.lose()
 		return ErrLockLost
 	}
-	if _, held := h.deadline(); !held || h.expire(time.Now()) {
+	if _, held := h.deadline(); !held || h.expire(m.clk.Now()) {
 		return ErrLockLost
 	}
 	return err

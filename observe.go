@@ -143,7 +143,7 @@ func (m *NetMutex) startAcquire(ctx context.Context, try bool) (context.Context,
 	if o == nil && debug == nil {
 		return ctx, nil
 	}
-	start := time.Now()
+	start := m.clk.Now()
 	var done func(AcquireDone)
 	if o != nil {
 		var octx context.Context
@@ -152,7 +152,7 @@ func (m *NetMutex) startAcquire(ctx context.Context, try bool) (context.Context,
 		}
 	}
 	return ctx, func(acquired, contended, handedOver bool, err error) {
-		d := AcquireDone{Name: m.name, Kind: m.leaseKind.observed(), Try: try, Acquired: acquired, Wait: time.Since(start), Contended: contended, HandedOver: handedOver, Err: err}
+		d := AcquireDone{Name: m.name, Kind: m.leaseKind.observed(), Try: try, Acquired: acquired, Wait: m.clk.Since(start), Contended: contended, HandedOver: handedOver, Err: err}
 		if acquired {
 			d.Token = m.Token()
 		}

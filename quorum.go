@@ -40,6 +40,7 @@ type outcome struct {
 	kind  outcomeKind
 	grant grant         // acquired
 	ttl   time.Duration // busy: the shortest remaining TTL of a holder seen, -1 if unknown
+	start time.Time     // when the round began: ttl was read within took after it
 	took  time.Duration // how long the round took
 	err   error         // down, failed, ended
 	// unqueue lists, after an acquired round, the nodes that did not grant:
@@ -266,10 +267,12 @@ func (m *NetMutex) acquireRound(ctx context.Context, q ask) outcome {
 	// The monotonic start is taken before anything is sent: each node's TTL
 	// starts after it, so start+validity is before any node's key expires
 	// (up to the drift allowance).
-	start := time.Now()
+	measured := m.clk.Measure()
+	start := m.clk.Now()
 	s, keys, args := m.kind.acquireCall(value, m.tomb(value, tomb), proposal, q)
 	replies := m.fanout(ctx, s, keys, args, nil)
-	took := time.Since(start)
+	took := m.clk.Since(start)
+	measured()
 	validity := m.cfg.expiry - took - m.driftTerm
 
 	// Each node's reply as its kind reads it; a plain lock's kept off the
@@ -295,7 +298,9 @@ func (m *NetMutex) acquireRound(ctx context.Context, q ask) outcome {
 		}
 	}
 	m.releaseDetached(ctx, value, tomb, v.cleanup, v.nGranted > 0)
-	return m.lostRound(ctx, &v, took)
+	o := m.lostRound(ctx, &v, took)
+	o.start = start
+	return o
 }
 
 // votes is what the nodes answered one acquire round.

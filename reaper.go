@@ -42,7 +42,7 @@ func (m *NetMutex) reapLater(value string, replies []nodeReply, targets []bool, 
 	defer r.mu.Unlock()
 	for i, rep := range replies {
 		if (targets == nil || targets[i]) && rep.err != nil && !finalErr(m.nodes[i], rep.err) {
-			r.pending = append(r.pending, pendingRelease{node: i, value: value, giveUp: time.Now().Add(tombstoneExpiries * m.cfg.expiry), err: rep.err, held: held})
+			r.pending = append(r.pending, pendingRelease{node: i, value: value, giveUp: m.clk.Now().Add(tombstoneExpiries * m.cfg.expiry), err: rep.err, held: held})
 		}
 	}
 	if len(r.pending) > 0 && !r.running {
@@ -64,7 +64,7 @@ const (
 func (m *NetMutex) reap() {
 	r := &m.reaper
 	pause := reapFirstPause
-	t := time.NewTimer(pause)
+	t := time.NewTimer(pause) // a retry delay: the real clock
 	defer t.Stop()
 	for {
 		<-t.C
@@ -75,7 +75,7 @@ func (m *NetMutex) reap() {
 
 		var left []pendingRelease
 		for _, p := range batch {
-			if time.Now().After(p.giveUp) {
+			if m.clk.Now().After(p.giveUp) {
 				m.reapGaveUp(p, "the tombstone's lifetime ended: a late acquire can no longer take the key", p.err)
 				continue
 			}

@@ -236,7 +236,7 @@ func (s *Semaphore) Acquire(ctx context.Context, n int64) (err error) {
 	if done != nil {
 		defer func() { done(err == nil, contended, false, err) }()
 	}
-	w := &semWaiter{n: n, arrival: time.Now().UnixMicro(), turn: make(chan struct{}), poke: make(chan struct{}, 1)}
+	w := &semWaiter{n: n, arrival: s.m.clk.Now().UnixMicro(), turn: make(chan struct{}), poke: make(chan struct{}, 1)}
 	if !s.enqueue(w) {
 		contended = true
 		if over, err := s.awaitTurn(ctx, w); over {
@@ -398,7 +398,8 @@ func (s *Semaphore) wait(ctx context.Context, w *semWaiter) (contended bool, err
 	for {
 		r := s.attempt(ctx, w, false)
 		sw.attempted = true
-		var look time.Duration
+		var look, leeway time.Duration
+		var at time.Time // when to look again, or as late as leeway after
 		switch r.kind {
 		case semGranted:
 			return contended, sw.holding(ctx)
@@ -410,12 +411,16 @@ func (s *Semaphore) wait(ctx context.Context, w *semWaiter) (contended bool, err
 			if look, again = sw.refused(ctx, r.look); again {
 				continue // a wake-up sent before we listened is not lost: look again now
 			}
+			// look counts from the attempt's end, not from now; the
+			// attempt's duration is leeway (see waiter.await).
+			at, leeway = r.start.Add(look), r.took
 		case semFailed:
 			if look, err = sw.failed(ctx, r); err != nil {
 				return contended, err
 			}
+			at = s.m.clk.Now().Add(look)
 		}
-		if granted, err := sw.sleep(ctx, look); granted || err != nil {
+		if granted, err := sw.sleep(ctx, at, leeway); granted || err != nil {
 			return contended, err
 		}
 	}
@@ -496,7 +501,7 @@ func (sw *semWait) failed(ctx context.Context, r semResult) (time.Duration, erro
 		sw.leave(ctx)
 		return 0, r.err
 	}
-	now := time.Now()
+	now := sw.s.m.clk.Now()
 	if sw.down.IsZero() {
 		sw.down = now
 	}
@@ -507,11 +512,13 @@ func (sw *semWait) failed(ctx context.Context, r semResult) (time.Duration, erro
 	return sw.bo.next(-1), nil
 }
 
-// sleep waits for look, a wake-up (a grant it takes in: granted), a poke
-// (another waiter of ours came), or ctx's end.
-func (sw *semWait) sleep(ctx context.Context, look time.Duration) (granted bool, err error) {
-	timer := time.NewTimer(look)
-	defer timer.Stop()
+// sleep waits until at, or as late as leeway after (a clock moved by a
+// test, see internal/clock, ends it at at), for a wake-up (a grant it
+// takes in: granted), a poke (another waiter of ours came), or ctx's end.
+func (sw *semWait) sleep(ctx context.Context, at time.Time, leeway time.Duration) (granted bool, err error) {
+	clk := sw.s.m.clk
+	timer := clk.NewTimerAt(at, leeway)
+	defer clk.Stop(timer)
 	select {
 	case p := <-sw.wake:
 		if sw.s.adopt(sw.w, p) {
@@ -598,7 +605,7 @@ func (s *Semaphore) adopt(w *semWaiter, payload string) bool {
 	}
 	if s.lease == nil {
 		until := s.joined.Add(m.cfg.expiry - m.driftTerm)
-		if time.Until(until) < m.cfg.expiry/extendsPerExpiry {
+		if m.clk.Until(until) < m.cfg.expiry/extendsPerExpiry {
 			return false
 		}
 		s.lease = newHold(m, grant{value: value, start: s.joined, until: until})
@@ -612,6 +619,8 @@ func (s *Semaphore) adopt(w *semWaiter, payload string) bool {
 type semResult struct {
 	kind      semVerdict
 	look      time.Duration // semRefused: when to look again at the latest
+	start     time.Time     // semRefused: when the attempt began
+	took      time.Duration // semRefused: how long it took; look counts from its end
 	err       error         // semFailed
 	permanent bool          // semFailed: retrying cannot change the answer
 }
@@ -649,9 +658,11 @@ func (s *Semaphore) attempt(ctx context.Context, w *semWaiter, try bool) semResu
 		// ctx once it returns.
 		callCtx = context.WithoutCancel(ctx)
 	}
-	start := time.Now()
+	measured := s.m.clk.Measure()
+	start := s.m.clk.Now()
 	r := s.m.fanout(callCtx, semAcquireScript, s.keys, []string{c.arg(s)}, nil)[0]
-	took := time.Since(start)
+	took := s.m.clk.Since(start)
+	measured()
 	if r.err != nil {
 		return s.callFailed(ctx, c.value, r)
 	}
@@ -689,7 +700,7 @@ func (s *Semaphore) attempt(ctx context.Context, w *semWaiter, try bool) semResu
 	if look <= 0 || look > s.m.cfg.expiry {
 		look = s.m.cfg.expiry
 	}
-	return semResult{kind: semRefused, look: look}
+	return semResult{kind: semRefused, look: look, start: start, took: took}
 }
 
 // A semCall is one call of lua/sem_acquire.lua, as attempt makes it.
@@ -723,7 +734,7 @@ func (s *Semaphore) prepare(w *semWaiter, try bool) (semCall, bool) {
 	}
 	s.seq++
 	if !try && s.grants && s.nonce == "" {
-		s.nonce, s.joined = rand.Text(), time.Now()
+		s.nonce, s.joined = rand.Text(), s.m.clk.Now()
 	}
 	c := semCall{value: s.value, grow: s.lease != nil, base: s.held, seq: s.seq, fold: s.fold, nonce: s.nonce, try: try}
 	c.batch = []*semWaiter{w}
@@ -1020,7 +1031,7 @@ func (s *Semaphore) fix() {
 	// The retry delay of a failed extend: often enough that a lease's
 	// extends are not what keeps the count right.
 	bo := backoff{min: time.Millisecond, max: max(m.cfg.expiry/extendsPerExpiry/failedExtendRetries, time.Millisecond)}
-	giveUp := time.Now().Add(tombstoneExpiries * m.cfg.expiry)
+	giveUp := m.clk.Now().Add(tombstoneExpiries * m.cfg.expiry)
 	for first := true; ; first = false {
 		if !first {
 			time.Sleep(bo.next(-1))
@@ -1028,7 +1039,7 @@ func (s *Semaphore) fix() {
 		s.op.Lock()
 		s.mu.Lock()
 		s.retireLostLocked()
-		if !s.dirty || s.value == "" || time.Now().After(giveUp) {
+		if !s.dirty || s.value == "" || m.clk.Now().After(giveUp) {
 			s.dirty, s.fixing = false, false
 			s.mu.Unlock()
 			s.op.Unlock()

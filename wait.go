@@ -119,7 +119,7 @@ func (w *waiter) run(ctx context.Context) (bool, error) {
 		w.turn = false
 		w.drain() // a wake-up from before this attempt is answered by it
 		if q.nonce != "" && strings.Contains(q.flags, "j") && w.joined.IsZero() {
-			w.joined = time.Now()
+			w.joined = m.clk.Now()
 		}
 		o := m.acquireRound(ctx, q)
 		if o.rejoin {
@@ -178,13 +178,16 @@ func (w *waiter) refused(ctx context.Context, o outcome) (bool, error) {
 	case o.kind == ballot || o.kind == split && w.splits <= maxSplits:
 		// Retry after up to two rounds' time, at random: long enough
 		// for the clients we split with to be done with their cleanup
-		// (or for one to have won).
-		_, err = w.sleep(ctx, mrand.N(2*o.took+1))
+		// (or for one to have won). All of it leeway: the round's
+		// time, on a clock a test moves (see internal/clock), holds
+		// the moves made while it was on its way, and is no measure
+		// of the others' cleanup.
+		_, _, err = w.sleepFor(ctx, w.m.clk.Now(), mrand.N(2*o.took+1))
 	case w.listen(ctx):
 		// Listening just now: attempt, and so queue, before sleeping.
 	default:
 		var g grant
-		if g, err = w.await(ctx, o.ttl); err == nil && !g.start.IsZero() {
+		if g, err = w.await(ctx, o); err == nil && !g.start.IsZero() {
 			w.acquired(ctx, g, nil)
 			return true, nil
 		}
@@ -227,7 +230,7 @@ func (w *waiter) ask() ask {
 	q.member = w.m.waiterID
 	if w.m.kind.ordered() {
 		if w.arrival == 0 {
-			w.arrival = time.Now().UnixMicro()
+			w.arrival = w.m.clk.Now().UnixMicro()
 		}
 		q.arrival = w.arrival
 	}
@@ -250,24 +253,33 @@ func (w *waiter) flags() string {
 	return w.m.kind.waitFlags(w.listening(), w.turn, w.queued)
 }
 
-// await sleeps until the waiter's turn, its connection failing, the
-// holder's TTL (ttl, -1 if unknown) running out, or ctx's end. A waiter that
-// cannot listen polls instead. If the turn came with the lock granted (see
-// lua/handon.lua), it returns the grant.
-func (w *waiter) await(ctx context.Context, ttl time.Duration) (grant, error) {
+// await sleeps, after round o found the lock held, until the waiter's
+// turn, its connection failing, the holder's TTL (o.ttl, -1 if unknown)
+// running out, or ctx's end. A waiter that cannot listen polls instead. If
+// the turn came with the lock granted (see lua/handon.lua), it returns the
+// grant.
+func (w *waiter) await(ctx context.Context, o outcome) (grant, error) {
+	ttl := o.ttl
 	if !w.listening() {
 		_, err := w.sleep(ctx, w.delay.next(ttl))
 		return grant{}, err
 	}
 	// A key without a TTL (not netlock's) is looked at again after an expiry.
-	d := w.m.cfg.expiry
+	at, leeway := w.m.clk.Now().Add(w.m.cfg.expiry), time.Duration(0)
 	if ttl >= 0 {
 		// Just past the expiry (Redis expires keys with 1ms resolution),
 		// with jitter, so that waiters that attempted together do not
-		// attempt together again.
-		d = ttl + time.Millisecond + mrand.N(ttl/ttlJitter+time.Millisecond)
+		// attempt together again. The TTL was read during the round, so
+		// the key expires by the round's end plus ttl: counted from
+		// there, not from now (the round's cleanup took a round trip
+		// since). The round's duration and the jitter are leeway: a
+		// clock a test moves (see internal/clock) wakes us at the
+		// round's start plus ttl, whatever moved while the reply was on
+		// its way.
+		at = o.start.Add(ttl + time.Millisecond)
+		leeway = o.took + mrand.N(ttl/ttlJitter+time.Millisecond)
 	}
-	payload, woken, err := w.sleepFor(ctx, d)
+	payload, woken, err := w.sleepFor(ctx, at, leeway)
 	if !woken || err != nil {
 		return grant{}, err
 	}
@@ -310,7 +322,7 @@ func (w *waiter) granted(ctx context.Context, payload string) (grant, bool) {
 		return grant{}, false
 	}
 	until := w.joined.Add(m.cfg.expiry - m.driftTerm)
-	if w.joined.IsZero() || time.Until(until) < m.cfg.expiry/extendsPerExpiry {
+	if w.joined.IsZero() || m.clk.Until(until) < m.cfg.expiry/extendsPerExpiry {
 		return grant{}, false
 	}
 	g := grant{value: value, token: token, start: w.joined, until: until}
@@ -329,7 +341,7 @@ func (w *waiter) rideOut(ctx context.Context, err error) error {
 	if !w.wait {
 		return err
 	}
-	now := time.Now()
+	now := w.m.clk.Now()
 	if w.down.IsZero() {
 		w.down = now
 		w.delay.n = 0
@@ -369,16 +381,19 @@ func (w *waiter) ended(cause error) error {
 // joined with ErrNotObtained). It reports whether a wake-up ended it. A
 // grant that wakes it is left to the next attempt, which finds it.
 func (w *waiter) sleep(ctx context.Context, d time.Duration) (woken bool, err error) {
-	_, woken, err = w.sleepFor(ctx, d)
+	_, woken, err = w.sleepFor(ctx, w.m.clk.Now().Add(d), 0)
 	return woken, err
 }
 
-// sleepFor is sleep, returning the wake-up's payload too.
-func (w *waiter) sleepFor(ctx context.Context, d time.Duration) (payload string, woken bool, err error) {
+// sleepFor is sleep until at, or as late as leeway after (a clock moved by
+// a test, see internal/clock, ends it at at), returning the wake-up's
+// payload too.
+func (w *waiter) sleepFor(ctx context.Context, at time.Time, leeway time.Duration) (payload string, woken bool, err error) {
+	clk := w.m.clk
 	if w.timer == nil {
-		w.timer = time.NewTimer(d)
+		w.timer = clk.NewTimerAt(at, leeway)
 	} else {
-		w.timer.Reset(d)
+		clk.ResetAt(w.timer, at, leeway)
 	}
 	select {
 	case <-ctx.Done():
@@ -386,7 +401,7 @@ func (w *waiter) sleepFor(ctx context.Context, d time.Duration) (payload string,
 	case <-w.timer.C:
 		return "", false, nil
 	case payload = <-w.wake: // nil, blocking for ever, while not listening
-		w.timer.Stop()
+		clk.Stop(w.timer)
 		return payload, true, nil
 	}
 }
@@ -425,7 +440,7 @@ const (
 
 // yieldLeft returns how long an acquire starting now must yield.
 func (m *NetMutex) yieldLeft() time.Duration {
-	return time.Duration(m.yieldUntil.Load()) - time.Since(m.epoch)
+	return time.Duration(m.yieldUntil.Load()) - m.clk.Since(m.epoch)
 }
 
 // listen watches our release channel on every node that has a hub and is
@@ -579,7 +594,7 @@ func (w *waiter) done(ctx context.Context, ok bool) {
 		}
 	}
 	if w.timer != nil {
-		w.timer.Stop()
+		w.m.clk.Stop(w.timer)
 	}
 	if !ok && w.queued {
 		w.m.leave(ctx, w.ask().member, nil)
