@@ -211,7 +211,7 @@ func (e *Election) Campaign(ctx context.Context, value string) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	err := e.proclaim(ctx, h, 1, value)
-	if err == nil && h.expire(time.Now()) {
+	if err == nil && h.expire(m.clk.Now()) {
 		err = ErrLockLost // the calls took the whole validity: lost as it began
 	}
 	if err != nil {
@@ -397,7 +397,7 @@ func (v nodeView) newer(o nodeView) bool {
 // after every message it published before.
 func (e *Election) read(ctx context.Context, views []nodeView, targets []bool) (answered []bool, errs []error) {
 	replies := e.m.fanout(ctx, electReadScript, []string{e.keys.Lock, e.keys.Leader}, nil, targets)
-	now := time.Now()
+	now := e.m.clk.Now()
 	answered = make([]bool, len(replies))
 	for i, r := range replies {
 		if targets != nil && !targets[i] {
@@ -579,7 +579,7 @@ func newObserver(e *Election, out chan<- Leader) *observer {
 	n := len(e.m.nodes)
 	o := &observer{e: e, out: out, views: make([]nodeView, n), wakes: make([]chan string, n),
 		watches: make([]*watch, n), look: make([]time.Time, n), msgs: make(chan nodeMsg)}
-	now := time.Now()
+	now := e.m.clk.Now()
 	for i := range n {
 		o.wakes[i] = make(chan string, observeBuffer)
 		o.look[i] = now
@@ -596,7 +596,8 @@ func (o *observer) run(ctx context.Context) {
 	for i := range o.wakes {
 		wg.Go(func() { o.forward(i, stop) })
 	}
-	o.timer = time.NewTimer(time.Hour)
+	clk := o.e.m.clk
+	o.timer = clk.NewTimerAt(clk.Now().Add(time.Hour), 0)
 	defer func() {
 		close(stop)
 		wg.Wait()
@@ -605,7 +606,7 @@ func (o *observer) run(ctx context.Context) {
 				wt.stop()
 			}
 		}
-		o.timer.Stop()
+		clk.Stop(o.timer)
 		close(o.out)
 	}()
 	for ctx.Err() == nil {
@@ -651,7 +652,7 @@ func (o *observer) forward(i int, stop <-chan struct{}) {
 // said replaces it; a lost message or a failed connection has the node
 // looked at again at once.
 func (o *observer) take(msg nodeMsg) {
-	now := time.Now()
+	now := o.e.m.clk.Now()
 	if msg.lost {
 		o.look[msg.i] = now
 	}
@@ -669,7 +670,7 @@ func (o *observer) take(msg nodeMsg) {
 // the next look.
 func (o *observer) refresh(ctx context.Context) {
 	e := o.e
-	now := time.Now()
+	now := e.m.clk.Now()
 	due := make([]bool, len(o.look))
 	for i, at := range o.look {
 		due[i] = !at.IsZero() && !now.Before(at)
@@ -688,7 +689,7 @@ func (o *observer) refresh(ctx context.Context) {
 	}
 	views := slices.Clone(o.views)
 	answered, _ := e.read(ctx, views, due)
-	now = time.Now()
+	now = e.m.clk.Now()
 	for i := range due {
 		switch {
 		case !due[i]:
@@ -740,11 +741,12 @@ func (o *observer) arm() {
 			at = t
 		}
 	}
+	clk := o.e.m.clk
 	if at.IsZero() {
-		at = time.Now().Add(time.Hour) // only a message can change anything
+		at = clk.Now().Add(time.Hour) // only a message can change anything
 	}
-	o.timer.Stop()
-	o.timer.Reset(time.Until(at))
+	clk.Stop(o.timer)
+	clk.ResetAt(o.timer, at, 0)
 }
 
 // judge sets what to deliver next, once enough nodes have been heard from
