@@ -7,11 +7,18 @@ import (
 
 // The in-process side of a NetMutex: goroutines sharing one NetMutex queue
 // in order of arrival, and only the one that owns m talks to Redis.
+//
+// A waiter may be shared (a NetRWMutex's reader under the process's write
+// lock): the shared waiters next to each other at the head of the queue get
+// the hold together, as sync.RWMutex lets in together the readers waiting
+// when a writer leaves, and the last of them to unlock passes it on. The
+// owner is then the group: m.shared counts its goroutines.
 
 // A localWaiter is a goroutine queued for m. It is sent either a hold (a
 // hand-off: it now holds m) or nil (it now owns m and must acquire in Redis).
 type localWaiter struct {
-	turn chan *hold // capacity 1: the sender never blocks
+	turn   chan *hold // capacity 1: the sender never blocks
+	shared bool       // it shares the hold with the shared waiters next to it
 }
 
 // own makes the calling goroutine the owner of m, waiting in line behind
@@ -23,44 +30,53 @@ func (m *NetMutex) own(ctx context.Context) (h *hold, waited bool, err error) {
 	m.mu.Lock()
 	if !m.owned {
 		m.owned = true
+		m.shared = 0
 		m.mu.Unlock()
 		return nil, false, nil
 	}
 	w := &localWaiter{turn: make(chan *hold, 1)}
 	m.waiters = append(m.waiters, w)
 	m.mu.Unlock()
+	h, err = m.awaitTurn(ctx, w)
+	return h, true, err
+}
 
+// awaitTurn waits for queued w's turn: it returns the hold handed over, or
+// nil with ownership of m. If ctx ends first it returns ctx's cause, and m
+// is as if w had not queued.
+func (m *NetMutex) awaitTurn(ctx context.Context, w *localWaiter) (*hold, error) {
 	select {
 	case h := <-w.turn:
 		if ctx.Err() == nil {
-			return h, true, nil
+			return h, nil
 		}
 		// The turn and ctx's end were both ready and select picked the
 		// turn at random: a caller whose ctx has ended must not hold m.
-		m.passTurn(h)
-		return nil, true, context.Cause(ctx)
+		m.passTurn(h, w.shared)
+		return nil, context.Cause(ctx)
 	case <-ctx.Done():
 	}
 	m.mu.Lock()
 	if i := slices.Index(m.waiters, w); i >= 0 {
 		m.waiters = slices.Delete(m.waiters, i, i+1)
+		m.drainedLocked()
 		m.mu.Unlock()
-		return nil, true, context.Cause(ctx)
+		return nil, context.Cause(ctx)
 	}
 	m.mu.Unlock()
 	// Our turn came as ctx ended: pass it on, so a cancelled caller never
 	// holds m.
-	m.passTurn(<-w.turn)
-	return nil, true, context.Cause(ctx)
+	m.passTurn(<-w.turn, w.shared)
+	return nil, context.Cause(ctx)
 }
 
 // passTurn gives up a turn that reached a caller who no longer wants it
 // ("acquired after we were cancelled: pretend we didn't", as
 // x/sync/semaphore puts it): a hold handed over (h, which is m.hold) goes to
 // the next local waiter or is released; ownership alone passes on.
-func (m *NetMutex) passTurn(h *hold) {
+func (m *NetMutex) passTurn(h *hold, shared bool) {
 	if h != nil {
-		m.UnlockCtx(context.Background())
+		m.unlock(context.Background(), shared)
 	} else {
 		m.passOwnership()
 	}
@@ -75,6 +91,7 @@ func (m *NetMutex) tryOwn() bool {
 		return false
 	}
 	m.owned = true
+	m.shared = 0
 	return true
 }
 
@@ -83,19 +100,34 @@ func (m *NetMutex) tryOwn() bool {
 func (m *NetMutex) passOwnership() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.shared = 0
+	defer m.drainedLocked()
 	if len(m.waiters) == 0 {
 		m.owned = false
 		return
 	}
 	w := m.waiters[0]
 	m.waiters = slices.Delete(m.waiters, 0, 1)
+	if w.shared {
+		m.shared = 1 // the shared waiters behind it get in with its hold (setHold)
+	}
 	w.turn <- nil
+}
+
+// drainedLocked tells those waiting in enterShared for the shared holders
+// and waiters to be gone, if they are. The caller holds m.mu.
+func (m *NetMutex) drainedLocked() {
+	if m.drained != nil && m.shared == 0 && !slices.ContainsFunc(m.waiters, isShared) {
+		close(m.drained)
+		m.drained = nil
+	}
 }
 
 // handOff passes h to the first local waiter, without a round trip, if
 // there is one, h is still well within its validity, and the hand-offs in a
-// row have not reached their bound. It reports whether it did. The caller
-// holds m.mu, owns m and has just taken h out of m.hold.
+// row have not reached their bound; a shared waiter takes the shared ones
+// behind it along. It reports whether it did. The caller holds m.mu, owns m
+// and has just taken h out of m.hold.
 func (m *NetMutex) handOffLocked(h *hold) bool {
 	if len(m.waiters) == 0 || !m.mayHandOffLocked(h) {
 		return false
@@ -104,8 +136,26 @@ func (m *NetMutex) handOffLocked(h *hold) bool {
 	m.waiters = slices.Delete(m.waiters, 0, 1)
 	m.handoffs++
 	m.hold = h
+	m.shared = 0
 	w.turn <- h
+	if w.shared {
+		m.shared = 1
+		m.admitSharedLocked(h)
+	}
+	m.drainedLocked()
 	return true
+}
+
+// admitSharedLocked hands h to the shared waiters at the head of the local
+// queue, which join the shared holders of m. The caller holds m.mu, and m's
+// owner is shared.
+func (m *NetMutex) admitSharedLocked(h *hold) {
+	for len(m.waiters) > 0 && m.waiters[0].shared {
+		w := m.waiters[0]
+		m.waiters = slices.Delete(m.waiters, 0, 1)
+		m.shared++
+		w.turn <- h
+	}
 }
 
 // mayHandOffLocked reports whether h may be handed to another goroutine of
@@ -122,10 +172,100 @@ func (m *NetMutex) mayHandOffLocked(h *hold) bool {
 	return held && m.clk.Until(until) >= m.cfg.expiry/2
 }
 
-// setHold makes h m's hold, acquired in Redis by the owner of m.
+// setHold makes h m's hold, acquired in Redis by the owner of m; a shared
+// owner lets the shared waiters at the head of the queue in with it.
 func (m *NetMutex) setHold(h *hold) {
 	m.mu.Lock()
 	m.hold = h
 	m.handoffs = 0
+	if m.shared > 0 {
+		m.admitSharedLocked(h)
+	}
 	m.mu.Unlock()
+}
+
+// enterShared begins a shared lock of m (see localWaiter) if a goroutine
+// of this process owns m and either share is true or shared holders or
+// waiters are there already; it reports whether it did. It returns the
+// hold if the caller shares it at once: shared holders hold it, no waiter
+// is queued, and a hand-off would be allowed (joining counts as one);
+// otherwise, if queue, the waiter it queued, for awaitShared. If share is
+// false and shared holders or waiters are there, it returns instead a
+// channel closed once they are gone: the caller's other way in (a
+// NetRWMutex's read lease) is never taken while they are there.
+func (m *NetMutex) enterShared(queue, share bool) (h *hold, w *localWaiter, in bool, drained <-chan struct{}) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.owned {
+		return nil, nil, false, nil
+	}
+	group := m.shared > 0 || slices.ContainsFunc(m.waiters, isShared)
+	if !share {
+		if !group {
+			return nil, nil, false, nil
+		}
+		if m.drained == nil {
+			m.drained = make(chan struct{})
+		}
+		return nil, nil, false, m.drained
+	}
+	if m.shared > 0 && m.hold != nil && len(m.waiters) == 0 && m.mayHandOffLocked(m.hold) {
+		m.shared++
+		m.handoffs++
+		return m.hold, nil, true, nil
+	}
+	if !queue {
+		return nil, nil, true, nil
+	}
+	w = &localWaiter{turn: make(chan *hold, 1), shared: true}
+	m.waiters = append(m.waiters, w)
+	return nil, w, true, nil
+}
+
+func isShared(w *localWaiter) bool { return w.shared }
+
+// awaitShared waits for the turn of w, queued by enterShared: a hold handed
+// to it, or ownership, with which it acquires in Redis (as LockCtx does)
+// for itself and the shared waiters behind it. Its errors are LockCtx's.
+func (m *NetMutex) awaitShared(ctx context.Context, w *localWaiter) (err error) {
+	h, err := m.awaitTurn(ctx, w)
+	if err != nil {
+		return notObtained(err)
+	}
+	if h != nil {
+		return nil
+	}
+	var contended bool
+	ctx, done := m.startAcquire(ctx, false)
+	if done != nil {
+		defer func() { done(err == nil, contended, false, err) }()
+	}
+	_, contended, err = m.acquire(ctx, true)
+	if err != nil {
+		m.passOwnership()
+		return err
+	}
+	if ctx.Err() != nil {
+		m.unlock(context.WithoutCancel(ctx), true)
+		return notObtained(context.Cause(ctx))
+	}
+	m.heldSince()
+	return nil
+}
+
+// sharedHeld reports whether goroutines hold m shared.
+func (m *NetMutex) sharedHeld() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.shared > 0 && m.hold != nil
+}
+
+// exclusiveHold returns m's hold if it is not shared; nil otherwise.
+func (m *NetMutex) exclusiveHold() *hold {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.shared > 0 {
+		return nil
+	}
+	return m.hold
 }

@@ -104,6 +104,13 @@ type NetMutex struct {
 	hold     *hold          // set by a successful acquire or a hand-off, cleared by UnlockCtx
 	since    time.Time      // when the holding goroutine's LockCtx or TryLockCtx returned
 	handoffs int            // hand-offs in a row of the current hold
+	// shared counts the goroutines that own m together, when its owner is
+	// shared (see localWaiter); 0 when the owner is one goroutine or m is
+	// not owned.
+	shared int
+	// drained, while a goroutine waits in enterShared, is closed when no
+	// goroutine holds or waits for m shared any more (see drainedLocked).
+	drained chan struct{}
 
 	// seen is the highest fence counter learned from any node: the next
 	// quorum ballot proposes seen+1.
@@ -113,6 +120,11 @@ type NetMutex struct {
 	// release reached other clients waiting on the release channel: an
 	// acquire of this NetMutex that starts before then lets them try first.
 	yieldUntil atomic.Int64
+
+	// rtt is the round trip of m's releases, in ns, as noteRTT keeps it (0
+	// until one is measured): what a call to Redis costs, at the least
+	// (see NetRWMutex.sharesWrite).
+	rtt atomic.Int64
 
 	reaper reaper // releases still to deliver
 

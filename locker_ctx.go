@@ -110,13 +110,27 @@ func (m *NetMutex) UnlockCtx(ctx context.Context) error {
 	if err := m.check(); err != nil {
 		return err
 	}
+	return m.unlock(ctx, false)
+}
+
+// unlock is UnlockCtx for a holder that is shared or not (see
+// localWaiter): a shared holder that is not the last of its group only
+// leaves it.
+func (m *NetMutex) unlock(ctx context.Context, shared bool) error {
 	m.mu.Lock()
 	h := m.hold
-	m.hold = nil
-	if h == nil {
+	if h == nil || (m.shared > 0) != shared {
 		m.mu.Unlock()
 		return ErrNotHeld
 	}
+	if shared {
+		m.shared--
+		if m.shared > 0 {
+			m.mu.Unlock()
+			return nil
+		}
+	}
+	m.hold = nil
 	held := m.clk.Since(m.since)
 	if m.handOffLocked(h) {
 		m.mu.Unlock()
@@ -150,6 +164,7 @@ func (m *NetMutex) UnlockCtx(ctx context.Context) error {
 func (m *NetMutex) releaseHold(ctx context.Context, h *hold) error {
 	start := m.clk.Now()
 	replies := m.release(detached(ctx), h.value, h.tomb, nil, true)
+	m.noteRTT(m.clk.Since(start))
 	err := m.settle(replies)
 	if err == nil && woke(replies) {
 		// Other clients were subscribed when we released: an acquire of
@@ -159,6 +174,18 @@ func (m *NetMutex) releaseHold(ctx context.Context, h *hold) error {
 		m.yieldUntil.Store(int64(m.clk.Since(m.epoch) + grace))
 	}
 	return err
+}
+
+// noteRTT takes a release's round trip d into m.rtt: the least one seen,
+// drifting slowly up towards later ones, as TCP's minimum RTT does, so
+// that the time a call queues behind others (in the client, or in a busy
+// server) does not count.
+func (m *NetMutex) noteRTT(d time.Duration) {
+	sample := max(int64(d), 1)
+	if old := m.rtt.Load(); old > 0 && sample > old {
+		sample = old + (sample-old)/64
+	}
+	m.rtt.Store(sample)
 }
 
 // keep ends h, unlocked before WithMinHold's time is over, by setting its

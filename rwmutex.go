@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/netlock-go/netlock/internal/keyspace"
 )
@@ -19,8 +21,9 @@ import (
 // The rules are sync.RWMutex's, across processes: a writer waiting keeps
 // new readers out, so a stream of readers cannot starve it; readers that
 // were waiting when a writer leaves all get in before any writer that came
-// after them; writers get in in order of arrival. A waiter whose process
-// died keeps its place for at most three expiries.
+// after them; writers get in in order of arrival (between processes, as
+// for NetMutex, apart from the local hand-offs below). A waiter whose
+// process died keeps its place for at most three expiries.
 //
 // The readers of one process share one read lease in Redis: a thousand
 // reading goroutines cost one lease, one extend per interval and one
@@ -31,6 +34,20 @@ import (
 // (at least every expiry/3) and at once when the writer is of this process;
 // a writer of another process can thus wait up to an extend interval, plus
 // the read sections under way, for the lease to end.
+//
+// While a writer of this process holds or waits for the write lock, the
+// process serves its own goroutines under it by sync.RWMutex's rule (other
+// processes are kept out already): Unlock hands the write lock to the
+// goroutines of this process that wait next, the readers among them
+// together, and a reader that arrives while readers hold it joins them,
+// all without a round trip, up to WithLocalHandoffs times in a row (as
+// NetMutex's Unlock); then it is released in Redis. The readers do so
+// when the process's read sections are short beside a round trip to Redis
+// (on average under twice the shortest release it measured): sharing the
+// write lock then saves the lease taken and given back around each
+// writer. Longer read sections take a read lease, to read alongside the
+// readers of other processes. A write lock handed to another writer keeps
+// its fencing token, as NetMutex's does.
 //
 // Over one backend (as for NetMutex: see WithSyncReplicas), a release
 // lets the waiters in itself, in its script: the last read lease's release
@@ -51,13 +68,15 @@ import (
 // A NetRWMutex must be created with NewRW and must not be copied after first
 // use.
 type NetRWMutex struct {
-	w    *NetMutex // the write lock
+	w    *NetMutex // the write lock; readers may share it (see sharesWrite)
 	r    *NetMutex // the read lease, shared by this process's readers
 	keys rwKeys
 	// joined is the channel where a writer taking its place is told:
 	// p{name}:rw:joined.
 	joined string
 
+	// mu guards what follows. Lock order: mu before w.mu (enterShared,
+	// readHold), never the other way.
 	mu sync.Mutex
 	// writers counts the goroutines of this process between LockCtx and
 	// UnlockCtx (waiting or holding): while there are any, readers do not
@@ -81,7 +100,30 @@ type NetRWMutex struct {
 	// the nodes whether one still waits (see lookLocked).
 	changed    chan struct{}
 	recheckDue bool
+
+	// sections measures this process's read sections, for sharesWrite.
+	sections sectionMeter
 }
+
+// sharesWrite reports whether this process's readers read under its write
+// lock while one of its writers holds or waits for it (see enterShared),
+// rather than on a read lease of their own: when its read sections are
+// short beside a round trip to Redis. Then sharing the write lock costs
+// nothing and saves the round trips of a lease taken and given back around
+// each writer; readers of other processes wait meanwhile, as for a
+// NetMutex within its hand-off bound. Longer sections gain more from
+// reading alongside other processes, on a lease. The caller holds rw.mu.
+func (rw *NetRWMutex) sharesWrite() bool {
+	rtt := rw.w.rtt.Load()
+	if r := rw.r.rtt.Load(); r > 0 && (rtt == 0 || r < rtt) {
+		rtt = r
+	}
+	return rtt == 0 || rw.sections.mean() < shareWriteRTTs*time.Duration(rtt)
+}
+
+// shareWriteRTTs: read sections shorter on average than this many round
+// trips share the write lock (see sharesWrite).
+const shareWriteRTTs = 2
 
 // A leaseWatch listens on a NetRWMutex's channel p{name}:rw:joined, where
 // lua/rw_acquire.lua tells of a writer taking its place, on every node with a Hub,
@@ -201,10 +243,6 @@ func NewRW(name string, backends []Backend, opts ...Option) (*NetRWMutex, error)
 		r.waitChan += ":" + r.waiterID
 	}
 	w.waitChan = k.Channel + ":w:" + w.waiterID
-	// A writer's Unlock releases in Redis, where readers that were waiting
-	// come before the next writer: handing the write lock to a writer of
-	// this process would pass over them.
-	w.cfg.handoffs = 0
 	// WithMinHold bounds the write lock; a read lease, shared by readers
 	// that come and go, ends when the last one leaves.
 	r.cfg.minHold = 0
@@ -436,15 +474,23 @@ func (rw *NetRWMutex) writeHold() *hold {
 	if rw == nil || rw.w == nil {
 		return nil
 	}
-	return rw.w.current()
+	return rw.w.exclusiveHold()
 }
 
-// readHold returns the read lease this process's readers share, and how
-// many read; nil when none.
+// readHold returns the hold this process's readers share, and how many
+// read: the read lease, or the write lock they read under; nil when none.
 func (rw *NetRWMutex) readHold() (*hold, int) {
 	rw.mu.Lock()
 	defer rw.mu.Unlock()
-	return rw.lease, rw.readers
+	if rw.lease != nil {
+		return rw.lease, rw.readers
+	}
+	rw.w.mu.Lock()
+	defer rw.w.mu.Unlock()
+	if rw.w.shared > 0 && rw.w.hold != nil {
+		return rw.w.hold, rw.w.shared
+	}
+	return nil, 0
 }
 
 // Lost returns a channel closed when the current write lock ends without
@@ -613,6 +659,16 @@ func (rw *NetRWMutex) RLockCtx(ctx context.Context) error {
 		// whose ctx has ended never holds rw.
 		return notObtained(context.Cause(ctx))
 	}
+	err := rw.rlock(ctx)
+	if err == nil {
+		rw.sections.enter(rw.w.clk.Now())
+	}
+	return err
+}
+
+// rlock is RLockCtx: on the lease, or under the write lock (see
+// sharesWrite).
+func (rw *NetRWMutex) rlock(ctx context.Context) error {
 	for {
 		rw.mu.Lock()
 		var in bool
@@ -623,7 +679,21 @@ func (rw *NetRWMutex) RLockCtx(ctx context.Context) error {
 		case rw.leasing != nil:
 			in, err = rw.awaitLeasing(ctx, rw.leasing)
 		default:
-			return rw.newLease(ctx)
+			h, w, shared, drained := rw.w.enterShared(true, rw.sharesWrite())
+			switch {
+			case shared:
+				rw.mu.Unlock()
+				if h != nil {
+					return nil
+				}
+				return rw.w.awaitShared(ctx, w)
+			case drained != nil:
+				// Readers under the write lock: the lease waits for them.
+				rw.mu.Unlock()
+				err = awaitClose(ctx, drained)
+			default:
+				return rw.newLease(ctx)
+			}
 		}
 		if in || err != nil {
 			return err
@@ -714,10 +784,19 @@ func (rw *NetRWMutex) TryRLockCtx(ctx context.Context) (bool, error) {
 	case rw.lease != nil && rw.joinable():
 		rw.readers++
 		rw.mu.Unlock()
+		rw.sections.enter(rw.w.clk.Now())
 		return true, nil
-	case rw.lease != nil || rw.leasing != nil || rw.writers > 0:
+	case rw.lease != nil || rw.leasing != nil:
 		rw.mu.Unlock()
 		return false, nil
+	}
+	if h, _, in, drained := rw.w.enterShared(false, rw.sharesWrite()); in || drained != nil || rw.writers > 0 {
+		rw.mu.Unlock()
+		if h == nil {
+			return false, nil // a writer holds or waits
+		}
+		rw.sections.enter(rw.w.clk.Now())
+		return true, nil // joined the readers under the write lock
 	}
 	leasing := make(chan struct{})
 	rw.leasing = leasing
@@ -735,8 +814,10 @@ func (rw *NetRWMutex) TryRLockCtx(ctx context.Context) (bool, error) {
 	rw.mu.Unlock()
 	if !ok {
 		listen.stop()
+		return false, err
 	}
-	return ok, err
+	rw.sections.enter(rw.w.clk.Now())
+	return true, err
 }
 
 // leased records the read lease just acquired (or handed over) for the
@@ -769,11 +850,22 @@ func (rw *NetRWMutex) RUnlockCtx(ctx context.Context) error {
 	if err := rw.check(); err != nil {
 		return err
 	}
+	return rw.runlock(ctx)
+}
+
+// runlock is RUnlockCtx: of a reader on the lease, or under the write lock.
+func (rw *NetRWMutex) runlock(ctx context.Context) error {
+	now := rw.w.clk.Now()
 	rw.mu.Lock()
 	if rw.readers == 0 {
 		rw.mu.Unlock()
-		return ErrNotHeld
+		// Not on a lease: on the write lock, or not read-locked.
+		if rw.w.sharedHeld() {
+			rw.sections.leave(now)
+		}
+		return rw.w.unlock(ctx, true)
 	}
+	rw.sections.leave(now)
 	rw.readers--
 	if rw.readers > 0 {
 		rw.mu.Unlock()
@@ -814,3 +906,52 @@ func awaitClose(ctx context.Context, ch <-chan struct{}) error {
 		return notObtained(context.Cause(ctx))
 	}
 }
+
+// A sectionMeter measures the mean length of a process's read sections
+// without pairing an RLock with its RUnlock (any goroutine may undo a read
+// lock): by Little's law, as the time integral of the number of readers
+// inside over the number of sections that ended.
+type sectionMeter struct {
+	mu     sync.Mutex
+	inside int
+	last   time.Time
+	area   time.Duration // Σ readers inside × time, since the last sample
+	ended  int           // sections ended since the last sample
+	avg    atomic.Int64  // the mean, in ns, over the recent samples; 0 until measured
+}
+
+// sectionSample: sections per sample of a sectionMeter's mean.
+const sectionSample = 16
+
+func (s *sectionMeter) enter(now time.Time) {
+	s.mu.Lock()
+	s.addLocked(now)
+	s.inside++
+	s.mu.Unlock()
+}
+
+func (s *sectionMeter) leave(now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.addLocked(now)
+	s.inside = max(s.inside-1, 0)
+	if s.ended++; s.ended < sectionSample {
+		return
+	}
+	sample := int64(s.area) / int64(s.ended)
+	if old := s.avg.Load(); old > 0 {
+		sample = (3*old + sample) / 4
+	}
+	s.avg.Store(max(sample, 1))
+	s.area, s.ended = 0, 0
+}
+
+func (s *sectionMeter) addLocked(now time.Time) {
+	if s.inside > 0 {
+		s.area += time.Duration(s.inside) * now.Sub(s.last)
+	}
+	s.last = now
+}
+
+// mean returns the mean read section; 0 until measured.
+func (s *sectionMeter) mean() time.Duration { return time.Duration(s.avg.Load()) }

@@ -117,11 +117,13 @@ func checkHistory(holds []holdRecord, writes []writeRecord, slack func(from, to 
 		}
 	}
 
-	// Tokens.
+	// Tokens. A hold handed to another goroutine of its process keeps its
+	// token (netlock's local hand-off): the same token twice in one client
+	// is one hold, passed on.
 	byToken := map[uint64]int{}
 	var ordered []int
 	for i := range holds {
-		if j, dup := byToken[holds[i].token]; dup {
+		if j, dup := byToken[holds[i].token]; dup && holds[j].client != holds[i].client {
 			bad("%s and %s have the same token", desc(j), desc(i))
 		}
 		byToken[holds[i].token] = i
@@ -131,7 +133,7 @@ func checkHistory(holds []holdRecord, writes []writeRecord, slack func(from, to 
 	}
 	slices.SortFunc(ordered, func(a, b int) int { return holds[a].start.Compare(holds[b].start) })
 	for k := 1; k < len(ordered); k++ {
-		if a, b := &holds[ordered[k-1]], &holds[ordered[k]]; b.token <= a.token {
+		if a, b := &holds[ordered[k-1]], &holds[ordered[k]]; b.token < a.token || b.token == a.token && b.client != a.client {
 			bad("%s started after %s with a token not above it", desc(ordered[k]), desc(ordered[k-1]))
 		}
 	}

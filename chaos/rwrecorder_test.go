@@ -34,6 +34,11 @@ type rwRecorder struct {
 	readRound *round            // the latest reader round in which a node granted
 	writers   map[uint64]*leaseTiming
 	lease     *leaseTiming // the read lease the process holds or held last
+	// last is the hold the process acquired last, a read lease or a write
+	// lock: the one its readers share (readers read under their process's
+	// write lock when its read sections are short, see
+	// netlock.NetRWMutex).
+	last *leaseTiming
 	// joins: the start of the first call under each nonce; nonces: the
 	// nonce of the latest waiting call of the writer ('w') and of the
 	// reader ('r'), each running one acquire at a time.
@@ -130,6 +135,15 @@ func (r *rwRecorder) acquire(ctx context.Context, _ netlock.AcquireStart) (conte
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		if d.Token > 0 {
+			if l := r.writers[d.Token]; d.HandedOver && l != nil {
+				// Handed to another writer of the process: the same
+				// hold.
+				l.mu.Lock()
+				l.handedOvers++
+				l.mu.Unlock()
+				r.last = l
+				return
+			}
 			l := &leaseTiming{}
 			if rd := r.byToken[d.Token]; rd != nil {
 				l.until, l.explained = r.validity(rd), true
@@ -139,6 +153,7 @@ func (r *rwRecorder) acquire(ctx context.Context, _ netlock.AcquireStart) (conte
 			delete(r.joins, r.nonces['w'])
 			delete(r.nonces, 'w')
 			r.writers[d.Token] = l
+			r.last = l
 			r.prune()
 			return
 		}
@@ -146,6 +161,7 @@ func (r *rwRecorder) acquire(ctx context.Context, _ netlock.AcquireStart) (conte
 			r.lease.mu.Lock()
 			r.lease.handedOvers++
 			r.lease.mu.Unlock()
+			r.last = r.lease
 			return
 		}
 		l := &leaseTiming{}
@@ -158,6 +174,7 @@ func (r *rwRecorder) acquire(ctx context.Context, _ netlock.AcquireStart) (conte
 		delete(r.nonces, 'r')
 		r.readRound = nil
 		r.lease = l
+		r.last = l
 		r.prune()
 	}
 }
@@ -201,12 +218,13 @@ func (r *rwRecorder) writer(token uint64) *leaseTiming {
 	return r.writers[token]
 }
 
-// currentLease returns the timing of the read lease the process holds (or
-// held last).
+// currentLease returns the timing of the hold the process's readers share:
+// the read lease it holds, or the write lock they read under (the hold
+// acquired last).
 func (r *rwRecorder) currentLease() *leaseTiming {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.lease
+	return r.last
 }
 
 // extended is the Observer's Extend: a successful round moves the hold's
