@@ -931,23 +931,37 @@ func TestRunElectFailover(t *testing.T) {
 }
 
 // TestRunElectLost: when the leadership is lost while the program runs
-// (the election's lock key deleted), the program gets SIGTERM and netlock
-// exits with 75, as for a lost lock.
+// (the election's lock key deleted), or --max-time ends it, the program gets
+// SIGTERM and netlock exits with 75, as for a lost lock.
 func TestRunElectLost(t *testing.T) {
-	s := redistest.Start(t)
-	dir := t.TempDir()
-	out := filepath.Join(dir, "out")
-	p := startNetlock(t, nil, "run", "--elect", "--expiry", "1s", "--redis", s.Addr(), "jobs", "--", "sh", "-c", electScript, "sh", out, filepath.Join(dir, "stop"))
-	term := electTerm(t, out, "jobs")
-	redisDo(t, s, "DEL", keyspace.Election("netlock:", "jobs").Lock)
-	if code := p.wait(); code != exitLost {
-		t.Errorf("exit %d, want %d", code, exitLost)
-	}
-	if !strings.HasSuffix(readFile(t, out), "got TERM\n") {
-		t.Errorf("the program wrote %q, want it to end with got TERM", readFile(t, out))
-	}
-	want := fmt.Sprintf(`netlock run: lost the leadership of "jobs" (term %d) while sh ran; sending SIGTERM, SIGKILL in 10s`, term)
-	if !strings.Contains(p.stderr.String(), want) {
-		t.Errorf("stderr does not say %q", want)
+	for _, tc := range []struct {
+		name  string
+		flags []string
+		lose  bool   // delete the election's lock key once the program runs
+		said  string // what netlock says, with %d for the term
+	}{
+		{"key deleted", nil, true, `netlock run: lost the leadership of "jobs" (term %d) while sh ran; sending SIGTERM, SIGKILL in 10s`},
+		{"--max-time", []string{"--max-time", "1s"}, false, `netlock run: sh ran for --max-time 1s: the leadership of "jobs" (term %d) ended; sending SIGTERM, SIGKILL in 10s`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := redistest.Start(t)
+			dir := t.TempDir()
+			out := filepath.Join(dir, "out")
+			args := append([]string{"run", "--elect", "--expiry", "1s", "--redis", s.Addr()}, tc.flags...)
+			p := startNetlock(t, nil, append(args, "jobs", "--", "sh", "-c", electScript, "sh", out, filepath.Join(dir, "stop"))...)
+			term := electTerm(t, out, "jobs")
+			if tc.lose {
+				redisDo(t, s, "DEL", keyspace.Election("netlock:", "jobs").Lock)
+			}
+			if code := p.wait(); code != exitLost {
+				t.Errorf("exit %d, want %d", code, exitLost)
+			}
+			if !strings.HasSuffix(readFile(t, out), "got TERM\n") {
+				t.Errorf("the program wrote %q, want it to end with got TERM", readFile(t, out))
+			}
+			if want := fmt.Sprintf(tc.said, term); !strings.Contains(p.stderr.String(), want) {
+				t.Errorf("stderr does not say %q", want)
+			}
+		})
 	}
 }
