@@ -10,6 +10,7 @@
 //	cd bench && go run . -only sem4 -out -        # Semaphore against 4 NetMutex names, about 20 s
 //	cd bench && go run . -only semwaiting40 -out - # a full Semaphore's waiting cost, about 30 s
 //	cd bench && go run . -only 'multi[24]' -out -  # MultiMutex against NetMutexes in sorted order, about 40 s
+//	cd bench && go run . -only elect8 -out -       # Election hand-over against a NetMutex hand-over, about 20 s
 //
 // It starts its own redis-server processes on free 127.0.0.1 ports (no
 // persistence), stops them by pid when it ends, also on error or ^C, and
@@ -19,7 +20,7 @@
 // from round to round, so that drift of a noisy machine falls on all rows
 // alike. The waiting scenarios measure each row once, for -window; the
 // holds scenario, for -holdfor. An overlap or a lost update in a scenario
-// of netlock alone (the NetRWMutex and Semaphore ones) ends the run with an error, after
+// of netlock alone (NetRWMutex, Semaphore, MultiMutex, Election) ends the run with an error, after
 // the report is written.
 package main
 
@@ -63,7 +64,7 @@ func main() {
 	flag.DurationVar(&f.holdFor, "holdfor", time.Minute, fmt.Sprintf("how long each row of the holds scenario holds its %d locks", manyHolds))
 	flag.DurationVar(&rwSection, "rwsection", rwSection, fmt.Sprintf("critical section of the rwread scenario: a busy wait below %v, a sleep from it", rwSleepFrom))
 	flag.StringVar(&f.out, "out", "RESULTS.md", "Markdown report to write (- for standard output)")
-	flag.StringVar(&only, "only", "", "run only rows whose \"scenario/contender\" matches this regexp (scenarios: floor, uncontended, clients8, shared8, keys8, keys64, quorum5, waiting40, holds10k, rwread, rwwaiting40, sem4, semwaiting40, multi2, multi4)")
+	flag.StringVar(&only, "only", "", "run only rows whose \"scenario/contender\" matches this regexp (scenarios: floor, uncontended, clients8, shared8, keys8, keys64, quorum5, waiting40, holds10k, rwread, rwwaiting40, sem4, semwaiting40, multi2, multi4, elect8)")
 	flag.StringVar(&f.note, "note", "", "a line to put at the top of the report")
 	flag.StringVar(&f.profile, "cpuprofile", "", "write a CPU profile of the whole run to this file (narrow it with -only)")
 	flag.Parse()
@@ -142,7 +143,7 @@ func run(f flags) error {
 	}
 	logf("wrote %s (%v)", f.out, time.Since(started).Round(time.Second))
 	if n := strictViolations.Load(); n > 0 {
-		return fmt.Errorf("%d overlapping critical sections or lost updates in the NetRWMutex and Semaphore scenarios (warm-ups included): netlock let in a holder it must exclude; see the report's Errors", n)
+		return fmt.Errorf("%d overlapping critical sections or lost updates in the scenarios of netlock alone (warm-ups included): netlock let in a holder it must exclude; see the report's Errors", n)
 	}
 	return nil
 }
@@ -175,24 +176,12 @@ type active struct {
 // runScenario sets up every selected row of sc, warms each up, then runs the
 // rounds, turning the order of the rows from round to round.
 func runScenario(ctx context.Context, f flags, sc *scenario) error {
-	var rows []active
+	rows := setUp(f, sc)
 	defer func() {
 		for _, a := range rows {
 			a.cleanup()
 		}
 	}()
-	for _, r := range sc.rows {
-		if r.na != "" || (f.only != nil && !f.only.MatchString(sc.id+"/"+r.name)) {
-			continue
-		}
-		phase, cleanup, err := r.setup()
-		if err != nil {
-			r.setupErr = err
-			logf("%s/%s: setup: %v", sc.id, r.name, err)
-			continue
-		}
-		rows = append(rows, active{r, phase, cleanup})
-	}
 	if len(rows) == 0 {
 		return nil
 	}
@@ -210,14 +199,8 @@ func runScenario(ctx context.Context, f flags, sc *scenario) error {
 	}
 	logf("%s: %d rows × %v", sc.id, len(rows), f.duration)
 	per := f.duration / time.Duration(f.rounds)
-	for _, a := range rows {
-		if f.warmup > 0 {
-			res := a.phase(ctx, f.warmup, -1)
-			checkStrict(sc, a.r, &res, -1)
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
+	if !warmUp(ctx, f, sc, rows) {
+		return nil
 	}
 	for round := range f.rounds {
 		off := round * len(rows) / f.rounds
@@ -250,20 +233,62 @@ func runScenario(ctx context.Context, f flags, sc *scenario) error {
 			}
 			a.r.res.merge(res)
 			checkStrict(sc, a.r, &res, round)
-			if s := res.sem; s != nil {
-				logf("  %s round %d/%d %-24s %s acquisitions/s, wait p50 %s p99 %s; Jain's index %.3f (processes), %.3f (goroutines); %d overlaps, %d errors",
-					sc.id, round+1, f.rounds, a.r.name, fmtRate(res.rate()), fmtPct(&res, 0.5), fmtPct(&res, 0.99), jain(res.perWorker), jain(s.perGoroutine), res.overlaps, res.errs)
-				continue
-			}
-			if rw := res.rw; rw != nil {
-				logf("  %s round %d/%d %-24s %s reads/s, %s writes/s; %s commands, %s scripts per section; %d overlaps, %d lost writes, %d errors",
-					sc.id, round+1, f.rounds, a.r.name, fmtRate(res.readRate()), fmtRate(res.writeRate()), rw.perOp(rw.commands), rw.perOp(rw.scripts), res.overlaps, res.lost, res.errs)
-				continue
-			}
-			logf("  %s round %d/%d %-24s %s/s", sc.id, round+1, f.rounds, a.r.name, fmtRate(res.rate()))
+			logRound(sc, f, a.r, round, &res)
 		}
 	}
 	return nil
+}
+
+// setUp sets up the rows of sc that -only selects and returns them; a row
+// whose setup failed is left out, its error kept in the row.
+func setUp(f flags, sc *scenario) []active {
+	var rows []active
+	for _, r := range sc.rows {
+		if r.na != "" || (f.only != nil && !f.only.MatchString(sc.id+"/"+r.name)) {
+			continue
+		}
+		phase, cleanup, err := r.setup()
+		if err != nil {
+			r.setupErr = err
+			logf("%s/%s: setup: %v", sc.id, r.name, err)
+			continue
+		}
+		rows = append(rows, active{r, phase, cleanup})
+	}
+	return rows
+}
+
+// warmUp runs each row for -warmup, unmeasured, and reports whether ctx
+// is still live.
+func warmUp(ctx context.Context, f flags, sc *scenario, rows []active) bool {
+	for _, a := range rows {
+		if f.warmup > 0 {
+			res := a.phase(ctx, f.warmup, -1)
+			checkStrict(sc, a.r, &res, -1)
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// logRound tells on stderr what one round of row r measured.
+func logRound(sc *scenario, f flags, r *row, round int, res *result) {
+	switch {
+	case sc.shape == shapeElect:
+		logf("  %s round %d/%d %-24s %s hand-overs/s, p50 %s p99 %s; %d overlaps, %d lost, %d errors",
+			sc.id, round+1, f.rounds, r.name, fmtRate(handOversPerSecond(res)), fmtPct(res, 0.5), fmtPct(res, 0.99), res.overlaps, res.lost, res.errs)
+	case res.sem != nil:
+		logf("  %s round %d/%d %-24s %s acquisitions/s, wait p50 %s p99 %s; Jain's index %.3f (processes), %.3f (goroutines); %d overlaps, %d errors",
+			sc.id, round+1, f.rounds, r.name, fmtRate(res.rate()), fmtPct(res, 0.5), fmtPct(res, 0.99), jain(res.perWorker), jain(res.sem.perGoroutine), res.overlaps, res.errs)
+	case res.rw != nil:
+		rw := res.rw
+		logf("  %s round %d/%d %-24s %s reads/s, %s writes/s; %s commands, %s scripts per section; %d overlaps, %d lost writes, %d errors",
+			sc.id, round+1, f.rounds, r.name, fmtRate(res.readRate()), fmtRate(res.writeRate()), rw.perOp(rw.commands), rw.perOp(rw.scripts), res.overlaps, res.lost, res.errs)
+	default:
+		logf("  %s round %d/%d %-24s %s/s", sc.id, round+1, f.rounds, r.name, fmtRate(res.rate()))
+	}
 }
 
 // A cost is a snapshot of the server's command counters and of the

@@ -53,6 +53,8 @@ func report(f flags, scs []*scenario, started time.Time, took time.Duration) str
 			writeSemTable(p, sc)
 		case shapeMulti:
 			writeMultiTable(p, sc)
+		case shapeElect:
+			writeElectTable(p, sc)
 		}
 		p("\n")
 	}

@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -233,4 +235,26 @@ func TestCheckStrict(t *testing.T) {
 		t.Fatalf("2 overlaps and 1 lost update of a strict scenario: counted %d, want 3", got)
 	}
 	strictViolations.Add(-3)
+}
+
+// TestElectTable: the Election row's hand-overs/s is set against the
+// NetMutex row of the same client, and a row with two leaders at once is
+// marked FAILED.
+func TestElectTable(t *testing.T) {
+	c := &contender{name: "netlock/redigo", role: roleNetlock}
+	measured := func(name string, changes, overlaps int64) *row {
+		return &row{name: name, c: c, res: result{ran: true, ops: changes + 1, changes: changes, elapsed: time.Second, overlaps: overlaps, sem: &semStats{commands: 10 * (changes + 1)}}}
+	}
+	sc := &scenario{rows: []*row{measured("Election/redigo", 300, 0), measured("NetMutex/redigo", 600, 0)}}
+	var b strings.Builder
+	writeElectTable(func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }, sc)
+	if want := "| **Election/redigo** | 300 | 0.50× |"; !strings.Contains(b.String(), want) {
+		t.Errorf("table:\n%s\nwant a row starting %q", b.String(), want)
+	}
+	sc.rows[0].res.overlaps = 1
+	b.Reset()
+	writeElectTable(func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }, sc)
+	if want := "**FAILED: two leaders at once** (300)"; !strings.Contains(b.String(), want) {
+		t.Errorf("table:\n%s\nwant %q", b.String(), want)
+	}
 }

@@ -25,6 +25,7 @@ const (
 	shapeRW                     // readers and writers on one NetRWMutex (or NetMutex): reads/s, writes/s, commands per section
 	shapeSem                    // goroutines of several processes on one Semaphore (or NetMutexes): acquisitions/s, fairness
 	shapeMulti                  // processes each taking several names (MultiMutex, or NetMutexes in order): sets/s
+	shapeElect                  // processes campaigning for one Election (or one NetMutex): hand-overs
 )
 
 // waitingID is the waiting scenario's id.
@@ -205,6 +206,7 @@ func buildScenarios(cs []contender, addrs []string) []*scenario {
 	}
 
 	multis := multiScenarios()
+	elect := electScenario()
 	for i := range cs {
 		c := &cs[i]
 		if c.waitingOnly {
@@ -236,6 +238,7 @@ func buildScenarios(cs []contender, addrs []string) []*scenario {
 			for k := range multis {
 				multis[k].rows = append(multis[k].rows, multiRows(c, one[0], multiSizes[k])...)
 			}
+			elect.rows = append(elect.rows, electRows(c, one[0])...)
 		}
 	}
 	out := []*scenario{&floor, &uncontended, &clients, &shared}
@@ -246,7 +249,7 @@ func buildScenarios(cs []contender, addrs []string) []*scenario {
 	for k := range multis {
 		out = append(out, &multis[k])
 	}
-	return out
+	return append(out, &elect)
 }
 
 // lockName is a fresh lock name for one round of one row.

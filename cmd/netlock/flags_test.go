@@ -45,6 +45,7 @@ func TestBadFlagValues(t *testing.T) {
 		{"run", "--conflict-exit-code", []value{{"x", wantExitCode}, {"-1", wantExitCode}, {"256", wantExitCode}, {"1.5", wantExitCode}, {"0x10", wantExitCode}}},
 		{"run", "-v", []value{{"maybe", wantBool}}},
 		{"run", "--tls", []value{{"2", wantBool}}},
+		{"run", "--elect", []value{{"maybe", wantBool}}},
 		{"run", "--prefix", []value{{"a{b", wantPrefix}, {"}", wantPrefix}}},
 		{"run", "--redis", []value{{"localhost", wantAddr}, {"127.0.0.1:99999", wantAddr}, {"", wantAddr}}},
 		{"run", "--tls-ca", []value{{missing, wantMissing}, {notPEM, wantNotPEM}}},

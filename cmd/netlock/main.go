@@ -7,7 +7,7 @@
 //
 // Commands:
 //
-//	run     run a program while holding a lock, like flock(1) over Redis
+//	run     run a program while holding a lock (flock(1) over Redis) or leading an election
 //	status  show whether a lock is held, on each Redis node
 //	list    list the locks held, on each Redis node
 //	break   end a lock's hold by force and let the first waiter in
@@ -39,7 +39,7 @@ type command struct {
 // commands lists the sub-commands, in the order "netlock help" shows them.
 // To add one, append it here and put its code in its own file.
 var commands = []command{
-	{name: "run", summary: "run a program while holding a lock, like flock(1) over Redis", run: runRun},
+	{name: "run", summary: "run a program while holding a lock (flock(1) over Redis) or leading an election", run: runRun},
 	{name: "status", summary: "show whether a lock is held, on each Redis node", run: runStatus},
 	{name: "list", summary: "list the locks held, on each Redis node", run: runList},
 	{name: "break", summary: "end a lock's hold by force and let the first waiter in", run: runBreak},

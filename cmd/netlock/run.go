@@ -56,17 +56,31 @@ While Redis does not answer (connections refused, a server restarting,
 calls that time out), netlock keeps trying for --expiry,
 or until --wait runs out if that comes first, and then exits with 69.
 
+With --elect, NAME is an election (a netlock.Election, the one "netlock
+leader NAME" shows) and PROGRAM runs while this netlock leads it: a hot
+standby. netlock campaigns with --value (default: host/pid) and waits its
+turn behind the other campaigners, in order of arrival (--wait bounds the
+campaign; without it, netlock waits as long as it takes). Once elected it
+starts PROGRAM with NETLOCK_TOKEN the term, a fencing token that grows with
+every new leader. If the leadership is lost while PROGRAM runs, PROGRAM is
+stopped and netlock exits with 75, as for a lost hold; when PROGRAM exits,
+netlock resigns, and the next campaigner's turn comes at once. Run it under
+a supervisor that restarts it to campaign again. --wait 0 and --min-hold
+do not apply to an election.
+
 Exit status:
 
   PROGRAM's  PROGRAM ran and exited with that status (128+N: killed by signal N)
-  1          the lock is held elsewhere: --wait ran out, or --wait 0 found it
-             held; PROGRAM did not run (the code is --conflict-exit-code's)
+  1          the lock is held elsewhere (--elect: another leads): --wait ran
+             out, or --wait 0 found it held; PROGRAM did not run (the code
+             is --conflict-exit-code's)
   64         bad usage: a bad flag, argument or lock name; PROGRAM did not run
   69         Redis could not be asked: not reachable, not answering, not a
              Redis server, or refusing netlock's commands (a password, a
              permission); PROGRAM did not run and nothing is held
-  75         the hold was lost while PROGRAM ran (or was found lost when
-             releasing it after PROGRAM exited), or --max-time ran out
+  75         the hold (--elect: the leadership) was lost while PROGRAM ran
+             (or was found lost when releasing it after PROGRAM exited), or
+             --max-time ran out
   126, 127   PROGRAM could not be started, or was not found
   128+N      signal N arrived while waiting for the lock; PROGRAM did not run
 
@@ -87,6 +101,8 @@ type runConfig struct {
 	minHold  time.Duration // --min-hold: the lock stays taken that long at least
 	conflict int           // exit code when the lock is busy
 	verbose  bool
+	elect    bool   // --elect: NAME is an election, PROGRAM runs while leading
+	value    string // --elect's leader value
 }
 
 // minExpiry is the shortest --expiry: netlock waits at most a tenth of the
@@ -126,6 +142,8 @@ func parseRunFlags(args []string, stdout, stderr io.Writer) (cfg runConfig, code
 	fs.Var(&durationValue{p: &cfg.minHold}, "min-hold", "keep the lock taken at least `duration` after it was taken, even if the program\nexits sooner, so that it runs at most once per duration on any host (default 0)")
 	fs.Var(&intValue{p: &cfg.conflict, min: 0, max: 255}, "conflict-exit-code", "exit `code` when the lock is held elsewhere, 0 to 255")
 	fs.BoolVar(&cfg.verbose, "v", false, "tell on stderr what netlock does, and while waiting who holds the lock")
+	fs.BoolVar(&cfg.elect, "elect", false, "NAME is an election: campaign to lead it and run the program while leading")
+	fs.StringVar(&cfg.value, "value", "", "with --elect, the leader's `value` that \"netlock leader\" shows (default: host/pid)")
 	bad := func(format string, a ...any) (runConfig, int, bool) {
 		fmt.Fprintf(stderr, "netlock run: "+format+"\n", a...)
 		fmt.Fprintln(stderr, `Run "netlock run --help" for usage.`)
@@ -160,13 +178,38 @@ func parseRunFlags(args []string, stdout, stderr io.Writer) (cfg runConfig, code
 		return bad("empty program name")
 	}
 	cfg.name, cfg.argv = rest[0], rest[2:]
-	fs.Visit(func(f *flag.Flag) { cfg.waitSet = cfg.waitSet || f.Name == "wait" })
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	cfg.waitSet = set["wait"]
+	if msg := cfg.checkElect(set); msg != "" {
+		return bad("%s", msg)
+	}
 	c, err := cf.resolve(os.Getenv)
 	if err != nil {
 		return bad("%v", err)
 	}
 	cfg.conn = c
 	return cfg, exitOK, true
+}
+
+// checkElect returns what is wrong with --elect and the other flags set
+// (their names, as the flag package has them), "" if nothing is.
+func (cfg *runConfig) checkElect(set map[string]bool) string {
+	switch {
+	case !cfg.elect && set["value"]:
+		return "--value is the leader's value of --elect: give --elect too"
+	case !cfg.elect:
+		return ""
+	case set["min-hold"]:
+		return "--min-hold does not apply with --elect: a leader that resigns makes way at once"
+	case cfg.waitSet && cfg.wait == 0:
+		return "--wait 0 does not apply with --elect: a campaign waits its turn; give --wait a duration"
+	case set["value"] && (cfg.value == "" || len(cfg.value) > netlock.MaxLeaderValue):
+		return badValue("--value", cfg.value, fmt.Sprintf("want 1 to %d bytes", netlock.MaxLeaderValue))
+	case !set["value"]:
+		cfg.value = defaultValue()
+	}
+	return ""
 }
 
 // whyLost returns why the hold was lost, once Lost() has closed: the
@@ -191,9 +234,8 @@ type runner struct {
 	// serialized: they come from the goroutine that waits, the one that
 	// reports while waiting (-v), and the library's logger. The program
 	// gets stderr itself, not a pipe.
-	msgs     io.Writer
-	backends []netlock.Backend
-	opts     []netlock.Option // of the NetMutex, for Inspect too
+	msgs io.Writer
+	h    held // the lock's hold, or the election's leadership (--elect)
 	// lostWhy is told why the hold was lost, right after Lost() closes
 	// (see netlock.Observer).
 	lostWhy chan netlock.LostReason
@@ -233,8 +275,8 @@ func (r *runner) logf(format string, a ...any) {
 	}
 }
 
-// run acquires the lock, runs the program under it and releases it. It
-// returns the exit code.
+// run takes the lock (or the leadership), runs the program under it and
+// gives it back. It returns the exit code.
 func (r *runner) run(ctx context.Context) int {
 	cfg := &r.cfg
 	// From here on, INT, TERM and HUP are netlock's to handle: they stop
@@ -246,31 +288,7 @@ func (r *runner) run(ctx context.Context) int {
 
 	pools := cfg.conn.pools()
 	defer closePools(pools)
-	r.backends = backends(pools)
-	r.opts = []netlock.Option{
-		netlock.WithExpiry(cfg.expiry),
-		// A wait rides out Redis not answering for --expiry (runHelp says
-		// so), or until --wait ends it: then LockCtx's error matches
-		// ErrQuorum all the same, so the wait need not bound the window.
-		netlock.WithOutageWindow(cfg.expiry),
-		netlock.WithPrefix(cfg.conn.prefix),
-		netlock.WithLogger(r.logger()),
-	}
-	r.lostWhy = make(chan netlock.LostReason, 1)
-	r.opts = append(r.opts, netlock.WithObserver(netlock.Observer{Lost: func(l netlock.LostHold) {
-		select {
-		case r.lostWhy <- l.Reason:
-		default:
-		}
-	}}))
-	if cfg.maxTime > 0 {
-		r.opts = append(r.opts, netlock.WithMaxHold(cfg.maxTime))
-	}
-	if cfg.minHold > 0 {
-		r.opts = append(r.opts, netlock.WithMinHold(cfg.minHold))
-	}
-	m, err := netlock.New(cfg.name, r.backends, r.opts...)
-	if err != nil {
+	if err := r.newHeld(backends(pools)); err != nil {
 		// The flags are checked already: what is left is the name, which
 		// New checks as Inspect does for status: bad usage.
 		r.errorf("%s", oneLine(err))
@@ -290,16 +308,71 @@ func (r *runner) run(ctx context.Context) int {
 	// So is a server that is not Redis: the wait would take it for one
 	// that does not answer, until --wait or --expiry ran out.
 	if msg := cfg.conn.checkProtocol(ctx, pools, min(netlock.DefaultNodeTimeout, cfg.expiry/10)); msg != "" {
-		r.errorf("cannot take the lock %q: %s", cfg.name, msg)
+		r.errorf("cannot take %s: %s", r.h.what(), msg)
 		return exitUnavailable
 	}
 
 	start := time.Now()
-	sig, err := r.acquire(ctx, m, sigs)
-	switch {
-	case sig != nil:
-		r.errorf("%s while waiting for the lock %q; %s did not run", sigName(sig), cfg.name, cfg.argv[0])
+	sig, err := r.acquire(ctx, sigs)
+	if sig != nil {
+		r.errorf("%s while waiting for %s; %s did not run", sigName(sig), r.h.what(), cfg.argv[0])
 		return exitSignal(sig.(syscall.Signal))
+	}
+	if err != nil {
+		return r.notTaken(ctx, err, start)
+	}
+	r.logf("acquired %s with %s %d after %v", r.h.what(), r.h.tokenName(), r.h.token(), time.Since(start).Round(time.Millisecond))
+	return r.supervise(ctx, sigs)
+}
+
+// newHeld makes r.h on backends: the NetMutex NAME, or with --elect the
+// Election NAME, with the options the flags set. Its error is New's or
+// NewElection's.
+func (r *runner) newHeld(backends []netlock.Backend) error {
+	cfg := &r.cfg
+	opts := []netlock.Option{
+		netlock.WithExpiry(cfg.expiry),
+		// A wait rides out Redis not answering for --expiry (runHelp says
+		// so), or until --wait ends it: then LockCtx's error matches
+		// ErrQuorum all the same, so the wait need not bound the window.
+		netlock.WithOutageWindow(cfg.expiry),
+		netlock.WithPrefix(cfg.conn.prefix),
+		netlock.WithLogger(r.logger()),
+	}
+	r.lostWhy = make(chan netlock.LostReason, 1)
+	opts = append(opts, netlock.WithObserver(netlock.Observer{Lost: func(l netlock.LostHold) {
+		select {
+		case r.lostWhy <- l.Reason:
+		default:
+		}
+	}}))
+	if cfg.maxTime > 0 {
+		opts = append(opts, netlock.WithMaxHold(cfg.maxTime))
+	}
+	if cfg.elect {
+		e, err := netlock.NewElection(cfg.name, backends, opts...)
+		if err != nil {
+			return err
+		}
+		r.h = &leadership{e: e, value: cfg.value}
+		return nil
+	}
+	if cfg.minHold > 0 {
+		opts = append(opts, netlock.WithMinHold(cfg.minHold))
+	}
+	m, err := netlock.New(cfg.name, backends, opts...)
+	if err != nil {
+		return err
+	}
+	r.h = &lockHold{m: m, backends: backends, opts: opts}
+	return nil
+}
+
+// notTaken reports why acquire, which began at start, returned err, and
+// returns the exit code.
+func (r *runner) notTaken(ctx context.Context, err error, start time.Time) int {
+	cfg := &r.cfg
+	switch {
 	case errors.Is(err, errBusy):
 		if r.cfg.verbose {
 			// Who holds it, if Redis still says: it may have been released
@@ -308,41 +381,39 @@ func (r *runner) run(ctx context.Context) int {
 			if state, held := r.holder(ctx); held {
 				who = " " + state
 			}
-			if cfg.wait == 0 {
-				r.logf("the lock %q is held elsewhere%s; %s did not run", cfg.name, who, cfg.argv[0])
+			if cfg.waitSet && cfg.wait == 0 {
+				r.logf("%s is held elsewhere%s; %s did not run", r.h.what(), who, cfg.argv[0])
 			} else {
-				r.logf("gave up waiting for the lock %q after %v: held elsewhere%s; %s did not run", cfg.name, cfg.wait, who, cfg.argv[0])
+				r.logf("gave up waiting for %s after %v: held elsewhere%s; %s did not run", r.h.what(), cfg.wait, who, cfg.argv[0])
 			}
 		}
 		return cfg.conflict
-	case err != nil && ctx.Err() != nil:
-		r.errorf("stopped while waiting for the lock %q: %v", cfg.name, context.Cause(ctx))
+	case ctx.Err() != nil:
+		r.errorf("stopped while waiting for %s: %v", r.h.what(), context.Cause(ctx))
 		return exitInterrupted
-	case err != nil:
-		// Redis could not be asked (err matches ErrQuorum): at once for an
-		// error reply or with --wait 0, else after riding it out.
-		after := ""
-		if !isReply(err) && !(cfg.waitSet && cfg.wait == 0) {
-			after = ", gave up after " + time.Since(start).Round(100*time.Millisecond).String()
-		}
-		r.errorf("cannot take the lock %q%s: %s", cfg.name, after, cfg.conn.failure(err))
-		if h := authHint(err); h != "" {
-			r.errorf("%s", h)
-		}
-		return exitUnavailable
 	}
-	r.logf("acquired the lock %q with fencing token %d after %v", cfg.name, m.Token(), time.Since(start).Round(time.Millisecond))
-	return r.supervise(ctx, m, sigs)
+	// Redis could not be asked (err matches ErrQuorum): at once for an
+	// error reply or with --wait 0, else after riding it out.
+	after := ""
+	if !isReply(err) && !(cfg.waitSet && cfg.wait == 0) {
+		after = ", gave up after " + time.Since(start).Round(100*time.Millisecond).String()
+	}
+	r.errorf("cannot take %s%s: %s", r.h.what(), after, cfg.conn.failure(err))
+	if h := authHint(err); h != "" {
+		r.errorf("%s", h)
+	}
+	return exitUnavailable
 }
 
-// errBusy means the lock was held elsewhere until --wait ran out.
+// errBusy means the lock was held elsewhere until --wait ran out (or, with
+// --elect, another led).
 var errBusy = errors.New("busy")
 
-// acquire takes the lock, once (--wait 0), until --wait runs out, or as long
-// as it takes. A signal from sigs stops it: acquire then returns the signal,
-// with nothing held. Otherwise it returns nil (m is held), errBusy, or the
-// error of LockCtx or TryLockCtx.
-func (r *runner) acquire(ctx context.Context, m *netlock.NetMutex, sigs <-chan os.Signal) (os.Signal, error) {
+// acquire takes r.h, once (--wait 0), until --wait runs out, or as long as
+// it takes. A signal from sigs stops it: acquire then returns the signal,
+// with nothing held. Otherwise it returns nil (r.h is ours), errBusy, or
+// the error of its take.
+func (r *runner) acquire(ctx context.Context, sigs <-chan os.Signal) (os.Signal, error) {
 	sctx, cancel := context.WithCancel(ctx) // cancelled by a signal
 	defer cancel()
 	actx := sctx
@@ -362,9 +433,9 @@ func (r *runner) acquire(ctx context.Context, m *netlock.NetMutex, sigs <-chan o
 		}
 	})
 
-	var err error
-	r.logf("taking the lock %q on Redis at %s", r.cfg.name, r.cfg.conn.where())
-	if r.cfg.verbose && !(r.cfg.waitSet && r.cfg.wait == 0) {
+	try := r.cfg.waitSet && r.cfg.wait == 0
+	r.logf("taking %s on Redis at %s", r.h.what(), r.cfg.conn.where())
+	if r.cfg.verbose && !try {
 		// Who holds it, or that Redis does not answer: once now (before
 		// we could hold it ourselves) and then every waitReportEvery
 		// until the wait ends.
@@ -375,22 +446,14 @@ func (r *runner) acquire(ctx context.Context, m *netlock.NetMutex, sigs <-chan o
 		w.look(actx, nil)
 		wg.Go(func() { w.run(actx, done) })
 	}
-	if r.cfg.waitSet && r.cfg.wait == 0 {
-		var ok bool
-		ok, err = m.TryLockCtx(actx)
-		if err == nil && !ok {
-			err = errBusy
-		}
-	} else {
-		err = m.LockCtx(actx)
-	}
+	err := r.h.take(actx, try)
 	close(done)
 	wg.Wait() // sig is read after the goroutine wrote it
 
 	if sig != nil {
 		if err == nil {
 			// The lock came with the signal: give it back unused.
-			r.release(ctx, m)
+			r.release(ctx)
 		}
 		return sig, nil
 	}
@@ -406,101 +469,126 @@ func (r *runner) acquire(ctx context.Context, m *netlock.NetMutex, sigs <-chan o
 	return nil, err
 }
 
-// supervise runs the program under the held lock m and returns the exit
-// code. It forwards signals, stops the program when the hold is lost, and
-// releases the lock when the program has exited.
-func (r *runner) supervise(ctx context.Context, m *netlock.NetMutex, sigs <-chan os.Signal) int {
+// supervise runs the program while r.h is ours and returns the exit code.
+// It forwards signals, stops the program when r.h is lost, and gives r.h
+// back when the program has exited.
+func (r *runner) supervise(ctx context.Context, sigs <-chan os.Signal) int {
 	cfg := &r.cfg
-	prog := cfg.argv[0]
-	token := m.Token()
-	cmd := exec.Command(prog, cfg.argv[1:]...)
-	cmd.Env = append(os.Environ(), "NETLOCK_NAME="+cfg.name, "NETLOCK_TOKEN="+strconv.FormatUint(token, 10))
+	p := &program{r: r, token: r.h.token(), lost: r.h.lost()}
+	cmd := exec.Command(cfg.argv[0], cfg.argv[1:]...)
+	cmd.Env = append(os.Environ(), "NETLOCK_NAME="+cfg.name, "NETLOCK_TOKEN="+strconv.FormatUint(p.token, 10))
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, r.stdout, r.stderr
-	ownGroup := !hasTerminal()
-	cmd.SysProcAttr = sysProcAttr(ownGroup)
+	p.ownGroup = !hasTerminal()
+	cmd.SysProcAttr = sysProcAttr(p.ownGroup)
 	if err := cmd.Start(); err != nil {
-		r.release(ctx, m)
-		r.errorf("cannot run %s: %v", prog, err)
+		r.release(ctx)
+		r.errorf("cannot run %s: %v", cfg.argv[0], err)
 		return startFailure(err)
 	}
-	r.logf("started %s (pid %d)", prog, cmd.Process.Pid)
-	send := func(sig syscall.Signal) {
-		if err := signalProgram(cmd.Process, ownGroup, sig); err != nil {
-			r.errorf("send %s to %s (pid %d): %v", sigName(sig), prog, cmd.Process.Pid, err)
-		}
-	}
-
-	exited := make(chan struct{})
-	var waitErr error
-	go func() {
-		waitErr = cmd.Wait()
-		close(exited)
-	}()
-
-	lost := m.Lost()
-	ctxDone := ctx.Done()
-	var (
-		lostHold bool
-		kill     *time.Timer
-		killC    <-chan time.Time
-	)
-	for running := true; running; {
-		select {
-		case <-exited:
-			running = false
-		case sig := <-sigs:
-			if sig == syscall.SIGINT && !ownGroup {
-				// The program shares netlock's process group on the
-				// terminal, which sent this SIGINT to both.
-				continue
-			}
-			r.logf("forwarding %s to %s", sigName(sig), prog)
-			send(sig.(syscall.Signal))
-		case <-ctxDone:
-			// Only an in-process caller's context ends (main's never does):
-			// ask the program to stop, as a SIGTERM to netlock would.
-			ctxDone = nil
-			send(syscall.SIGTERM)
-		case <-lost:
-			lost, lostHold = nil, true
-			what := fmt.Sprintf("lost the lock %q (fencing token %d) while %s ran", cfg.name, token, prog)
-			if r.whyLost() == netlock.LostMaxHold {
-				what = fmt.Sprintf("%s ran for --max-time %v: the hold of the lock %q (fencing token %d) ended", prog, cfg.maxTime, cfg.name, token)
-			}
-			if cfg.grace == 0 {
-				r.errorf("%s; killing it", what)
-				send(syscall.SIGKILL)
-				continue
-			}
-			r.errorf("%s; sending SIGTERM, SIGKILL in %v", what, cfg.grace)
-			send(syscall.SIGTERM)
-			kill = time.NewTimer(cfg.grace)
-			killC = kill.C
-		case <-killC:
-			killC = nil
-			r.errorf("%s did not exit within %v of SIGTERM; sending SIGKILL", prog, cfg.grace)
-			send(syscall.SIGKILL)
-		}
-	}
-	if kill != nil {
-		kill.Stop()
-	}
+	p.cmd = cmd
+	r.logf("started %s (pid %d)", cfg.argv[0], cmd.Process.Pid)
+	lostHold := p.wait(ctx, sigs)
 
 	code := exitFailed
 	if ps := cmd.ProcessState; ps != nil {
 		code = exitStatus(ps)
-		r.logf("%s exited: %v", prog, ps)
+		r.logf("%s exited: %v", cfg.argv[0], ps)
 	} else {
-		r.errorf("wait for %s: %v", prog, waitErr)
+		r.errorf("wait for %s: %v", cfg.argv[0], p.waitErr)
 	}
-	if !r.release(ctx, m) && !lostHold {
-		r.errorf("the lock %q (fencing token %d) was lost while %s ran: found when releasing it", cfg.name, token, prog)
+	if !r.release(ctx) && !lostHold {
+		r.errorf("%s (%s %d) was lost while %s ran: found when releasing it", r.h.what(), r.h.tokenName(), p.token, cfg.argv[0])
 		lostHold = true
 	}
 	if lostHold {
 		return exitLost
 	}
 	return code
+}
+
+// A program is the program of one run, started while r.h is ours.
+type program struct {
+	r        *runner
+	cmd      *exec.Cmd
+	ownGroup bool            // it runs in a process group of its own
+	token    uint64          // r.h's, when the program started
+	lost     <-chan struct{} // r.h's
+	waitErr  error           // cmd.Wait's, once it exited
+}
+
+// wait waits for the program to exit, forwarding signals, and stopping it
+// (SIGTERM, SIGKILL after --grace) if r.h is lost meanwhile, which it then
+// reports as true.
+func (p *program) wait(ctx context.Context, sigs <-chan os.Signal) (lost bool) {
+	exited := make(chan struct{})
+	go func() {
+		p.waitErr = p.cmd.Wait()
+		close(exited)
+	}()
+	lostC, ctxDone := p.lost, ctx.Done()
+	var (
+		kill  *time.Timer
+		killC <-chan time.Time
+	)
+	defer func() {
+		if kill != nil {
+			kill.Stop()
+		}
+	}()
+	for {
+		select {
+		case <-exited:
+			return lost
+		case sig := <-sigs:
+			if sig == syscall.SIGINT && !p.ownGroup {
+				// The program shares netlock's process group on the
+				// terminal, which sent this SIGINT to both.
+				continue
+			}
+			p.r.logf("forwarding %s to %s", sigName(sig), p.cmd.Args[0])
+			p.send(sig.(syscall.Signal))
+		case <-ctxDone:
+			// Only an in-process caller's context ends (main's never does):
+			// ask the program to stop, as a SIGTERM to netlock would.
+			ctxDone = nil
+			p.send(syscall.SIGTERM)
+		case <-lostC:
+			lostC, lost = nil, true
+			if kill = p.stop(); kill != nil {
+				killC = kill.C
+			}
+		case <-killC:
+			killC = nil
+			p.r.errorf("%s did not exit within %v of SIGTERM; sending SIGKILL", p.cmd.Args[0], p.r.cfg.grace)
+			p.send(syscall.SIGKILL)
+		}
+	}
+}
+
+// stop says that r.h was lost and stops the program: SIGKILL at once with
+// --grace 0, else SIGTERM, and a timer for the SIGKILL, which it returns.
+func (p *program) stop() *time.Timer {
+	r, prog := p.r, p.cmd.Args[0]
+	what := fmt.Sprintf("lost %s (%s %d) while %s ran", r.h.what(), r.h.tokenName(), p.token, prog)
+	if r.whyLost() == netlock.LostMaxHold {
+		what = fmt.Sprintf("%s ran for --max-time %v: %s (%s %d) ended", prog, r.cfg.maxTime, r.h.hold(), r.h.tokenName(), p.token)
+	}
+	if r.cfg.grace == 0 {
+		r.errorf("%s; killing it", what)
+		p.send(syscall.SIGKILL)
+		return nil
+	}
+	r.errorf("%s; sending SIGTERM, SIGKILL in %v", what, r.cfg.grace)
+	p.send(syscall.SIGTERM)
+	return time.NewTimer(r.cfg.grace)
+}
+
+// send sends sig to the program (to its process group if it has its own),
+// and reports a failure.
+func (p *program) send(sig syscall.Signal) {
+	if err := signalProgram(p.cmd.Process, p.ownGroup, sig); err != nil {
+		p.r.errorf("send %s to %s (pid %d): %v", sigName(sig), p.cmd.Args[0], p.cmd.Process.Pid, err)
+	}
 }
 
 // startFailure is the exit code for a program that could not be started,
@@ -512,19 +600,19 @@ func startFailure(err error) int {
 	return exitNoExec
 }
 
-// release unlocks m and reports whether the hold was still ours: false if
-// it had been lost. A release that could not reach Redis is reported; the key
-// then expires on its own within --expiry.
-func (r *runner) release(ctx context.Context, m *netlock.NetMutex) (held bool) {
+// release gives r.h back and reports whether it was still ours: false if
+// it had been lost. A release that could not reach Redis is reported; the
+// key then expires on its own within --expiry.
+func (r *runner) release(ctx context.Context) (held bool) {
 	// Detached: the release must happen even when ctx has ended. UnlockCtx
-	// bounds it by the node timeout.
-	switch err := m.UnlockCtx(context.WithoutCancel(ctx)); {
-	case errors.Is(err, netlock.ErrLockLost):
+	// and Resign bound it by the node timeout.
+	switch err := r.h.release(context.WithoutCancel(ctx)); {
+	case errors.Is(err, netlock.ErrLockLost), errors.Is(err, netlock.ErrNotLeader):
 		return false
 	case err != nil:
-		r.errorf("cannot release the lock %q (it expires within %v): %s", r.cfg.name, r.cfg.expiry, r.cfg.conn.errText(err))
+		r.errorf("cannot release %s (it expires within %v): %s", r.h.what(), r.cfg.expiry, r.cfg.conn.errText(err))
 	default:
-		r.logf("released the lock %q", r.cfg.name)
+		r.logf("released %s", r.h.what())
 	}
 	return true
 }

@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -509,6 +511,11 @@ func TestRunBadInput(t *testing.T) {
 		{[]string{"--user", "bob"}, true, "--user bob needs the password in $NETLOCK_PASSWORD"},
 		{[]string{"--no-such-flag"}, true, "unknown flag --no-such-flag"},
 		{[]string{"-no-such-flag"}, true, "unknown flag --no-such-flag"},
+		{[]string{"--elect", "--min-hold", "1s"}, true, "--min-hold does not apply with --elect"},
+		{[]string{"--elect", "--wait", "0"}, true, "--wait 0 does not apply with --elect"},
+		{[]string{"--value", "10.0.0.1"}, true, "--value is the leader's value of --elect: give --elect too"},
+		{[]string{"--elect", "--value", ""}, true, `invalid value "" for --value: want 1 to 4096 bytes`},
+		{[]string{"--elect", "--value", strings.Repeat("v", 4097)}, true, `for --value: want 1 to 4096 bytes`},
 		{[]string{"--redis", "redis://alice:hunter2@127.0.0.1:1/x"}, true, `invalid value "redis://alice:xxxxx@127.0.0.1:1/x" for --redis: database "x" is not a number`},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
@@ -801,5 +808,160 @@ func TestRunMinHold(t *testing.T) {
 	}
 	if took := time.Since(begun); took < time.Second {
 		t.Errorf("the second program ran %v after the first run began, within --min-hold 1s", took)
+	}
+}
+
+// electScript is a program for the --elect tests: it writes its
+// NETLOCK_NAME and NETLOCK_TOKEN to the file $1, then runs until the file
+// $2 exists (then exits 3) or it gets SIGTERM (then appends "got TERM" to
+// $1 and exits 5).
+const electScript = `trap 'echo "got TERM" >> "$1"; exit 5' TERM
+echo "$NETLOCK_NAME $NETLOCK_TOKEN" > "$1"
+while [ ! -e "$2" ]; do sleep 0.05; done
+exit 3`
+
+// electTerm waits until the electScript that writes to out has started, and
+// returns the term it was given; it checks the name too.
+func electTerm(t *testing.T, out, name string) uint64 {
+	t.Helper()
+	waitFor(t, "the program to start", func() bool { return strings.HasSuffix(readFile(t, out), "\n") })
+	first, _, _ := strings.Cut(readFile(t, out), "\n")
+	f := strings.Fields(first)
+	if len(f) != 2 || f[0] != name {
+		t.Fatalf("the program wrote %q, want its NETLOCK_NAME %s and NETLOCK_TOKEN", first, name)
+	}
+	term, err := strconv.ParseUint(f[1], 10, 64)
+	if err != nil || term == 0 {
+		t.Fatalf("NETLOCK_TOKEN %q, want a term", f[1])
+	}
+	return term
+}
+
+// touch creates the file path.
+func touch(t *testing.T, path string) {
+	t.Helper()
+	if err := os.WriteFile(path, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRunElectHandOver: two standbys of one election: the first elected
+// runs its program while the second waits; a third that gives up after
+// --wait exits with the conflict code; when the first program exits,
+// netlock exits with its status and resigns, and the second is elected at
+// once (well within --expiry) with a greater term and runs its program.
+func TestRunElectHandOver(t *testing.T) {
+	s := redistest.Start(t)
+	dir := t.TempDir()
+	leader := func() (int, string) {
+		code, stdout, _ := runCmd(t, t.Context(), "leader", "--redis", s.Addr(), "jobs")
+		return code, stdout
+	}
+	run := func(value string) (p *proc, out, stop string) {
+		out, stop = filepath.Join(dir, value+".out"), filepath.Join(dir, value+".stop")
+		p = startNetlock(t, nil, "run", "-v", "--elect", "--value", value, "--expiry", "30s", "--redis", s.Addr(), "jobs", "--", "sh", "-c", electScript, "sh", out, stop)
+		return p, out, stop
+	}
+	first, out1, stop1 := run("first")
+	term1 := electTerm(t, out1, "jobs")
+	second, out2, stop2 := run("second")
+	waitFor(t, "the second to campaign", func() bool {
+		return strings.Contains(second.stderr.String(), `the leadership of "jobs" is held elsewhere (leader "first", term `+strconv.FormatUint(term1, 10)+`); waiting`)
+	})
+	if code, stdout := leader(); code != exitOK || !strings.Contains(stdout, `leader "first"`) {
+		t.Errorf("netlock leader: exit %d, %q; want the first leading", code, stdout)
+	}
+	marker := filepath.Join(dir, "third")
+	if code, _, _ := runNetlock(t, nil, "run", "--elect", "--wait", "200ms", "--redis", s.Addr(), "jobs", "--", "touch", marker); code != exitConflict || exists(marker) {
+		t.Errorf("a third with --wait 200ms: exit %d (want %d), its program ran: %v", code, exitConflict, exists(marker))
+	}
+	if exists(out2) {
+		t.Fatal("the second program runs while the first leads")
+	}
+
+	handOver := time.Now()
+	touch(t, stop1)
+	if code := first.wait(); code != 3 {
+		t.Errorf("the first netlock: exit %d, want its program's 3", code)
+	}
+	term2 := electTerm(t, out2, "jobs")
+	if took := time.Since(handOver); took > 10*time.Second {
+		t.Errorf("the second was elected %v after the first program exited: not by the resign (--expiry 30s)", took)
+	}
+	if term2 <= term1 {
+		t.Errorf("the second's term %d, want more than the first's %d", term2, term1)
+	}
+	if code, stdout := leader(); code != exitOK || !strings.Contains(stdout, `leader "second"`) {
+		t.Errorf("netlock leader: exit %d, %q; want the second leading", code, stdout)
+	}
+	touch(t, stop2)
+	if code := second.wait(); code != 3 {
+		t.Errorf("the second netlock: exit %d, want its program's 3", code)
+	}
+	if code, stdout := leader(); code != exitNoLeader {
+		t.Errorf("netlock leader after both exited: exit %d, %q; want %d, no leader", code, stdout, exitNoLeader)
+	}
+}
+
+// TestRunElectFailover: when the leader's netlock dies (SIGKILL), its
+// leadership expires after --expiry and the standby is elected and runs its
+// program; the dead leader's program gets SIGTERM (Linux).
+func TestRunElectFailover(t *testing.T) {
+	s := redistest.Start(t)
+	dir := t.TempDir()
+	out1, out2 := filepath.Join(dir, "first.out"), filepath.Join(dir, "second.out")
+	first := startNetlock(t, nil, "run", "--elect", "--expiry", "1s", "--redis", s.Addr(), "jobs", "--", "sh", "-c", electScript, "sh", out1, filepath.Join(dir, "stop1"))
+	term1 := electTerm(t, out1, "jobs")
+	stop2 := filepath.Join(dir, "stop2")
+	second := startNetlock(t, nil, "run", "--elect", "--expiry", "1s", "--redis", s.Addr(), "jobs", "--", "sh", "-c", electScript, "sh", out2, stop2)
+	if err := first.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-first.done
+	if term2 := electTerm(t, out2, "jobs"); term2 <= term1 {
+		t.Errorf("the standby's term %d, want more than the dead leader's %d", term2, term1)
+	}
+	if runtime.GOOS == "linux" {
+		waitFor(t, "the dead leader's program to get SIGTERM", func() bool { return strings.Contains(readFile(t, out1), "got TERM") })
+	}
+	touch(t, stop2)
+	if code := second.wait(); code != 3 {
+		t.Errorf("the standby: exit %d, want its program's 3", code)
+	}
+}
+
+// TestRunElectLost: when the leadership is lost while the program runs
+// (the election's lock key deleted), or --max-time ends it, the program gets
+// SIGTERM and netlock exits with 75, as for a lost lock.
+func TestRunElectLost(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		flags []string
+		lose  bool   // delete the election's lock key once the program runs
+		said  string // what netlock says, with %d for the term
+	}{
+		{"key deleted", nil, true, `netlock run: lost the leadership of "jobs" (term %d) while sh ran; sending SIGTERM, SIGKILL in 10s`},
+		{"--max-time", []string{"--max-time", "1s"}, false, `netlock run: sh ran for --max-time 1s: the leadership of "jobs" (term %d) ended; sending SIGTERM, SIGKILL in 10s`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := redistest.Start(t)
+			dir := t.TempDir()
+			out := filepath.Join(dir, "out")
+			args := append([]string{"run", "--elect", "--expiry", "1s", "--redis", s.Addr()}, tc.flags...)
+			p := startNetlock(t, nil, append(args, "jobs", "--", "sh", "-c", electScript, "sh", out, filepath.Join(dir, "stop"))...)
+			term := electTerm(t, out, "jobs")
+			if tc.lose {
+				redisDo(t, s, "DEL", keyspace.Election("netlock:", "jobs").Lock)
+			}
+			if code := p.wait(); code != exitLost {
+				t.Errorf("exit %d, want %d", code, exitLost)
+			}
+			if !strings.HasSuffix(readFile(t, out), "got TERM\n") {
+				t.Errorf("the program wrote %q, want it to end with got TERM", readFile(t, out))
+			}
+			if want := fmt.Sprintf(tc.said, term); !strings.Contains(p.stderr.String(), want) {
+				t.Errorf("stderr does not say %q", want)
+			}
+		})
 	}
 }

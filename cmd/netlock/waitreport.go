@@ -2,15 +2,13 @@ package main
 
 import (
 	"context"
-	"strconv"
 	"time"
-
-	"github.com/netlock-go/netlock"
 )
 
 // A waitReport tells, for "run -v", what netlock sees while it waits for
-// the lock: who holds it, or that Redis does not answer and until when
-// netlock keeps trying. It looks with netlock.Inspect, beside the wait.
+// the lock (or the leadership): who holds it, or that Redis does not answer
+// and until when netlock keeps trying. It looks with netlock.Inspect (or
+// Election.Leader), beside the wait.
 type waitReport struct {
 	r        *runner
 	start    time.Time // of the wait
@@ -41,7 +39,7 @@ func (w *waitReport) run(ctx context.Context, done <-chan struct{}) {
 // not answer; later ones say also that netlock still waits.
 func (w *waitReport) look(ctx context.Context, done <-chan struct{}) {
 	r := w.r
-	info, err := netlock.Inspect(ctx, r.cfg.name, r.backends, r.opts...)
+	who, held, err := r.h.holder(ctx)
 	if d, ok := ctx.Deadline(); ctx.Err() != nil || ok && !time.Now().Before(d) {
 		// The wait ended, and may have cut the look short: what it found
 		// says nothing of Redis. (ctx's deadline may have passed a moment
@@ -66,37 +64,37 @@ func (w *waitReport) look(ctx context.Context, done <-chan struct{}) {
 		}
 		still := ""
 		if done != nil {
-			still = "still waiting for the lock " + strconv.Quote(r.cfg.name) + " after " + now.Sub(w.start).Round(time.Millisecond).String() + ": "
+			still = "still waiting for " + r.h.what() + " after " + now.Sub(w.start).Round(time.Millisecond).String() + ": "
 		}
 		r.logf("%s%s; retrying until %s at the latest", still, r.cfg.conn.failure(err), until.Format(time.TimeOnly))
 		return
 	}
 	w.down = time.Time{}
 	switch {
-	case done == nil && info.Held:
+	case done == nil && held:
 		upTo := ""
 		if !w.deadline.IsZero() {
 			upTo = " up to " + r.cfg.wait.String()
 		}
-		r.logf("the lock %q is held elsewhere (%s); waiting%s", r.cfg.name, holdText(info), upTo)
+		r.logf("%s is held elsewhere (%s); waiting%s", r.h.what(), who, upTo)
 	case done == nil:
-	case info.Held:
-		r.logf("still waiting for the lock %q after %v: held elsewhere (%s)", r.cfg.name, now.Sub(w.start).Round(time.Millisecond), holdText(info))
+	case held:
+		r.logf("still waiting for %s after %v: held elsewhere (%s)", r.h.what(), now.Sub(w.start).Round(time.Millisecond), who)
 	default:
-		r.logf("still waiting for the lock %q after %v: free at this moment", r.cfg.name, now.Sub(w.start).Round(time.Millisecond))
+		r.logf("still waiting for %s after %v: free at this moment", r.h.what(), now.Sub(w.start).Round(time.Millisecond))
 	}
 }
 
-// holder says, for a message, who holds the lock: "(fencing token 7, TTL
-// 9.5s)", with held true; or that it is free, or why that cannot be told.
-// It asks Redis (netlock.Inspect), within the node timeout.
+// holder says, for a message, who holds the lock (or leads): "(fencing
+// token 7, TTL 9.5s)", with held true; or that it is free, or why that
+// cannot be told. It asks Redis, within the node timeout.
 func (r *runner) holder(ctx context.Context) (state string, held bool) {
-	info, err := netlock.Inspect(ctx, r.cfg.name, r.backends, r.opts...)
+	who, held, err := r.h.holder(ctx)
 	switch {
 	case err != nil:
 		return "who holds it cannot be told: " + r.cfg.conn.failure(err), false
-	case info.Held:
-		return "(" + holdText(info) + ")", true
+	case held:
+		return "(" + who + ")", true
 	}
 	return "free at this moment", false
 }
