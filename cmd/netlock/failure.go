@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/gomodule/redigo/redis"
+
+	"github.com/netlock-go/netlock"
 )
 
 // How the commands word what went wrong with Redis.
@@ -109,7 +111,7 @@ func (c *conn) errText(err error) string {
 // Redis server", or "answered with an error" (an error reply: NOAUTH,
 // WRONGTYPE, ...); a quorum's error names each node that failed, and how.
 func (c *conn) failure(err error) string {
-	s := c.errText(err)
+	s := c.errText(quorumPart(err))
 	if len(c.nodes) > 1 {
 		return "Redis at " + c.where() + ": " + s
 	}
@@ -121,6 +123,26 @@ func (c *conn) failure(err error) string {
 		return "Redis at " + name + " answered with an error: " + s
 	}
 	return "Redis at " + name + " not answering: " + s
+}
+
+// quorumPart returns, of an error that joins the context's (a wait that
+// ran out while an attempt was on its way) to the nodes' (matching
+// netlock.ErrQuorum), the nodes' part; otherwise err.
+func quorumPart(err error) error {
+	joined, ok := err.(interface{ Unwrap() []error })
+	if !ok || errors.Is(err, netlock.ErrNotObtained) {
+		return err
+	}
+	var nodes []error
+	for _, e := range joined.Unwrap() {
+		if errors.Is(e, netlock.ErrQuorum) {
+			nodes = append(nodes, e)
+		}
+	}
+	if len(nodes) != 1 || nodes[0] == netlock.ErrQuorum {
+		return err // err is the nodes' error itself
+	}
+	return nodes[0]
 }
 
 // isReply reports whether err is, or wraps, an error reply of a server

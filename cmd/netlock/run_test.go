@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -549,19 +548,6 @@ func TestRunBadInput(t *testing.T) {
 			}
 		})
 	}
-}
-
-// closedPort returns a loopback address where nothing listens: connections
-// to it are refused.
-func closedPort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close() // nothing listens there now
-	return addr
 }
 
 // TestRunUnreachable: a Redis that refuses connections is reported with
