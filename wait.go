@@ -3,6 +3,7 @@ package netlock
 import (
 	"context"
 	"crypto/rand"
+	"log/slog"
 	mrand "math/rand/v2"
 	"strconv"
 	"strings"
@@ -138,6 +139,9 @@ func (w *waiter) run(ctx context.Context) (bool, error) {
 			}
 			return false, w.ended(o.err)
 		case failed:
+			// A client closed meanwhile fails its calls at once: the
+			// waiter may still be in the queue, and its Hub listening.
+			w.leaveClosed(ctx)
 			return false, o.err
 		case down:
 			if err := w.rideOut(ctx, o.err); err != nil {
@@ -284,7 +288,7 @@ func (w *waiter) await(ctx context.Context, o outcome) (grant, error) {
 		return grant{}, err
 	}
 	if g, ok := w.granted(ctx, payload); ok {
-		return g, nil
+		return g, w.unkept(ctx)
 	}
 	// Our turn: a release named us (a grant for another call of this
 	// NetMutex, or a failed connection, is not our turn, only a reason to
@@ -325,9 +329,95 @@ func (w *waiter) granted(ctx context.Context, payload string) (grant, bool) {
 	if w.joined.IsZero() || m.clk.Until(until) < m.cfg.expiry/extendsPerExpiry {
 		return grant{}, false
 	}
+	if w.deadWatch() {
+		// The connection the message came on has failed since, maybe
+		// with its client, closed (see Listener): not taken here, as the
+		// client may not keep it. The next attempt adopts it if it can.
+		return grant{}, false
+	}
 	g := grant{value: value, token: token, start: w.joined, until: until}
 	m.kind.messageGrant(&g)
 	return g, true
+}
+
+// A closable is a Backend whose client may be closed while its Hub's
+// connection lives on, unknown to the Hub: a redigo pool's Close closes no
+// connection dialed outside the pool, and rueidis's Close no dedicated
+// connection in use. A release then still counts the closed client's
+// waiter, and may grant it the lock by message. (go-redis closes its
+// pub/sub connections with the client: the release that comes next counts
+// nobody for its waiters and passes the turn on in its own script.) So a
+// waiter granted the lock by message asks such a Backend whether its
+// client is closed before it takes the grant; if it is, the waiter passes
+// the grant on over a connection that outlived the client, closes the Hub,
+// and fails (see leaveClosed).
+//
+// Why there: neither client says when it is closed, and neither can be
+// asked but by a call. Asked at the grant, both answer without a round
+// trip while they are open (rueidis always; redigo when the pool has an
+// idle connection, as it has right after the waiter's own attempt), where
+// confirming each grant by a call would cost a round trip per grant, and
+// watching the client (a subscription on rueidis's pipelined connection,
+// which its Close closes) would change the connection that every other
+// call of the application uses, and which some servers (miniredis) then
+// refuse scripts on.
+type closable interface {
+	// closed returns the client's error if it has been closed, nil if
+	// not, bounded by ctx.
+	closed(ctx context.Context) error
+	// evalClosed runs s as Eval does, on a connection that outlives the
+	// closed client: redigo dials one with the pool's Dial function;
+	// rueidis uses the Hub's connection that listens on channel, whose
+	// subscriptions it drops.
+	evalClosed(ctx context.Context, channel string, s *Script, keys, args []string) ([]int64, error)
+}
+
+// unkept returns nil if m's client can keep the lock a release granted the
+// waiter by message. If the client was closed while the waiter waited, it
+// passes the grant on to the next waiter (see leaveClosed) and returns an
+// error naming the node, which matches ErrQuorum: the waiter fails rather
+// than hold a lock it could neither extend nor release.
+func (w *waiter) unkept(ctx context.Context) error {
+	err := w.leaveClosed(ctx)
+	if err == nil {
+		return nil
+	}
+	w.queued = false // left: done has nothing to leave
+	return &quorumError{nodes: len(w.m.nodes), need: w.m.quorum, errs: []error{err}}
+}
+
+// leaveClosed looks for the nodes whose client has been closed (see
+// closable). On each, it leaves the waiters' queue (lua/leave.lua), over a
+// connection that outlives the client, passing on a grant a release made
+// to the waiter meanwhile; and it closes the node's Hub, so that the
+// releases to come count none of the client's waiters. It returns the
+// first closed node's error, nil if no client was closed.
+func (w *waiter) leaveClosed(ctx context.Context) error {
+	m := w.m
+	var first error
+	for i, b := range m.nodes {
+		c, ok := b.(closable)
+		if !ok || m.hubs[i] == nil {
+			continue
+		}
+		bound, cancel := context.WithTimeout(detached(ctx), m.cfg.nodeTimeout)
+		if err := c.closed(bound); err != nil {
+			if w.queued {
+				s, keys, args := m.kind.leaveCall(w.ask().member)
+				if _, lerr := c.evalClosed(bound, m.waitChan, m.script(i, s), keys, args); lerr != nil {
+					if l := m.log(ctx, slog.LevelWarn); l != nil {
+						l.LogAttrs(ctx, slog.LevelWarn, "netlock: a waiter of a closed client could not leave the queue; a grant to it expires", m.lockAttr(), slog.Int("node", i), errAttr(lerr))
+					}
+				}
+			}
+			m.hubs[i].clientClosed()
+			if first == nil {
+				first = nodeError(i, err)
+			}
+		}
+		cancel()
+	}
+	return first
 }
 
 // ttlJitter: a waiter wakes at the holder's TTL plus up to a sixteenth of

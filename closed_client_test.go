@@ -1,0 +1,178 @@
+package netlock
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/gomodule/redigo/redis"
+	"github.com/redis/rueidis"
+)
+
+// Tests of a waiter whose client is closed while it waits (DESIGN §9): its
+// call fails with an error matching ErrQuorum, never holding a grant it
+// could neither extend nor release, and the release's turn goes on to the
+// next waiter at once, not after the expiry.
+//
+// Two ways lead there. A go-redis client takes its Hub's connection down
+// with it, so the release counts nobody for the closed client's waiter and
+// grants the next one in its own script. A redigo pool or a rueidis client
+// leaves the Hub's connection listening (one dialed outside the pool, a
+// dedicated connection), so the release grants the closed client's
+// waiter, which finds its client closed and passes the grant on.
+
+// closableBackend returns a Backend on a client of its own and the
+// function that closes the client, which the test may call before it ends.
+func closableBackend(t *testing.T, client, addr string) (Backend, func()) {
+	t.Helper()
+	switch client {
+	case "redigo":
+		pool := &redis.Pool{
+			MaxIdle: 16,
+			DialContext: func(ctx context.Context) (redis.Conn, error) {
+				return redis.DialContext(ctx, "tcp", addr)
+			},
+		}
+		t.Cleanup(func() { pool.Close() })
+		return NewRedigo(pool), func() { pool.Close() }
+	case "rueidis":
+		c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: true, ForceSingleClient: true})
+		if err != nil {
+			t.Fatalf("rueidis.NewClient(%s): %v", addr, err)
+		}
+		t.Cleanup(c.Close)
+		return NewRueidis(c), c.Close
+	}
+	open := registeredClient(client)
+	if open == nil {
+		t.Fatalf("unknown client %q", client)
+	}
+	b, closeClient, err := open(TestClientConfig{Addr: addr})
+	if err != nil {
+		t.Fatalf("%s client on %s: %v", client, addr, err)
+	}
+	t.Cleanup(closeClient)
+	return b, closeClient
+}
+
+// closedWait is one run of the scene every test here plays: a holder
+// holds; waiter 1, on a client of its own, waits, and waiter 2 waits behind
+// it; waiter 1's client is closed; the holder lets go.
+type closedWait struct {
+	e        *env
+	backend1 Backend // waiter 1's
+	queue    string  // the waiters' queue key, where both waiters line up
+	channel  string  // waiter 1's release channel
+	lock1    func(context.Context) error
+	lock2    func(context.Context) error
+	unlock   func() error // the holder's
+	close1   func()       // closes waiter 1's client
+}
+
+// closedWaitExpiry is the expiry of every lock here: waiter 2 must be in
+// long before it.
+const closedWaitExpiry = 8 * time.Second
+
+// run plays the scene and checks its end: waiter 1 fails with an error
+// matching ErrQuorum, and waiter 2 holds well within the expiry.
+func (c closedWait) run(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*closedWaitExpiry)
+	defer cancel()
+	queued := func(n int) func() bool {
+		return func() bool {
+			got, _ := redis.Int(c.e.do(t, "ZCARD", c.queue), nil)
+			return got == n
+		}
+	}
+	r1, r2 := make(chan error, 1), make(chan error, 1)
+	go func() { r1 <- c.lock1(ctx) }()
+	eventually(t, 5*time.Second, "waiter 1 queued", queued(1))
+	go func() { r2 <- c.lock2(ctx) }()
+	eventually(t, 5*time.Second, "waiter 2 queued", queued(2))
+
+	c.close1()
+	if _, passesOn := c.backend1.(closable); !passesOn {
+		// The client's Listener fails with it (go-redis): once the server
+		// has seen the connection go, a release counts nobody for
+		// waiter 1. One that came sooner would grant it the lock, which
+		// would expire.
+		eventually(t, 5*time.Second, "waiter 1's listener gone", func() bool {
+			v, _ := redis.Values(c.e.do(t, "PUBSUB", "NUMSUB", c.channel), nil)
+			n, _ := redis.Int(v[1], nil)
+			return n == 0
+		})
+	}
+	start := time.Now()
+	if err := c.unlock(); err != nil {
+		t.Fatalf("holder's unlock: %v", err)
+	}
+	select {
+	case err := <-r1:
+		if !errors.Is(err, ErrQuorum) || errors.Is(err, ErrNotObtained) {
+			t.Fatalf("waiter 1 on the closed client: got %v; want an error matching ErrQuorum, not ErrNotObtained", err)
+		}
+	case <-time.After(closedWaitExpiry / 2):
+		t.Fatalf("waiter 1 on the closed client: no return within %v of the release", closedWaitExpiry/2)
+	}
+	select {
+	case err := <-r2:
+		if err != nil {
+			t.Fatalf("waiter 2: %v", err)
+		}
+		if took := time.Since(start); took > closedWaitExpiry/4 {
+			t.Fatalf("waiter 2 held %v after the release; want well within the expiry %v", took, closedWaitExpiry)
+		}
+	case <-time.After(closedWaitExpiry / 4):
+		t.Fatalf("waiter 2: not holding within %v of the release (expiry %v)", closedWaitExpiry/4, closedWaitExpiry)
+	}
+}
+
+func TestClosedClientWaiterFails(t *testing.T) {
+	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
+		const name = "closed"
+		holder, w2 := e.newMutex(t, name), e.newMutex(t, name)
+		b1, close1 := closableBackend(t, e.client, e.addr)
+		w1, err := New(name, []Backend{b1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustLock(t, holder)
+		closedWait{
+			e: e, backend1: b1, queue: "netlock:{" + name + "}:waiters", channel: w1.waitChan,
+			lock1: w1.LockCtx, lock2: w2.LockCtx,
+			unlock: func() error { return holder.UnlockCtx(context.Background()) },
+			close1: close1,
+		}.run(t)
+		mustUnlock(t, w2)
+	})
+}
+
+func TestClosedClientRWWaiterFails(t *testing.T) {
+	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
+		const name = "closedrw"
+		newRW := func(b Backend) *NetRWMutex {
+			rw, err := NewRW(name, []Backend{b})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return rw
+		}
+		holder, w2 := newRW(e.backend(t)), newRW(e.backend(t))
+		b1, close1 := closableBackend(t, e.client, e.addr)
+		w1 := newRW(b1)
+		if err := holder.LockCtx(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		closedWait{
+			e: e, backend1: b1, queue: "netlock:{" + name + "}:rw:writers", channel: w1.w.waitChan,
+			lock1: w1.LockCtx, lock2: w2.LockCtx,
+			unlock: func() error { return holder.UnlockCtx(context.Background()) },
+			close1: close1,
+		}.run(t)
+		if err := w2.UnlockCtx(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
