@@ -78,10 +78,8 @@ func rueidisEval(ctx context.Context, c rueidis.CoreClient, s *Script, keys, arg
 // look at, and the context's error from an open one, before anything is
 // sent.
 func (b *rueidisBackend) closed(context.Context) error {
-	ended, cancel := context.WithCancel(context.Background())
-	cancel()
 	c := b.client
-	err := c.Receive(ended, c.B().Subscribe().Channel(closedProbe).Build(), func(rueidis.PubSubMessage) {})
+	err := c.Receive(endedCtx, c.B().Subscribe().Channel(closedProbe).Build(), func(rueidis.PubSubMessage) {})
 	if errors.Is(err, rueidis.ErrClosing) {
 		return err
 	}
@@ -91,6 +89,13 @@ func (b *rueidisBackend) closed(context.Context) error {
 // closedProbe is the channel closed names to Receive; nothing is ever
 // subscribed to it.
 const closedProbe = "netlock:closed-probe"
+
+// endedCtx is a context that has ended, for closed.
+var endedCtx = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
 
 // evalClosed runs s, as Eval does, on the Hub's connection that listens on
 // channel: rueidis's Close does not close a dedicated connection in use, so

@@ -3,9 +3,12 @@ package netlock
 import (
 	"context"
 	"errors"
+	"maps"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/gomodule/redigo/redis"
 	"github.com/redis/rueidis"
 )
@@ -175,4 +178,78 @@ func TestClosedClientRWWaiterFails(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// TestClosedProbeSendsNothing: asking an open client whether it is closed,
+// as a waiter does at every grant by message, sends no command (rueidis;
+// redigo with an idle connection in the pool).
+func TestClosedProbeSendsNothing(t *testing.T) {
+	forEachEnv(t, realOnly, func(t *testing.T, e *env) {
+		c, ok := e.backend(t).(closable)
+		if !ok {
+			t.Skipf("%s: its Listener fails with its client; nothing to ask", e.client)
+		}
+		ctx := context.Background()
+		if _, err := c.(Backend).Eval(ctx, probeScript, nil, nil); err != nil {
+			t.Fatal(err) // a connection dialed, and idle
+		}
+		before := callsPerCommand(t, e)
+		for range 100 {
+			if err := c.closed(ctx); err != nil {
+				t.Fatalf("closed on an open client: %v", err)
+			}
+		}
+		if after := callsPerCommand(t, e); !maps.Equal(before, after) {
+			t.Fatalf("commands run by 100 probes: got %v, then %v; want none", before, after)
+		}
+	})
+}
+
+// probeScript is a script that does nothing: a call that leaves a
+// connection idle in a pool.
+var probeScript = newScript("probe", "return {1}")
+
+// callsPerCommand returns the server's count of calls per command, from INFO
+// commandstats, but for INFO itself and PING (rueidis pings idle
+// connections).
+func callsPerCommand(t *testing.T, e *env) map[string]string {
+	t.Helper()
+	info, err := redis.String(e.do(t, "INFO", "commandstats"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := map[string]string{}
+	for line := range strings.Lines(info) {
+		name, rest, ok := strings.Cut(strings.TrimPrefix(line, "cmdstat_"), ":calls=")
+		if !ok || name == "info" || name == "ping" {
+			continue
+		}
+		calls[name], _, _ = strings.Cut(rest, ",")
+	}
+	return calls
+}
+
+// BenchmarkClosedProbe measures what a waiter granted the lock by message
+// pays to ask an open client whether it is closed.
+//
+//	go test -run '^$' -bench ClosedProbe -benchmem .
+func BenchmarkClosedProbe(b *testing.B) {
+	for _, client := range testClients() {
+		b.Run(client, func(b *testing.B) {
+			c, ok := newBackend(b, client, miniredis.RunT(b).Addr()).(closable)
+			if !ok {
+				b.Skip("not closable")
+			}
+			ctx := context.Background()
+			if _, err := c.(Backend).Eval(ctx, probeScript, nil, nil); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := c.closed(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }
