@@ -71,17 +71,30 @@ type closedWait struct {
 	lock2    func(context.Context) error
 	unlock   func() error // the holder's
 	close1   func()       // closes waiter 1's client
+	// attemptFirst: the holder lets go only after waiter 1 has failed,
+	// which it does at its next attempt (when the holder's TTL has run
+	// out of its wait, or its pub/sub connection closed with the
+	// client): it must have left the queue, and its Hub stopped
+	// listening, so that the release passes it over.
+	attemptFirst bool
 }
 
-// closedWaitExpiry is the expiry of every lock here: waiter 2 must be in
-// long before it.
-const closedWaitExpiry = 8 * time.Second
+// closedWaitExpiry is the expiry of every lock here (but with
+// attemptFirst, closedAttemptExpiry): waiter 2 must be in long before it.
+const (
+	closedWaitExpiry    = 8 * time.Second
+	closedAttemptExpiry = time.Second
+)
 
 // run plays the scene and checks its end: waiter 1 fails with an error
 // matching ErrQuorum, and waiter 2 holds well within the expiry.
 func (c closedWait) run(t *testing.T) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*closedWaitExpiry)
+	expiry := closedWaitExpiry
+	if c.attemptFirst {
+		expiry = closedAttemptExpiry
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	queued := func(n int) func() bool {
 		return func() bool {
@@ -96,7 +109,14 @@ func (c closedWait) run(t *testing.T) {
 	eventually(t, 5*time.Second, "waiter 2 queued", queued(2))
 
 	c.close1()
-	if _, passesOn := c.backend1.(closable); !passesOn {
+	if c.attemptFirst {
+		select {
+		case err := <-r1:
+			r1 <- err // checked below
+		case <-time.After(3 * expiry):
+			t.Fatalf("waiter 1 on the closed client: no return within %v", 3*expiry)
+		}
+	} else if _, passesOn := c.backend1.(closable); !passesOn {
 		// The client's Listener fails with it (go-redis): once the server
 		// has seen the connection go, a release counts nobody for
 		// waiter 1. One that came sooner would grant it the lock, which
@@ -116,19 +136,19 @@ func (c closedWait) run(t *testing.T) {
 		if !errors.Is(err, ErrQuorum) || errors.Is(err, ErrNotObtained) {
 			t.Fatalf("waiter 1 on the closed client: got %v; want an error matching ErrQuorum, not ErrNotObtained", err)
 		}
-	case <-time.After(closedWaitExpiry / 2):
-		t.Fatalf("waiter 1 on the closed client: no return within %v of the release", closedWaitExpiry/2)
+	case <-time.After(expiry / 2):
+		t.Fatalf("waiter 1 on the closed client: no return within %v of the release", expiry/2)
 	}
 	select {
 	case err := <-r2:
 		if err != nil {
 			t.Fatalf("waiter 2: %v", err)
 		}
-		if took := time.Since(start); took > closedWaitExpiry/4 {
-			t.Fatalf("waiter 2 held %v after the release; want well within the expiry %v", took, closedWaitExpiry)
+		if took := time.Since(start); took > expiry/2 {
+			t.Fatalf("waiter 2 held %v after the release; want well within the expiry %v", took, expiry)
 		}
-	case <-time.After(closedWaitExpiry / 4):
-		t.Fatalf("waiter 2: not holding within %v of the release (expiry %v)", closedWaitExpiry/4, closedWaitExpiry)
+	case <-time.After(expiry / 2):
+		t.Fatalf("waiter 2: not holding within %v of the release (expiry %v)", expiry/2, expiry)
 	}
 }
 
@@ -147,6 +167,27 @@ func TestClosedClientWaiterFails(t *testing.T) {
 			lock1: w1.LockCtx, lock2: w2.LockCtx,
 			unlock: func() error { return holder.UnlockCtx(context.Background()) },
 			close1: close1,
+		}.run(t)
+		mustUnlock(t, w2)
+	})
+}
+
+func TestClosedClientWaiterFailsAtItsAttempt(t *testing.T) {
+	forEachEnv(t, realOnly, func(t *testing.T, e *env) { // the holder's TTL runs out of waiter 1's wait
+		const name = "closedattempt"
+		opt := WithExpiry(closedAttemptExpiry)
+		holder, w2 := e.newMutex(t, name, opt), e.newMutex(t, name, opt)
+		b1, close1 := closableBackend(t, e.client, e.addr)
+		w1, err := New(name, []Backend{b1}, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustLock(t, holder)
+		closedWait{
+			e: e, backend1: b1, queue: "netlock:{" + name + "}:waiters", channel: w1.waitChan,
+			lock1: w1.LockCtx, lock2: w2.LockCtx,
+			unlock: func() error { return holder.UnlockCtx(context.Background()) },
+			close1: close1, attemptFirst: true,
 		}.run(t)
 		mustUnlock(t, w2)
 	})
