@@ -25,6 +25,24 @@ import (
 // dedicated connection), so the release grants the closed client's
 // waiter, which finds its client closed and passes the grant on.
 
+// countedBackend returns b counting its calls, with b's ErrorClassifier
+// and, if b has it, closable.
+func countedBackend(b Backend) (Backend, *countingBackend) {
+	c := counting(b)
+	f, _ := b.(ErrorClassifier)
+	if cl, ok := b.(closable); ok {
+		return struct {
+			*countingBackend
+			ErrorClassifier
+			closable
+		}{c, f, cl}, c
+	}
+	return struct {
+		*countingBackend
+		ErrorClassifier
+	}{c, f}, c
+}
+
 // closableBackend returns a Backend on a client of its own and the
 // function that closes the client, which the test may call before it ends.
 func closableBackend(t *testing.T, client, addr string) (Backend, func()) {
@@ -69,8 +87,11 @@ type closedWait struct {
 	channel  string  // waiter 1's release channel
 	lock1    func(context.Context) error
 	lock2    func(context.Context) error
-	unlock   func() error // the holder's
-	close1   func()       // closes waiter 1's client
+	// calls1 and calls2 count each waiter's acquire calls: one to join
+	// the queue, one once it listens; then it sleeps.
+	calls1, calls2 func() int
+	unlock         func() error // the holder's
+	close1         func()       // closes waiter 1's client
 	// attemptFirst: the holder lets go only after waiter 1 has failed,
 	// which it does at its next attempt (when the holder's TTL has run
 	// out of its wait, or its pub/sub connection closed with the
@@ -96,17 +117,17 @@ func (c closedWait) run(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	queued := func(n int) func() bool {
+	asleep := func(n int, calls func() int) func() bool {
 		return func() bool {
 			got, _ := redis.Int(c.e.do(t, "ZCARD", c.queue), nil)
-			return got == n
+			return got == n && calls() >= 2
 		}
 	}
 	r1, r2 := make(chan error, 1), make(chan error, 1)
 	go func() { r1 <- c.lock1(ctx) }()
-	eventually(t, 5*time.Second, "waiter 1 queued", queued(1))
+	eventually(t, 5*time.Second, "waiter 1 queued and asleep", asleep(1, c.calls1))
 	go func() { r2 <- c.lock2(ctx) }()
-	eventually(t, 5*time.Second, "waiter 2 queued", queued(2))
+	eventually(t, 5*time.Second, "waiter 2 queued and asleep", asleep(2, c.calls2))
 
 	c.close1()
 	if c.attemptFirst {
@@ -155,9 +176,15 @@ func (c closedWait) run(t *testing.T) {
 func TestClosedClientWaiterFails(t *testing.T) {
 	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
 		const name = "closed"
-		holder, w2 := e.newMutex(t, name), e.newMutex(t, name)
+		holder := e.newMutex(t, name)
 		b1, close1 := closableBackend(t, e.client, e.addr)
+		b1, c1 := countedBackend(b1)
+		b2, c2 := countedBackend(e.backend(t))
 		w1, err := New(name, []Backend{b1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w2, err := New(name, []Backend{b2})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -165,6 +192,8 @@ func TestClosedClientWaiterFails(t *testing.T) {
 		closedWait{
 			e: e, backend1: b1, queue: "netlock:{" + name + "}:waiters", channel: w1.waitChan,
 			lock1: w1.LockCtx, lock2: w2.LockCtx,
+			calls1: func() int { return c1.count(acquireScript.Name()) },
+			calls2: func() int { return c2.count(acquireScript.Name()) },
 			unlock: func() error { return holder.UnlockCtx(context.Background()) },
 			close1: close1,
 		}.run(t)
@@ -176,9 +205,15 @@ func TestClosedClientWaiterFailsAtItsAttempt(t *testing.T) {
 	forEachEnv(t, realOnly, func(t *testing.T, e *env) { // the holder's TTL runs out of waiter 1's wait
 		const name = "closedattempt"
 		opt := WithExpiry(closedAttemptExpiry)
-		holder, w2 := e.newMutex(t, name, opt), e.newMutex(t, name, opt)
+		holder := e.newMutex(t, name, opt)
 		b1, close1 := closableBackend(t, e.client, e.addr)
+		b1, c1 := countedBackend(b1)
+		b2, c2 := countedBackend(e.backend(t))
 		w1, err := New(name, []Backend{b1}, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w2, err := New(name, []Backend{b2}, opt)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -186,6 +221,8 @@ func TestClosedClientWaiterFailsAtItsAttempt(t *testing.T) {
 		closedWait{
 			e: e, backend1: b1, queue: "netlock:{" + name + "}:waiters", channel: w1.waitChan,
 			lock1: w1.LockCtx, lock2: w2.LockCtx,
+			calls1: func() int { return c1.count(acquireScript.Name()) },
+			calls2: func() int { return c2.count(acquireScript.Name()) },
 			unlock: func() error { return holder.UnlockCtx(context.Background()) },
 			close1: close1, attemptFirst: true,
 		}.run(t)
@@ -203,15 +240,19 @@ func TestClosedClientRWWaiterFails(t *testing.T) {
 			}
 			return rw
 		}
-		holder, w2 := newRW(e.backend(t)), newRW(e.backend(t))
+		holder := newRW(e.backend(t))
 		b1, close1 := closableBackend(t, e.client, e.addr)
-		w1 := newRW(b1)
+		b1, c1 := countedBackend(b1)
+		b2, c2 := countedBackend(e.backend(t))
+		w1, w2 := newRW(b1), newRW(b2)
 		if err := holder.LockCtx(context.Background()); err != nil {
 			t.Fatal(err)
 		}
 		closedWait{
 			e: e, backend1: b1, queue: "netlock:{" + name + "}:rw:writers", channel: w1.w.waitChan,
 			lock1: w1.LockCtx, lock2: w2.LockCtx,
+			calls1: func() int { return c1.count(rwAcquireScript.Name()) },
+			calls2: func() int { return c2.count(rwAcquireScript.Name()) },
 			unlock: func() error { return holder.UnlockCtx(context.Background()) },
 			close1: close1,
 		}.run(t)
