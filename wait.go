@@ -131,8 +131,8 @@ func (w *waiter) run(ctx context.Context) (bool, error) {
 		}
 		switch o.kind {
 		case acquired:
-			w.acquired(ctx, o.grant, o.unqueue)
-			return true, nil
+			err := w.acquired(ctx, o.grant, o.unqueue)
+			return err == nil, err
 		case ended:
 			if o.down != nil {
 				w.downErr = o.down
@@ -192,21 +192,26 @@ func (w *waiter) refused(ctx context.Context, o outcome) (bool, error) {
 	default:
 		var g grant
 		if g, err = w.await(ctx, o); err == nil && !g.start.IsZero() {
-			w.acquired(ctx, g, nil)
-			return true, nil
+			err = w.acquired(ctx, g, nil)
+			return err == nil, err
 		}
 	}
 	return false, err
 }
 
-// acquired makes g m's hold. Nodes that did not grant (unqueue) may keep
-// us in their waiters' queues: we leave them.
-func (w *waiter) acquired(ctx context.Context, g grant, unqueue []bool) {
+// acquired makes g m's hold, if m's client can keep it (see keeps). Nodes
+// that did not grant (unqueue) may keep us in their waiters' queues: we
+// leave them.
+func (w *waiter) acquired(ctx context.Context, g grant, unqueue []bool) error {
+	if err := w.keeps(ctx, g); err != nil {
+		return err
+	}
 	if w.queued && unqueue != nil {
 		w.m.leave(ctx, w.ask().member, unqueue)
 	}
 	w.queued = false
 	w.m.setHold(newHold(w.m, g))
+	return nil
 }
 
 // An ask is how an acquire round presents a waiter (see lua/acquire.lua):
@@ -288,7 +293,7 @@ func (w *waiter) await(ctx context.Context, o outcome) (grant, error) {
 		return grant{}, err
 	}
 	if g, ok := w.granted(ctx, payload); ok {
-		return g, w.unkept(ctx)
+		return g, nil
 	}
 	// Our turn: a release named us (a grant for another call of this
 	// NetMutex, or a failed connection, is not our turn, only a reason to
@@ -347,10 +352,11 @@ func (w *waiter) granted(ctx context.Context, payload string) (grant, bool) {
 // waiter, and may grant it the lock by message. (go-redis closes its
 // pub/sub connections with the client: the release that comes next counts
 // nobody for its waiters and passes the turn on in its own script.) So a
-// waiter granted the lock by message asks such a Backend whether its
-// client is closed before it takes the grant; if it is, the waiter passes
-// the grant on over a connection that outlived the client, closes the Hub,
-// and fails (see leaveClosed).
+// waiter granted the lock by message, or by an attempt that was on its way
+// at Close, asks such a Backend whether its client is closed before it
+// takes the grant; if it is, the waiter passes the grant on over a
+// connection that outlived the client, closes the Hub, and fails (see
+// keeps; leaveClosed, for a waiter whose attempt failed so).
 //
 // Why there: neither client says when it is closed, and neither can be
 // asked but by a call. Asked at the grant, both answer without a round
@@ -372,18 +378,46 @@ type closable interface {
 	evalClosed(ctx context.Context, channel string, s *Script, keys, args []string) ([]int64, error)
 }
 
-// unkept returns nil if m's client can keep the lock a release granted the
-// waiter by message. If the client was closed while the waiter waited, it
-// passes the grant on to the next waiter (see leaveClosed) and returns an
-// error naming the node, which matches ErrQuorum: the waiter fails rather
-// than hold a lock it could neither extend nor release.
-func (w *waiter) unkept(ctx context.Context) error {
-	err := w.leaveClosed(ctx)
+// keeps returns nil if m's client can keep g, the hold a waiter that
+// waited was granted by message or took with an attempt. If the client
+// was closed meanwhile (a redigo pool or a rueidis client lets a call in
+// flight finish), it releases g over a connection that outlives the client
+// (see closable), which passes the lock on to the next waiter, closes the
+// Hub, and returns an error naming the node, which matches ErrQuorum: the
+// waiter fails rather than hold a lock it could neither extend nor
+// release. Over several nodes a closed client costs a vote, not the hold:
+// not looked at. An acquire that did not wait is not looked at either: it
+// is not worth a look at every uncontended acquire.
+func (w *waiter) keeps(ctx context.Context, g grant) error {
+	m := w.m
+	if !w.queued || len(m.nodes) != 1 || m.hubs[0] == nil {
+		return nil
+	}
+	c, ok := m.nodes[0].(closable)
+	if !ok {
+		return nil
+	}
+	bound, cancel := context.WithTimeout(detached(ctx), m.cfg.nodeTimeout)
+	defer cancel()
+	err := c.closed(bound)
 	if err == nil {
 		return nil
 	}
-	w.queued = false // left: done has nothing to leave
-	return &quorumError{nodes: len(w.m.nodes), need: w.m.quorum, errs: []error{err}}
+	s, keys, args := m.kind.releaseCall(g.value, m.tomb(g.value, ""))
+	if _, rerr := c.evalClosed(bound, m.waitChan, m.script(0, s), keys, args); rerr != nil {
+		m.warnClosed(ctx, 0, rerr)
+	}
+	m.hubs[0].clientClosed()
+	w.queued = false // left the queue when it was granted
+	return &quorumError{nodes: 1, need: 1, errs: []error{nodeError(0, err)}}
+}
+
+// warnClosed logs that a waiter of the closed client of node i could not
+// pass its turn on (err): a grant to it expires.
+func (m *NetMutex) warnClosed(ctx context.Context, i int, err error) {
+	if l := m.log(ctx, slog.LevelWarn); l != nil {
+		l.LogAttrs(ctx, slog.LevelWarn, "netlock: a waiter of a closed client could not pass its turn on; a grant to it expires", m.lockAttr(), slog.Int("node", i), errAttr(err))
+	}
 }
 
 // leaveClosed looks for the nodes whose client has been closed (see
@@ -405,9 +439,7 @@ func (w *waiter) leaveClosed(ctx context.Context) error {
 			if w.queued {
 				s, keys, args := m.kind.leaveCall(w.ask().member)
 				if _, lerr := c.evalClosed(bound, m.waitChan, m.script(i, s), keys, args); lerr != nil {
-					if l := m.log(ctx, slog.LevelWarn); l != nil {
-						l.LogAttrs(ctx, slog.LevelWarn, "netlock: a waiter of a closed client could not leave the queue; a grant to it expires", m.lockAttr(), slog.Int("node", i), errAttr(lerr))
-					}
+					m.warnClosed(ctx, i, lerr)
 				}
 			}
 			m.hubs[i].clientClosed()
