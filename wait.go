@@ -424,11 +424,9 @@ func (m *NetMutex) warnClosed(ctx context.Context, i int, err error) {
 // closable). On each, it leaves the waiters' queue (lua/leave.lua), over a
 // connection that outlives the client, passing on a grant a release made
 // to the waiter meanwhile; and it closes the node's Hub, so that the
-// releases to come count none of the client's waiters. It returns the
-// first closed node's error, nil if no client was closed.
-func (w *waiter) leaveClosed(ctx context.Context) error {
+// releases to come count none of the client's waiters.
+func (w *waiter) leaveClosed(ctx context.Context) {
 	m := w.m
-	var first error
 	for i, b := range m.nodes {
 		c, ok := b.(closable)
 		if !ok || m.hubs[i] == nil {
@@ -443,13 +441,9 @@ func (w *waiter) leaveClosed(ctx context.Context) error {
 				}
 			}
 			m.hubs[i].clientClosed()
-			if first == nil {
-				first = nodeError(i, err)
-			}
 		}
 		cancel()
 	}
-	return first
 }
 
 // ttlJitter: a waiter wakes at the holder's TTL plus up to a sixteenth of
