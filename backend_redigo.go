@@ -26,7 +26,10 @@ import (
 // connection, dialed with the pool's Dial (or DialContext) function and kept
 // out of the pool, subscribed to the release channels: it is closed shortly
 // after the last wait ends. A pool without a Dial function is fine, its
-// waiters poll.
+// waiters poll. A LockCtx waiting when the pool is closed fails with an
+// error matching ErrQuorum; a lock granted to it meanwhile is passed on to
+// the next waiter over one more connection dialed with the pool's Dial
+// function, closed at once.
 func NewRedigo(pool *redis.Pool) Backend {
 	if pool == nil {
 		return nil // New names the nil backend

@@ -26,6 +26,9 @@ import (
 // the masters with CLUSTER SLOTS: once when the first waiter waits, and
 // again after a connection to a master failed (see HubConfig.Shard). On a
 // cluster older than Redis 7.0, without sharded pub/sub, its waiters poll.
+// A LockCtx waiting when the client is closed fails with an error matching
+// ErrQuorum; a lock granted to it meanwhile is passed on to the next waiter
+// over the dedicated connection, which rueidis leaves open.
 func NewRueidis(client rueidis.Client) Backend {
 	if client == nil {
 		return nil // New names the nil backend
