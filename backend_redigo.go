@@ -26,7 +26,10 @@ import (
 // connection, dialed with the pool's Dial (or DialContext) function and kept
 // out of the pool, subscribed to the release channels: it is closed shortly
 // after the last wait ends. A pool without a Dial function is fine, its
-// waiters poll.
+// waiters poll. A LockCtx waiting when the pool is closed fails with an
+// error matching ErrQuorum; a lock granted to it meanwhile is passed on to
+// the next waiter over one more connection dialed with the pool's Dial
+// function, closed at once.
 func NewRedigo(pool *redis.Pool) Backend {
 	if pool == nil {
 		return nil // New names the nil backend
@@ -77,7 +80,12 @@ func (b *redigoBackend) evalPooled(ctx context.Context, s *Script, cmd string, a
 		return nil, err
 	}
 	defer conn.Close()
+	return evalOn(ctx, conn, s, cmd, argv)
+}
 
+// evalOn runs cmd (EVALSHA or EVAL) argv on conn, and EVAL after an
+// EVALSHA's NOSCRIPT.
+func evalOn(ctx context.Context, conn redis.Conn, s *Script, cmd string, argv []any) ([]int64, error) {
 	// redis.DoContext runs every command on a goroutine of its own, to
 	// notice ctx's cancellation; that costs more than the round trip on a
 	// busy machine. The command is bounded by ctx's deadline (netlock's
@@ -275,7 +283,7 @@ func remaining(ctx context.Context) (time.Duration, error) {
 // pool was closed.
 func (b *redigoBackend) Final(err error) bool {
 	var reply redis.Error
-	return errors.As(err, &reply) || strings.Contains(err.Error(), "get on closed pool")
+	return errors.As(err, &reply) || strings.Contains(err.Error(), errPoolClosed)
 }
 
 // Hub returns the backend's Hub, which dials its pub/sub connection with
@@ -285,18 +293,55 @@ func (b *redigoBackend) Final(err error) bool {
 func (b *redigoBackend) Hub() *Hub { return b.hub }
 
 func (b *redigoBackend) listen(ctx context.Context, onMessage func(channel, payload string)) (Listener, error) {
-	var conn redis.Conn
-	var err error
-	switch p := b.pool; {
-	case p.DialContext != nil:
-		conn, err = p.DialContext(ctx)
-	default:
-		conn, err = p.Dial()
-	}
+	conn, err := b.dial(ctx)
 	if err != nil {
 		return nil, err
 	}
 	return &redigoPubSub{psc: redis.PubSubConn{Conn: conn}, onMessage: onMessage}, nil
+}
+
+// dial dials a connection with the pool's Dial (or DialContext) function,
+// outside the pool.
+func (b *redigoBackend) dial(ctx context.Context) (redis.Conn, error) {
+	if p := b.pool; p.DialContext != nil {
+		return p.DialContext(ctx)
+	}
+	return b.pool.Dial()
+}
+
+// errPoolClosed is the text of redigo's error for a Get on a closed pool.
+const errPoolClosed = "get on closed pool"
+
+// closed returns the pool's error if it has been closed (see closable).
+// The Pool says so only to a Get: it is asked only when it has no idle
+// connection (a closed pool has none), and a connection it gives goes back
+// at once, for the hold's next call.
+func (b *redigoBackend) closed(ctx context.Context) error {
+	if b.pool.IdleCount() > 0 {
+		return nil
+	}
+	conn, err := b.pool.GetContext(ctx)
+	if err != nil {
+		if strings.Contains(err.Error(), errPoolClosed) {
+			return err
+		}
+		return nil // not closed; the hold's calls will find what else is wrong
+	}
+	conn.Close()
+	return nil
+}
+
+// evalClosed runs s, as Eval does, on a connection dialed with the pool's
+// Dial function and closed at once: for a grant that a waiter passes on
+// after the pool was closed (see closable). The Hub's connection and
+// redigoMux's are dialed so too.
+func (b *redigoBackend) evalClosed(ctx context.Context, _ string, s *Script, keys, args []string) ([]int64, error) {
+	conn, err := b.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	return evalOn(ctx, conn, s, "EVALSHA", evalArgv(s, keys, args))
 }
 
 type redigoPubSub struct {

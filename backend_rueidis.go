@@ -26,6 +26,9 @@ import (
 // the masters with CLUSTER SLOTS: once when the first waiter waits, and
 // again after a connection to a master failed (see HubConfig.Shard). On a
 // cluster older than Redis 7.0, without sharded pub/sub, its waiters poll.
+// A LockCtx waiting when the client is closed fails with an error matching
+// ErrQuorum; a lock granted to it meanwhile is passed on to the next waiter
+// over the dedicated connection, which rueidis leaves open.
 func NewRueidis(client rueidis.Client) Backend {
 	if client == nil {
 		return nil // New names the nil backend
@@ -59,12 +62,63 @@ type slotRange struct {
 }
 
 func (b *rueidisBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
-	c := b.client
+	return rueidisEval(ctx, b.client, s, keys, args)
+}
+
+// rueidisEval runs s on c with EVALSHA, and EVAL on NOSCRIPT.
+func rueidisEval(ctx context.Context, c rueidis.CoreClient, s *Script, keys, args []string) ([]int64, error) {
 	reply, err := c.Do(ctx, c.B().Evalsha().Sha1(s.SHA1()).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).AsIntSlice()
 	if rerr, ok := rueidis.IsRedisErr(err); ok && rerr.IsNoScript() {
 		reply, err = c.Do(ctx, c.B().Eval().Script(s.Source()).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).AsIntSlice()
 	}
 	return reply, err
+}
+
+// closed returns rueidis.ErrClosing if the client has been closed (see
+// closable), without I/O. rueidis has no method that says so; but Receive
+// with a context that has ended returns at once either way: ErrClosing
+// from a closed client's connection, which has no subscriptions left to
+// look at, and the context's error from an open one, before anything is
+// sent.
+func (b *rueidisBackend) closed(context.Context) error {
+	c := b.client
+	err := c.Receive(endedCtx, c.B().Subscribe().Channel(closedProbe).Build(), func(rueidis.PubSubMessage) {})
+	if errors.Is(err, rueidis.ErrClosing) {
+		return err
+	}
+	return nil
+}
+
+// closedProbe is the channel closed names to Receive; nothing is ever
+// subscribed to it.
+const closedProbe = "netlock:closed-probe"
+
+// endedCtx is a context that has ended, for closed.
+var endedCtx = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
+
+// evalClosed runs s, as Eval does, on the Hub's connection that listens on
+// channel: rueidis's Close does not close a dedicated connection in use, so
+// it outlives the client (see closable). Its subscriptions are dropped
+// first: a server speaking RESP2 (or miniredis) runs no script on a
+// subscribed connection. The Hub closes it next.
+func (b *rueidisBackend) evalClosed(ctx context.Context, channel string, s *Script, keys, args []string) ([]int64, error) {
+	l, ok := b.hub.listener(channel).(*rueidisPubSub)
+	if !ok {
+		return nil, errHubDown
+	}
+	dc := l.dc
+	unsubscribe := dc.B().Unsubscribe().Build()
+	if l.sharded() {
+		unsubscribe = dc.B().Sunsubscribe().Build()
+	}
+	if err := dc.Do(ctx, unsubscribe).Error(); err != nil {
+		return nil, err
+	}
+	return rueidisEval(ctx, dc, s, keys, args)
 }
 
 // EvalWait runs s as Eval does, then WAIT replicas, sent together with the

@@ -38,6 +38,10 @@ const hubLinger = 100 * time.Millisecond
 // connection before the server confirmed it.
 var errHubDown = errors.New("netlock: pub/sub connection lost")
 
+// errClientGone is returned to a waiter that would watch a channel on a
+// Hub whose Backend's client has been closed.
+var errClientGone = errors.New("netlock: the Backend's client is closed")
+
 // A Hub shares pub/sub connections among the waiters of one Backend: it is
 // what a Subscriber gives netlock. Make it with NewHub, once per Backend.
 // Its methods are netlock's own; a Backend only hands it out. It also bounds
@@ -69,6 +73,10 @@ type Hub struct {
 	// links holds the open links, by node ("" for the one link of a Hub
 	// that is not sharded).
 	links map[string]*link
+
+	// gone: the Backend's client was found closed (see closable): the
+	// links are closed, and none is opened any more.
+	gone bool
 
 	wmu    sync.Mutex
 	topics map[string]*topic
@@ -158,6 +166,10 @@ func (h *Hub) watch(ctx context.Context, channel string, wake chan<- string) (*w
 		}
 	}
 	h.mu.Lock()
+	if h.gone {
+		h.mu.Unlock()
+		return nil, errClientGone
+	}
 	h.wmu.Lock()
 	t := h.topics[channel]
 	h.wmu.Unlock()
@@ -239,6 +251,29 @@ func (h *Hub) join(channel string, wake chan<- string) *watch {
 	w := &watch{hub: h, topic: t, wake: wake}
 	t.watches[w] = struct{}{}
 	return w
+}
+
+// listener returns the Listener through which channel is subscribed, nil
+// if it is not.
+func (h *Hub) listener(channel string) Listener {
+	h.wmu.Lock()
+	defer h.wmu.Unlock()
+	if t := h.topics[channel]; t != nil {
+		return t.link.conn // set when the link is dialed, never changed
+	}
+	return nil
+}
+
+// clientClosed closes h's links, waking their waiters, whose attempts then
+// fail, and opens none any more: the Backend's client has been closed
+// (see closable), and a release must count no waiter of it.
+func (h *Hub) clientClosed() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.gone = true
+	for _, l := range h.links {
+		h.failLocked(l)
+	}
 }
 
 // subscribed reports whether channel has a subscription (confirmed or not).

@@ -92,6 +92,15 @@ type HubConfig struct {
 // or HubConfig.ListenShard. The Hub calls Confirmed from one goroutine;
 // Subscribe, Unsubscribe and Close may be called meanwhile, from others, but
 // never two of them at once.
+//
+// A Listener should not outlive the Backend's client: once the client is
+// closed, its connection should be closed too, and Confirmed fail, as
+// go-redis does to its PubSub connections. A release that still counts a
+// Listener of a closed client grants the lock to a waiter that can neither
+// extend nor release it, and the next waiter waits for the grant to expire.
+// (The Backends of NewRedigo and NewRueidis, whose clients leave such
+// connections open, find the closed client when a grant comes, and pass
+// the grant on.)
 type Listener interface {
 	// Subscribe sends SUBSCRIBE channel (SSUBSCRIBE, for ListenShard). It
 	// need not wait for the server's confirmation: Confirmed returns it.
