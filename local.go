@@ -172,15 +172,13 @@ func (m *NetMutex) mayHandOffLocked(h *hold) bool {
 	return held && m.clk.Until(until) >= m.cfg.expiry/2
 }
 
-// setHold makes h m's hold, acquired in Redis by the owner of m; a shared
-// owner lets the shared waiters at the head of the queue in with it.
+// setHold makes h m's hold, acquired in Redis by the owner of m (a
+// shared owner lets the shared waiters behind it in afterwards: see
+// awaitShared).
 func (m *NetMutex) setHold(h *hold) {
 	m.mu.Lock()
 	m.hold = h
 	m.handoffs = 0
-	if m.shared > 0 {
-		m.admitSharedLocked(h)
-	}
 	m.mu.Unlock()
 }
 
@@ -227,7 +225,7 @@ func isShared(w *localWaiter) bool { return w.shared }
 // awaitShared waits for the turn of w, queued by enterShared: a hold handed
 // to it, or ownership, with which it acquires in Redis (as LockCtx does)
 // for itself and the shared waiters behind it. Its errors are LockCtx's.
-func (m *NetMutex) awaitShared(ctx context.Context, w *localWaiter) (err error) {
+func (m *NetMutex) awaitShared(ctx context.Context, w *localWaiter) error {
 	h, err := m.awaitTurn(ctx, w)
 	if err != nil {
 		return notObtained(err)
@@ -235,21 +233,29 @@ func (m *NetMutex) awaitShared(ctx context.Context, w *localWaiter) (err error) 
 	if h != nil {
 		return nil
 	}
-	var contended bool
 	ctx, done := m.startAcquire(ctx, false)
-	if done != nil {
-		defer func() { done(err == nil, contended, false, err) }()
+	if done == nil {
+		done = func(bool, bool, bool, error) {}
 	}
-	_, contended, err = m.acquire(ctx, true)
+	_, contended, err := m.acquire(ctx, true)
 	if err != nil {
 		m.passOwnership()
+		done(false, contended, false, err)
 		return err
 	}
 	if ctx.Err() != nil {
 		m.unlock(context.WithoutCancel(ctx), true)
-		return notObtained(context.Cause(ctx))
+		err = notObtained(context.Cause(ctx))
+		done(false, contended, false, err)
+		return err
 	}
 	m.heldSince()
+	// The observer hears of the hold before the shared waiters behind us
+	// get it: what they do under it comes after its acquire.
+	done(true, contended, false, nil)
+	m.mu.Lock()
+	m.admitSharedLocked(m.hold)
+	m.mu.Unlock()
 	return nil
 }
 
