@@ -417,7 +417,6 @@ func (s *Semaphore) wait(ctx context.Context, w *semWaiter) (contended bool, err
 			return contended, sw.holding(ctx)
 		}
 		r := s.attempt(ctx, w, false)
-		sw.attempted = true
 		var look, leeway time.Duration
 		var at time.Time // when to look again, or as late as leeway after
 		switch r.kind {
@@ -450,14 +449,13 @@ func (s *Semaphore) wait(ctx context.Context, w *semWaiter) (contended bool, err
 // semWait is the state of one Semaphore.wait: its watch of the process's
 // wake channel, and its retries while Redis does not answer.
 type semWait struct {
-	s         *Semaphore
-	w         *semWaiter
-	wake      chan string
-	wt        *watch
-	attempted bool      // a call was made: leaving must be told to Redis
-	down      time.Time // when Redis stopped answering, zero while it answers
-	downErr   error     // the last attempt's error while Redis does not answer
-	bo        backoff
+	s       *Semaphore
+	w       *semWaiter
+	wake    chan string
+	wt      *watch
+	down    time.Time // when Redis stopped answering, zero while it answers
+	downErr error     // the last attempt's error while Redis does not answer
+	bo      backoff
 }
 
 func (sw *semWait) stop() {
@@ -466,14 +464,11 @@ func (sw *semWait) stop() {
 	}
 }
 
-// leave takes the waiter's place in Redis back, if it may have one, and
-// reports whether a release handed the waiter its permits meanwhile: it
-// holds them (see holding).
+// leave takes the waiter, which has made a call, off the local queue and
+// its place in Redis back, and reports whether a release handed the waiter
+// its permits meanwhile: it holds them (see holding).
 func (sw *semWait) leave(ctx context.Context) (handed bool) {
-	if sw.attempted {
-		return sw.s.leave(ctx, false, sw.w)
-	}
-	return sw.s.handedOn(sw.w)
+	return sw.s.leave(ctx, false, sw.w)
 }
 
 // handedOn reports whether a release handed w its permits (see
@@ -586,25 +581,32 @@ func (sw *semWait) sleep(ctx context.Context, at time.Time, leeway time.Duration
 //
 // owed: only the leave owed after waiters gave up while another was queued
 // (see Semaphore.owed), if no waiter of ours is queued now (one that is
-// takes the place over). w: the first waiter, whose call ends; if a
-// release handed it its permits meanwhile (see handOnLocked), nothing is
-// left (the release saw to the place) and leave reports handed: w holds.
+// takes the place over). w: the first waiter, whose wait ends; it is taken
+// off the local queue here, unless a release handed it its permits
+// meanwhile (see handOnLocked): then nothing is left (the release saw to
+// the place), and leave reports handed: w holds.
 func (s *Semaphore) leave(ctx context.Context, owed bool, w *semWaiter) (handed bool) {
 	s.op.Lock()
 	defer s.op.Unlock()
 	s.mu.Lock()
-	if w != nil && w.granted {
-		s.mu.Unlock()
-		return true
+	if w != nil {
+		if w.granted {
+			s.mu.Unlock()
+			return true
+		}
+		// Off the queue under the s.mu of the look at granted: no release
+		// hands w anything from here on (a waiter that gave up never
+		// holds, and no permits are handed to nobody).
+		s.dequeueLocked(w)
 	}
 	if owed && (!s.owed || len(s.queue) > 0) {
 		s.mu.Unlock()
 		return false
 	}
-	if len(s.queue) > 1 {
-		// Another waiter of ours is first now, or about to be: it keeps
-		// the place (its attempt drops the grant, if any). If it gives up
-		// too, the last of ours leaves, with our nonce.
+	if len(s.queue) > 0 {
+		// Another waiter of ours is first now: it keeps the place (its
+		// attempt drops the grant, if any). If it gives up too, the last
+		// of ours leaves, with our nonce.
 		if s.nonce != "" {
 			s.left = s.nonce
 		}
