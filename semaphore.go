@@ -34,9 +34,14 @@ import (
 // call, as far as they fit and came before every other process's waiter;
 // and a waiter is woken by a message that grants it its permits, set aside
 // for it by the release's script, so that it holds without a round trip of
-// its own. The lease expires when its process dies and is extended while it
-// lives (WithAutoExtend); if it lapses, every permit of the process is gone
-// at once, which Lost tells by the local clock.
+// its own. A Release while goroutines of the same process wait hands the
+// permits on to them, in their order of arrival, without a round trip: up
+// to WithLocalHandoffs times in a row, and while the lease has more than
+// half its expiry left (with auto-extend on); then it gives them back in
+// Redis, so that other processes get their turn. The lease expires when its
+// process dies and is extended while it lives (WithAutoExtend); if it
+// lapses, every permit of the process is gone at once, which Lost tells by
+// the local clock.
 //
 // A Semaphore runs on one Backend: one Redis server (with its replicas,
 // Sentinel) or a Redis Cluster. Not on a quorum of independent deployments:
@@ -146,8 +151,8 @@ type semWaiter struct {
 var ErrSizeMismatch = errors.New("netlock: semaphore size mismatch")
 
 // NewSemaphore returns a Semaphore of size permits for the name on one
-// Backend, with the options of New (WithFencing and WithLocalHandoffs do not
-// apply). It validates its input as New does and does not contact Redis. A
+// Backend, with the options of New (WithFencing does not apply;
+// WithLocalHandoffs bounds the hand-ons of permits in a row). It validates its input as New does and does not contact Redis. A
 // Semaphore, a NetMutex and a NetRWMutex of one name are different locks.
 func NewSemaphore(name string, size int64, backends []Backend, opts ...Option) (*Semaphore, error) {
 	if size < 1 {
@@ -992,6 +997,8 @@ func (s *Semaphore) Release(n int64) {
 // background until Redis answers or the lease ends (an extend of the lease
 // sends nothing but its deadline, so permits not given back stay out until
 // then). The permits are given back in this process whatever it returns.
+// Permits that goroutines of this process wait for are handed on to them
+// without a round trip, as the Semaphore's documentation says.
 func (s *Semaphore) ReleaseCtx(ctx context.Context, n int64) error {
 	if err := s.check(n, "Release"); err != nil {
 		return err
