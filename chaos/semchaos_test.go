@@ -176,6 +176,7 @@ func TestChaosSem(t *testing.T) {
 					h.validAtEnd = isOpen(lost)
 					h.releaseStart = time.Now()
 					h.releaseErr = sem.ReleaseCtx(context.Background(), n)
+					h.releaseEnd = time.Now()
 					close(released)
 					<-watched
 					mu.Lock()
@@ -241,9 +242,9 @@ func TestChaosSem(t *testing.T) {
 	for i := range chaosClients {
 		mix[chaosClient(i)]++
 	}
-	figures := fmt.Sprintf("%v, %d clients %v × %d goroutines on 1 server, size %d: %d acquisitions (%d of 2 permits, %d long), %d try misses, %d writes; %d holds lost (%d stopped early by Lost(), %d lost at once), on %d of %d leases (%d grants, %d extends); holds explained by a grant %d, by an adoption %d (%d possible adoptions, %d folded), ambiguous %d, unexplained %d; max concurrent permits %d; latest Lost() %v after the deadline, %d writes after a hold's valid end (longest process stall %v); faults %v, client stalls %d; errors %v; clients stopped in %v; violations %d",
+	figures := fmt.Sprintf("%v, %d clients %v × %d goroutines on 1 server, size %d: %d acquisitions (%d of 2 permits, %d long), %d try misses, %d writes; %d holds lost (%d stopped early by Lost(), %d lost at once), on %d of %d leases (%d grants, %d extends); holds explained by a grant %d, by an adoption %d (%d possible adoptions, %d folded), by a hand-on %d, ambiguous %d, unexplained %d; max concurrent permits %d; latest Lost() %v after the deadline, %d writes after a hold's valid end (longest process stall %v); faults %v, client stalls %d; errors %v; clients stopped in %v; violations %d",
 		stopping.Sub(start).Round(time.Second), chaosClients, mix, semGoroutines, semSize, fig.holds, two, longs.Load(), tryMisses.Load(), len(resource.writes),
-		fig.lost, fig.stopped, fig.invalidAtStart, leasesLost, leases, grants, extends, assoc.byGrant, assoc.byAdoption, assoc.adoptions, assoc.folded, assoc.ambiguous, assoc.unexplained, fig.maxPermits,
+		fig.lost, fig.stopped, fig.invalidAtStart, leasesLost, leases, grants, extends, assoc.byGrant, assoc.byAdoption, assoc.adoptions, assoc.folded, assoc.byHandOn, assoc.ambiguous, assoc.unexplained, fig.maxPermits,
 		fig.maxLate.Round(time.Millisecond), fig.writesLate, probe.longest(start, stopped).Round(time.Millisecond),
 		faults, stalls.Load(), errs, stopped.Sub(stopping).Round(time.Millisecond), len(violations))
 	redistest.Report(t, "%s; %s", figures, counted)

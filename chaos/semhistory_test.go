@@ -269,8 +269,8 @@ func (r *semRecorder) build() *semLog {
 
 // semAssoc counts how resolve explained the holds.
 type semAssoc struct {
-	byGrant, byAdoption, ambiguous, unexplained int
-	adoptions, folded                           int // possible adoptions; of them, folded by a later call
+	byGrant, byAdoption, byHandOn, ambiguous, unexplained int
+	adoptions, folded                                     int // possible adoptions; of them, folded by a later call
 }
 
 // resolveSem tells, for each hold, the lease it took its permits on (the
@@ -284,10 +284,14 @@ type semAssoc struct {
 // and before start: the process may have grown that one instead). A reply
 // may grant a waiter that then adopts a grant all the same (the reply came
 // after its lease's deadline: the library retries), and another waiter of
-// the process may match too: all are candidates. The hold's deadline is the latest of its
-// candidates': exact when there is one, and never earlier than the
-// library's. A hold that nothing explains gets the latest deadline of any
-// lease of its client made before it, and a line in unexplained.
+// the process may match too: all are candidates. The hold's deadline is
+// the latest of its candidates': exact when there is one, and never earlier
+// than the library's. An Acquire's hold that no call explains may have
+// been handed on (semaphore.go handOnLocked): its permits stay on the lease
+// of a hold of the same client, of at least as many permits, whose release
+// ran while the hold's Acquire did (see handOnCands). A hold that nothing
+// explains gets the latest deadline of any lease of its client made before
+// it, and a line in unexplained.
 func resolveSem(recs []*semRecorder, holds []semHold) (unexplained []string, st semAssoc) {
 	logs := make([]*semLog, len(recs))
 	for i, r := range recs {
@@ -324,34 +328,80 @@ func resolveSem(recs []*semRecorder, holds []semHold) (unexplained []string, st 
 				}
 			}
 		}
+		h.lease, h.until = nil, time.Time{}
 		switch {
 		case len(cands) == 0:
-			st.unexplained++
-			unexplained = append(unexplained, fmt.Sprintf("hold %d (client %d): no grant or adoption of the client explains it", i, h.client))
-			for _, l := range lg.leases {
-				if !l.made.After(h.start) {
-					cands = append(cands, l)
-				}
-			}
+			continue // a hand-on, or nothing: below
 		case byGrant:
 			st.byGrant++
 		default:
 			st.byAdoption++
 		}
-		h.lease, h.until = nil, time.Time{}
-		for _, l := range cands {
-			if h.lease != nil && l != h.lease {
-				h.ambiguous = true
-			}
-			if h.lease == nil || l.until.After(h.until) {
-				h.lease, h.until = l, l.until
-			}
-		}
-		if h.ambiguous {
-			st.ambiguous++
+		st.ambiguous += h.pick(cands)
+	}
+	// The rest, in order of their start, so that the hold that handed a
+	// hold on is resolved before it.
+	var rest []int
+	for i := range holds {
+		if holds[i].lease == nil {
+			rest = append(rest, i)
 		}
 	}
+	slices.SortStableFunc(rest, func(a, b int) int { return holds[a].start.Compare(holds[b].start) })
+	for _, i := range rest {
+		h := &holds[i]
+		cands := handOnCands(holds, i)
+		if len(cands) > 0 {
+			st.byHandOn++
+		} else {
+			st.unexplained++
+			unexplained = append(unexplained, fmt.Sprintf("hold %d (client %d): no grant, adoption or hand-on of the client explains it", i, h.client))
+			for _, l := range logs[h.client].leases {
+				if !l.made.After(h.start) {
+					cands = append(cands, l)
+				}
+			}
+		}
+		st.ambiguous += h.pick(cands)
+	}
 	return unexplained, st
+}
+
+// handOnCands returns the leases that may have handed hold i on: those of
+// the holds of its client, of at least as many permits, whose release ran
+// while hold i's Acquire did (and began before it returned). A TryAcquire
+// is never handed on.
+func handOnCands(holds []semHold, i int) (cands []*semLease) {
+	h := &holds[i]
+	if h.try {
+		return nil
+	}
+	for j := range holds {
+		o := &holds[j]
+		if j == i || o.client != h.client || o.lease == nil || o.n < h.n ||
+			o.releaseStart.IsZero() || o.releaseStart.After(h.start) || o.releaseEnd.Before(h.a0) {
+			continue
+		}
+		cands = append(cands, o.lease)
+	}
+	return cands
+}
+
+// pick makes the latest deadline of the candidate leases the hold's, and
+// returns 1 if they are several (ambiguous), else 0.
+func (h *semHold) pick(cands []*semLease) int {
+	for _, l := range cands {
+		if h.lease != nil && l != h.lease {
+			h.ambiguous = true
+		}
+		if h.lease == nil || l.until.After(h.until) {
+			h.lease, h.until = l, l.until
+		}
+	}
+	if h.ambiguous {
+		return 1
+	}
+	return 0
 }
 
 // semResource is the resource a semaphore guards: it logs every write, by
@@ -391,6 +441,7 @@ type semHold struct {
 	until                    time.Time // the lease's local deadline, read once every client has stopped
 	lostAt                   time.Time // when Lost() was seen closed; zero if not before Release returned
 	releaseStart             time.Time
+	releaseEnd               time.Time // ReleaseCtx returned
 	releaseErr               error
 	paused                   bool
 }
@@ -655,12 +706,14 @@ func TestCheckSemHistoryResolve(t *testing.T) {
 		hold(2, 2, 98, 105), // 5: taken in with it
 		func() semHold { h := hold(2, 2, 199, 203); h.try = true; return h }(), // 6: TryAcquire
 		hold(3, 2, 299, 2200), // 7: a reply and an adoption
+		hold(2, 1, 140, 146),  // 8: handed on by hold 4's release at 145–147
 	}
+	holds[4].releaseStart, holds[4].releaseEnd = at(145), at(147)
 	unexpl, st := resolveSem(recs, holds)
 	want := []struct {
 		value string
 		until int
-	}{{"V1", 986}, {"V2", 1787}, {"V1", 986}, {"V1", 986}, {"V3", 1085}, {"V3", 1085}, {"V4", 1186}, {"V6", 2988}}
+	}{{"V1", 986}, {"V2", 1787}, {"V1", 986}, {"V1", 986}, {"V3", 1085}, {"V3", 1085}, {"V4", 1186}, {"V6", 2988}, {"V3", 1085}}
 	for i, w := range want {
 		h := holds[i]
 		if h.lease == nil || h.lease.value != w.value || !h.until.Equal(at(w.until)) {
@@ -674,8 +727,8 @@ func TestCheckSemHistoryResolve(t *testing.T) {
 	if len(unexpl) != 1 || !strings.Contains(unexpl[0], "hold 3 ") {
 		t.Errorf("unexplained %q, want hold 3 alone", unexpl)
 	}
-	if st.byGrant != 5 || st.byAdoption != 2 || st.unexplained != 1 || st.adoptions != 3 || st.folded != 1 || st.ambiguous != 1 {
-		t.Errorf("association %+v, want 5 by grant, 2 by adoption, 1 unexplained, 3 adoptions (1 folded), 1 ambiguous", st)
+	if st.byGrant != 5 || st.byAdoption != 2 || st.byHandOn != 1 || st.unexplained != 1 || st.adoptions != 3 || st.folded != 1 || st.ambiguous != 1 {
+		t.Errorf("association %+v, want 5 by grant, 2 by adoption, 1 by hand-on, 1 unexplained, 3 adoptions (1 folded), 1 ambiguous", st)
 	}
 	if !holds[7].ambiguous {
 		t.Errorf("hold 7 not ambiguous")
