@@ -84,8 +84,9 @@ func TestChaosSem(t *testing.T) {
 
 	var (
 		resource  semResource
-		mu        sync.Mutex // guards holds, errs
+		mu        sync.Mutex // guards holds, gaveUp, errs
 		holds     []semHold
+		gaveUp    []semHold // Acquires that failed: a0, and their return as start and release
 		errs      = map[string]int{}
 		stalls    atomic.Int64
 		tryMisses atomic.Int64
@@ -122,6 +123,14 @@ func TestChaosSem(t *testing.T) {
 					cancel()
 					if err != nil {
 						count("acquire", err)
+						if !try {
+							// Permits handed to it as it gave up were
+							// passed on within Acquire (see resolveSem).
+							now := time.Now()
+							mu.Lock()
+							gaveUp = append(gaveUp, semHold{client: i, n: n, a0: a0, start: now, releaseStart: a0, releaseEnd: now})
+							mu.Unlock()
+						}
 						continue
 					}
 					if !ok {
@@ -200,7 +209,7 @@ func TestChaosSem(t *testing.T) {
 	stranded := checkStrandedSem(t, servers[0], stopped)
 
 	// Each hold's lease and its deadline, from the client's calls.
-	unexpl, assoc := resolveSem(recs, holds)
+	unexpl, assoc := resolveSem(recs, holds, gaveUp)
 	violations, fig := checkSemHistory(holds, resource.writes, semSize, func(from, to time.Time) time.Duration {
 		return chaosSlack + probe.longest(from, to)
 	})

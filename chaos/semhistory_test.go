@@ -292,7 +292,7 @@ type semAssoc struct {
 // ran while the hold's Acquire did (see handOnCands). A hold that nothing
 // explains gets the latest deadline of any lease of its client made before
 // it, and a line in unexplained.
-func resolveSem(recs []*semRecorder, holds []semHold) (unexplained []string, st semAssoc) {
+func resolveSem(recs []*semRecorder, holds, gaveUp []semHold) (unexplained []string, st semAssoc) {
 	logs := make([]*semLog, len(recs))
 	for i, r := range recs {
 		logs[i] = r.build()
@@ -305,29 +305,7 @@ func resolveSem(recs []*semRecorder, holds []semHold) (unexplained []string, st 
 	}
 	for i := range holds {
 		h := &holds[i]
-		lg := logs[h.client]
-		lo, hi := h.a0.UnixMicro(), h.start.UnixMicro()
-		var cands []*semLease
-		for _, g := range lg.grants {
-			if g.entry.n == h.n && g.try == h.try && !g.at.Before(h.a0) && !g.at.After(h.start) &&
-				(h.try || (g.entry.arrival >= lo && g.entry.arrival <= hi)) {
-				cands = append(cands, g.lease)
-			}
-		}
-		byGrant := len(cands) > 0
-		if !h.try {
-			for _, a := range lg.adoptions {
-				if a.entry.n != h.n || a.entry.arrival < lo || a.entry.arrival > hi || a.after.After(h.start) {
-					continue
-				}
-				cands = append(cands, a.lease)
-				for _, l := range lg.leases {
-					if l.value == a.lease.value && !l.made.Before(a.after) && !l.made.After(h.start) {
-						cands = append(cands, l)
-					}
-				}
-			}
-		}
+		cands, byGrant := h.callCands(logs[h.client])
 		h.lease, h.until = nil, time.Time{}
 		switch {
 		case len(cands) == 0:
@@ -339,27 +317,44 @@ func resolveSem(recs []*semRecorder, holds []semHold) (unexplained []string, st 
 		}
 		st.ambiguous += h.pick(cands)
 	}
-	// The rest, in order of their start, so that the hold that handed a
-	// hold on is resolved before it.
-	var rest []int
-	for i := range holds {
-		if holds[i].lease == nil {
-			rest = append(rest, i)
+	for i := range gaveUp {
+		g := &gaveUp[i]
+		cands, _ := g.callCands(logs[g.client])
+		g.lease, g.until = nil, time.Time{}
+		g.pick(cands)
+	}
+	// Hand-ons, again while one more is explained: a hold handed on by a
+	// waiter that was itself handed on, and gave up.
+	sources := [][]semHold{holds, gaveUp}
+	for more := true; more; {
+		more = false
+		for k, hs := range sources {
+			for i := range hs {
+				h := &hs[i]
+				if h.lease != nil {
+					continue
+				}
+				if cands := handOnCands(sources, h); len(cands) > 0 {
+					more = true
+					if a := h.pick(cands); k == 0 {
+						st.byHandOn++
+						st.ambiguous += a
+					}
+				}
+			}
 		}
 	}
-	slices.SortStableFunc(rest, func(a, b int) int { return holds[a].start.Compare(holds[b].start) })
-	for _, i := range rest {
+	for i := range holds {
 		h := &holds[i]
-		cands := handOnCands(holds, i)
-		if len(cands) > 0 {
-			st.byHandOn++
-		} else {
-			st.unexplained++
-			unexplained = append(unexplained, fmt.Sprintf("hold %d (client %d): no grant, adoption or hand-on of the client explains it", i, h.client))
-			for _, l := range logs[h.client].leases {
-				if !l.made.After(h.start) {
-					cands = append(cands, l)
-				}
+		if h.lease != nil {
+			continue
+		}
+		st.unexplained++
+		unexplained = append(unexplained, fmt.Sprintf("hold %d (client %d): no grant, adoption or hand-on of the client explains it", i, h.client))
+		var cands []*semLease
+		for _, l := range logs[h.client].leases {
+			if !l.made.After(h.start) {
+				cands = append(cands, l)
 			}
 		}
 		st.ambiguous += h.pick(cands)
@@ -367,22 +362,53 @@ func resolveSem(recs []*semRecorder, holds []semHold) (unexplained []string, st 
 	return unexplained, st
 }
 
-// handOnCands returns the leases that may have handed hold i on: those of
-// the holds of its client, of at least as many permits, whose release ran
-// while hold i's Acquire did (and began before it returned). A TryAcquire
-// is never handed on.
-func handOnCands(holds []semHold, i int) (cands []*semLease) {
-	h := &holds[i]
+// callCands returns the leases that the calls of h's client (lg) may have
+// given h its permits on (see resolveSem), and whether a reply granted
+// them (byGrant) rather than an adoption.
+func (h *semHold) callCands(lg *semLog) (cands []*semLease, byGrant bool) {
+	lo, hi := h.a0.UnixMicro(), h.start.UnixMicro()
+	for _, g := range lg.grants {
+		if g.entry.n == h.n && g.try == h.try && !g.at.Before(h.a0) && !g.at.After(h.start) &&
+			(h.try || (g.entry.arrival >= lo && g.entry.arrival <= hi)) {
+			cands = append(cands, g.lease)
+		}
+	}
+	byGrant = len(cands) > 0
+	if h.try {
+		return cands, byGrant
+	}
+	for _, a := range lg.adoptions {
+		if a.entry.n != h.n || a.entry.arrival < lo || a.entry.arrival > hi || a.after.After(h.start) {
+			continue
+		}
+		cands = append(cands, a.lease)
+		for _, l := range lg.leases {
+			if l.value == a.lease.value && !l.made.Before(a.after) && !l.made.After(h.start) {
+				cands = append(cands, l)
+			}
+		}
+	}
+	return cands, byGrant
+}
+
+// handOnCands returns the leases that may have handed h on: those of the
+// holds and given-up waiters (sources) of its client, of at least as many
+// permits, whose release ran while h's Acquire did (and began before it
+// returned); a waiter that gave up passes permits it was given on within
+// its Acquire. A TryAcquire is never handed on.
+func handOnCands(sources [][]semHold, h *semHold) (cands []*semLease) {
 	if h.try {
 		return nil
 	}
-	for j := range holds {
-		o := &holds[j]
-		if j == i || o.client != h.client || o.lease == nil || o.n < h.n ||
-			o.releaseStart.IsZero() || o.releaseStart.After(h.start) || o.releaseEnd.Before(h.a0) {
-			continue
+	for _, hs := range sources {
+		for j := range hs {
+			o := &hs[j]
+			if o == h || o.client != h.client || o.lease == nil || o.n < h.n ||
+				o.releaseStart.IsZero() || o.releaseStart.After(h.start) || o.releaseEnd.Before(h.a0) {
+				continue
+			}
+			cands = append(cands, o.lease)
 		}
-		cands = append(cands, o.lease)
 	}
 	return cands
 }
@@ -709,7 +735,7 @@ func TestCheckSemHistoryResolve(t *testing.T) {
 		hold(2, 1, 140, 146),  // 8: handed on by hold 4's release at 145–147
 	}
 	holds[4].releaseStart, holds[4].releaseEnd = at(145), at(147)
-	unexpl, st := resolveSem(recs, holds)
+	unexpl, st := resolveSem(recs, holds, nil)
 	want := []struct {
 		value string
 		until int
@@ -757,7 +783,7 @@ func TestCheckSemHistoryResolve(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			holds := append(adopted(), tt.other)
-			if unexpl, _ := resolveSem([]*semRecorder{r, newSemRecorder(1, expiry, 0.01)}, holds[:1]); len(unexpl) != 0 {
+			if unexpl, _ := resolveSem([]*semRecorder{r, newSemRecorder(1, expiry, 0.01)}, holds[:1], nil); len(unexpl) != 0 {
 				t.Fatalf("unexplained %q", unexpl)
 			}
 			if !holds[0].until.Equal(at(998)) {
