@@ -118,9 +118,13 @@ type Semaphore struct {
 	// queue holds this process's waiting Acquire calls in order of
 	// arrival; the first one talks to Redis.
 	queue []*semWaiter
+	// calling is the waiter whose attempt is in a call to Redis, or nil
+	// (set and cleared under s.op and s.mu): a release hands nothing to it
+	// without s.op (see handOnAllLocked).
+	calling *semWaiter
 	// placed: the process may have a place in the queue in Redis (a
 	// waiter's call was sent, and no reply or leave has taken it off since).
-	// Under op.
+	// Set under op and mu.
 	placed bool
 	// handoffs bounds the hand-ons in a row (WithLocalHandoffs); handons
 	// counts those made since the process last got permits from Redis.
@@ -714,12 +718,12 @@ const maxBatch = 8
 func (s *Semaphore) attempt(ctx context.Context, w *semWaiter, try bool) semResult {
 	s.op.Lock()
 	defer s.op.Unlock()
-	if s.handedOn(w) {
-		return semResult{kind: semGranted} // by a release, while w was not in a call
-	}
 	c, ok := s.prepare(w, try)
 	if !ok {
 		return semResult{kind: semRefused}
+	}
+	if c.handed {
+		return semResult{kind: semGranted} // by a release, while w was not in a call
 	}
 	callCtx := ctx
 	if !try {
@@ -738,6 +742,7 @@ func (s *Semaphore) attempt(ctx context.Context, w *semWaiter, try bool) semResu
 		return s.callFailed(ctx, c.value, r)
 	}
 	s.mu.Lock()
+	s.calling = nil
 	s.dirty = false // the count Redis holds is one we sent
 	if r.vals[0] != semAcquireSize && s.fold == c.fold {
 		s.fold = "" // folded (or gone with the lease)
@@ -786,9 +791,11 @@ type semCall struct {
 	batch       []*semWaiter // w, then the local waiters after it that the call asks for
 	entry       string       // what the waiter's entry says after the call (see Semaphore.entry)
 	flags       string
+	handed      bool // no call: a release handed w its permits (see handOnLocked)
 }
 
-// prepare makes the call attempt sends for w. It reports false when a
+// prepare makes the call attempt sends for w, and marks w as in a call
+// (see Semaphore.calling), unless a release handed w its permits (handed). It reports false when a
 // TryAcquire (try) must not be made: a waiter of ours came meanwhile
 // (TryAcquire fails while one waits), whose nonce the call would carry, so
 // that it could take the permits a release set aside for it. The caller
@@ -796,9 +803,13 @@ type semCall struct {
 func (s *Semaphore) prepare(w *semWaiter, try bool) (semCall, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if w.granted {
+		return semCall{handed: true}, true
+	}
 	if try && s.nonce != "" {
 		return semCall{}, false
 	}
+	s.calling = w
 	s.retireLostLocked()
 	if s.value == "" {
 		s.value = rand.Text() // 128 random bits
@@ -861,6 +872,7 @@ func (c *semCall) arg(s *Semaphore) string {
 // comes to. The caller holds s.op.
 func (s *Semaphore) callFailed(ctx context.Context, value string, r nodeReply) semResult {
 	s.mu.Lock()
+	s.calling = nil
 	s.entry = ""
 	s.mu.Unlock()
 	switch {
@@ -1003,6 +1015,12 @@ func (s *Semaphore) ReleaseCtx(ctx context.Context, n int64) error {
 	if err := s.check(n, "Release"); err != nil {
 		return err
 	}
+	s.mu.Lock()
+	handed := n > 0 && s.handOnAllLocked(n)
+	s.mu.Unlock()
+	if handed {
+		return nil
+	}
 	s.op.Lock()
 	defer s.op.Unlock()
 	s.mu.Lock()
@@ -1067,8 +1085,8 @@ func (s *Semaphore) giveBackLocked(ctx context.Context, n int64) error {
 // without a round trip. It returns the permits left to give back in Redis,
 // and whether the process's place in Redis must be left: the last of its
 // waiters got in by hand-on, so nobody of ours takes the place over. The
-// caller holds s.op, so that the first waiter has no call in flight, and
-// s.mu.
+// caller holds s.mu, and s.op (so that the first waiter has no call in
+// flight), or has seen that the first waiter has none (handOnAllLocked).
 func (s *Semaphore) handOnLocked(n int64) (rest int64, leave bool) {
 	handed := false
 	for len(s.queue) > 0 && s.queue[0].n <= n && s.mayHandOnLocked() {
@@ -1098,6 +1116,33 @@ func (s *Semaphore) handOnLocked(n int64) (rest int64, leave bool) {
 		return n, false
 	}
 	return n, s.placed || s.owed || s.left != ""
+}
+
+// handOnAllLocked hands all n permits on, as handOnLocked does, when that
+// takes no call to Redis: they cover the requests of the first waiters
+// exactly, none of which is in a call (only the first can be: see
+// Semaphore.calling), and the process's place needs no leave. It reports
+// whether it did. Without s.op: the permits stay on the lease, so the count
+// that calls under s.op send does not change, and a waiter looks at
+// granted under s.mu before each call, adopt and leave. The caller holds
+// s.mu.
+func (s *Semaphore) handOnAllLocked(n int64) bool {
+	s.retireLostLocked()
+	if s.stale > 0 || n > s.held || len(s.queue) == 0 || s.queue[0] == s.calling {
+		return false
+	}
+	var sum int64
+	k := 0
+	for k < len(s.queue) && sum+s.queue[k].n <= n {
+		sum += s.queue[k].n
+		k++
+	}
+	if sum != n || k == 0 || s.handons+k > s.handoffs || !s.mayHandOnLocked() ||
+		(k == len(s.queue) && (s.placed || s.owed || s.left != "")) {
+		return false
+	}
+	s.handOnLocked(n)
+	return true
 }
 
 // mayHandOnLocked reports whether the lease may serve another waiter of
