@@ -20,15 +20,16 @@ import (
 // (sem_acquire) until opened.
 type gateBackend struct {
 	*countingBackend
-	mu   sync.Mutex
-	gate chan struct{} // nil: open
+	mu       sync.Mutex
+	gate     chan struct{} // nil: open
+	attempts bool          // the gate holds attempts too
 }
 
 func (b *gateBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
 	b.mu.Lock()
-	gate := b.gate
+	gate, attempts := b.gate, b.attempts
 	b.mu.Unlock()
-	if gate != nil && s != semAcquireScript {
+	if gate != nil && (attempts || s != semAcquireScript) {
 		select {
 		case <-gate:
 		case <-ctx.Done():
@@ -47,7 +48,7 @@ func (b *gateBackend) close() (open func()) {
 	b.mu.Unlock()
 	return func() {
 		b.mu.Lock()
-		b.gate = nil
+		b.gate, b.attempts = nil, false
 		b.mu.Unlock()
 		close(gate)
 	}
@@ -334,4 +335,53 @@ func TestSemaphoreHandOnCancelledWaiter(t *testing.T) {
 	eventually(t, 5*time.Second, "nothing out or queued in Redis", func() bool {
 		return !srv.Exists("netlock:{cancel}:sem") && semQueued(t, srv, "cancel") == 0
 	})
+}
+
+// A release does not hand permits to a first waiter whose call is in
+// flight (its reply may grant it permits as well): it waits for the call,
+// and hands on once the reply refused them.
+func TestSemaphoreHandOnWaitsForCall(t *testing.T) {
+	srv := miniredis.RunT(t)
+	s, b := newGateSem(t, srv, "incall", 1, WithExpiry(time.Minute), WithNodeTimeout(30*time.Second))
+	mustAcquire(t, s, 1)
+	ctx := context.Background()
+	first := acquireLater(t, ctx, srv, s, 1)
+	b.mu.Lock()
+	b.attempts = true
+	b.mu.Unlock()
+	open := b.close()
+	// A second waiter pokes the first, whose call to say so is held.
+	second := make(chan error, 1)
+	go func() { second <- s.Acquire(ctx, 1) }()
+	eventually(t, 5*time.Second, "the first waiter in a call", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.queue) == 2 && s.calling == s.queue[0]
+	})
+	s.mu.Lock()
+	handed := s.handOnAllLocked(1)
+	s.mu.Unlock()
+	if handed {
+		t.Fatal("permits handed on, without s.op, to a waiter in a call")
+	}
+	released := make(chan error, 1)
+	go func() { released <- s.ReleaseCtx(ctx, 1) }()
+	open()
+	if err := received(t, released, 5*time.Second, "ReleaseCtx"); err != nil {
+		t.Fatal(err)
+	}
+	if err := received(t, first, 5*time.Second, "the first waiter"); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.count("sem_release"); got != 0 {
+		t.Errorf("sem_release calls: got %d, want 0 (handed on once the call was over)", got)
+	}
+	s.Release(1)
+	if err := received(t, second, 5*time.Second, "the second waiter"); err != nil {
+		t.Fatal(err)
+	}
+	if s.Held() != 1 {
+		t.Errorf("Held: got %d, want 1", s.Held())
+	}
+	s.Release(1)
 }
