@@ -369,7 +369,29 @@ func logViolatedSem(t *testing.T, violations []string, holds []semHold, recs []*
 			}
 		}
 	}
+	for _, v := range violations {
+		if strings.Contains(v, "stranded") {
+			logStrandedSem(t, v, recs, at)
+		}
+	}
 	for _, f := range timeline {
 		t.Logf("fault %s", f)
+	}
+}
+
+// logStrandedSem logs the latest calls, of any client, on the leases that
+// violation v names as stranded.
+func logStrandedSem(t *testing.T, v string, recs []*semRecorder, at func(time.Time) string) {
+	t.Helper()
+	for _, r := range recs {
+		r.mu.Lock()
+		calls := slices.DeleteFunc(slices.Clone(r.calls), func(c *semCall) bool { return c.value == "" || !strings.Contains(v, c.value) })
+		r.mu.Unlock()
+		if len(calls) > 20 {
+			calls = calls[len(calls)-20:]
+		}
+		for _, c := range calls {
+			t.Logf("  client %d (stranded lease): %s %s-%s %s: %v %v", r.client, c.script, at(c.start), at(c.end), c.arg, c.vals, c.err)
+		}
 	}
 }
