@@ -71,8 +71,9 @@ type Semaphore struct {
 	// reply was lost can be repeated, and the last call sent says what
 	// Redis holds. It also orders a hand-on (see handOnLocked) with the
 	// first waiter's calls: while a release holds op, the first waiter has
-	// no call in flight. Lock order: op before mu; mu is never held across
-	// a call to Redis.
+	// no call in flight (a release that needs no call of its own looks at
+	// calling instead: see handOnAllLocked). Lock order: op before mu; mu
+	// is never held across a call to Redis.
 	op sync.Mutex
 
 	mu sync.Mutex
@@ -139,12 +140,13 @@ type semWaiter struct {
 	// granted: the waiter holds its permits without a call of its own: the
 	// first waiter's call took them too (see attempt; set, under s.mu,
 	// before turn is closed), or a release handed them on (see
-	// handOnLocked; set under s.op and s.mu, then poke is sent). A granted
-	// waiter is off the queue.
+	// handOnLocked; set under s.mu while w has no call in flight, then poke
+	// is sent). A granted waiter is off the queue. The first waiter looks
+	// at it under s.mu before each call, adopt and leave.
 	granted bool
 	// poke tells the first waiter that a second one arrived: its entry in
 	// Redis must say so, or a release's grants could pass the second over
-	// (see lua/sem_wake.lua).
+	// (see lua/sem_wake.lua); or that a release handed it its permits.
 	poke chan struct{}
 }
 
@@ -156,8 +158,9 @@ var ErrSizeMismatch = errors.New("netlock: semaphore size mismatch")
 
 // NewSemaphore returns a Semaphore of size permits for the name on one
 // Backend, with the options of New (WithFencing does not apply;
-// WithLocalHandoffs bounds the hand-ons of permits in a row). It validates its input as New does and does not contact Redis. A
-// Semaphore, a NetMutex and a NetRWMutex of one name are different locks.
+// WithLocalHandoffs bounds the hand-ons of permits in a row). It validates
+// its input as New does and does not contact Redis. A Semaphore, a NetMutex
+// and a NetRWMutex of one name are different locks.
 func NewSemaphore(name string, size int64, backends []Backend, opts ...Option) (*Semaphore, error) {
 	if size < 1 {
 		return nil, fmt.Errorf("netlock: semaphore %q: size %d, want at least 1", name, size)
@@ -795,8 +798,8 @@ type semCall struct {
 }
 
 // prepare makes the call attempt sends for w, and marks w as in a call
-// (see Semaphore.calling), unless a release handed w its permits (handed). It reports false when a
-// TryAcquire (try) must not be made: a waiter of ours came meanwhile
+// (see Semaphore.calling), unless a release handed w its permits (handed).
+// It reports false when a TryAcquire (try) must not be made: a waiter of ours came meanwhile
 // (TryAcquire fails while one waits), whose nonce the call would carry, so
 // that it could take the permits a release set aside for it. The caller
 // holds s.op.
