@@ -1108,7 +1108,7 @@ func (s *Semaphore) handOnLocked(n int64) (rest int64, leave bool) {
 		}
 		s.nonce, s.entry = "", ""
 		select {
-		case w.poke <- struct{}{}: // it looks at granted under s.op
+		case w.poke <- struct{}{}: // it looks at granted under s.mu
 		default:
 		}
 	}
