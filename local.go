@@ -162,7 +162,14 @@ func (m *NetMutex) admitSharedLocked(h *hold) {
 // this process: auto-extend is on, the hand-offs in a row have not reached
 // their bound, and h is well within its validity. The caller holds m.mu.
 func (m *NetMutex) mayHandOffLocked(h *hold) bool {
-	if !m.cfg.autoExtend || m.handoffs >= m.cfg.handoffs {
+	return m.handoffs < m.cfg.handoffs && m.wellWithin(h)
+}
+
+// wellWithin reports whether h may serve another goroutine of this process
+// without a round trip: auto-extend is on and h is well within its
+// validity (a NetMutex's hand-off, a Semaphore's hand-on).
+func (m *NetMutex) wellWithin(h *hold) bool {
+	if !m.cfg.autoExtend {
 		return false
 	}
 	// With auto-extend the watchdog keeps at least two thirds of the expiry

@@ -159,7 +159,9 @@ func WithFencing(on bool) Option { return func(c *config) { c.fencing = on } }
 // Redis: it keeps its key, its fencing token and its Lost channel. After n
 // hand-offs in a row, Unlock releases the lock in Redis instead, so clients
 // in other processes get their turn. Hand-offs need auto-extend, which keeps
-// the hold's validity up; with it off, every Unlock releases.
+// the hold's validity up; with it off, every Unlock releases. A Semaphore's
+// Release hands permits on to the goroutines of its process the same way,
+// at most n times in a row between two grants from Redis.
 func WithLocalHandoffs(n int) Option { return func(c *config) { c.handoffs = n } }
 
 // WithOutageWindow sets how long a waiting LockCtx or Lock rides out Redis

@@ -34,9 +34,14 @@ import (
 // call, as far as they fit and came before every other process's waiter;
 // and a waiter is woken by a message that grants it its permits, set aside
 // for it by the release's script, so that it holds without a round trip of
-// its own. The lease expires when its process dies and is extended while it
-// lives (WithAutoExtend); if it lapses, every permit of the process is gone
-// at once, which Lost tells by the local clock.
+// its own. A Release while goroutines of the same process wait hands the
+// permits on to them, in their order of arrival, without a round trip: up
+// to WithLocalHandoffs times in a row, and while the lease has more than
+// half its expiry left (with auto-extend on); then it gives them back in
+// Redis, so that other processes get their turn. The lease expires when its
+// process dies and is extended while it lives (WithAutoExtend); if it
+// lapses, every permit of the process is gone at once, which Lost tells by
+// the local clock.
 //
 // A Semaphore runs on one Backend: one Redis server (with its replicas,
 // Sentinel) or a Redis Cluster. Not on a quorum of independent deployments:
@@ -64,7 +69,11 @@ type Semaphore struct {
 	// op orders this process's calls that change its lease in Redis: each
 	// sends the lease's whole count (not a difference), so that a call whose
 	// reply was lost can be repeated, and the last call sent says what
-	// Redis holds.
+	// Redis holds. It also orders a hand-on (see handOnLocked) with the
+	// first waiter's calls: while a release holds op, the first waiter has
+	// no call in flight (a release that needs no call of its own looks at
+	// calling instead: see handOnAllLocked). Lock order: op before mu; mu
+	// is never held across a call to Redis.
 	op sync.Mutex
 
 	mu sync.Mutex
@@ -110,18 +119,34 @@ type Semaphore struct {
 	// queue holds this process's waiting Acquire calls in order of
 	// arrival; the first one talks to Redis.
 	queue []*semWaiter
+	// calling is the waiter whose attempt is in a call to Redis, or nil
+	// (set and cleared under s.op and s.mu): a release hands nothing to it
+	// without s.op (see handOnAllLocked).
+	calling *semWaiter
+	// placed: the process may have a place in the queue in Redis (a
+	// waiter's call was sent, and no reply or leave has taken it off since).
+	// Set under op and mu.
+	placed bool
+	// handoffs bounds the hand-ons in a row (WithLocalHandoffs); handons
+	// counts those made since the process last got permits from Redis.
+	// Under mu.
+	handoffs, handons int
 }
 
 type semWaiter struct {
 	n       int64
 	arrival int64         // µs, the client's clock: its place among every process's waiters
 	turn    chan struct{} // closed when it becomes the first of queue, or is granted
-	// granted: the first waiter's call took this waiter's permits too (see
-	// attempt); set, under s.mu, before turn is closed.
+	// granted: the waiter holds its permits without a call of its own: the
+	// first waiter's call took them too (see attempt; set, under s.mu,
+	// before turn is closed), or a release handed them on (see
+	// handOnLocked; set under s.mu while w has no call in flight, then poke
+	// is sent). A granted waiter is off the queue. The first waiter looks
+	// at it under s.mu before each call, adopt and leave.
 	granted bool
 	// poke tells the first waiter that a second one arrived: its entry in
 	// Redis must say so, or a release's grants could pass the second over
-	// (see lua/sem_wake.lua).
+	// (see lua/sem_wake.lua); or that a release handed it its permits.
 	poke chan struct{}
 }
 
@@ -132,9 +157,10 @@ type semWaiter struct {
 var ErrSizeMismatch = errors.New("netlock: semaphore size mismatch")
 
 // NewSemaphore returns a Semaphore of size permits for the name on one
-// Backend, with the options of New (WithFencing and WithLocalHandoffs do not
-// apply). It validates its input as New does and does not contact Redis. A
-// Semaphore, a NetMutex and a NetRWMutex of one name are different locks.
+// Backend, with the options of New (WithFencing does not apply;
+// WithLocalHandoffs bounds the hand-ons of permits in a row). It validates
+// its input as New does and does not contact Redis. A Semaphore, a NetMutex
+// and a NetRWMutex of one name are different locks.
 func NewSemaphore(name string, size int64, backends []Backend, opts ...Option) (*Semaphore, error) {
 	if size < 1 {
 		return nil, fmt.Errorf("netlock: semaphore %q: size %d, want at least 1", name, size)
@@ -157,9 +183,10 @@ func NewSemaphore(name string, size int64, backends []Backend, opts ...Option) (
 	lease.expiryMS = m.expiryMS
 	m.kind, m.leaseKind = nil, lease
 	m.grants = false
-	m.cfg.handoffs = 0
+	handoffs := m.cfg.handoffs
+	m.cfg.handoffs = 0 // the engine's NetMutex hands nothing off: the Semaphore hands on
 	return &Semaphore{m: m, size: size, keys: lease.keys, placeMS: lease.placeMS, channel: k.Leases + ":wake:" + m.waiterID,
-		grants: m.hubs[0] != nil && m.cfg.replicas == 0}, nil
+		grants: m.hubs[0] != nil && m.cfg.replicas == 0, handoffs: handoffs}, nil
 }
 
 // semLease is the kind of a Semaphore's lease, the hold of its process's
@@ -252,7 +279,7 @@ func (s *Semaphore) Acquire(ctx context.Context, n int64) (err error) {
 	if owed {
 		// A waiter of ours gave up while we were queued, without a
 		// leave: our place may be kept for it.
-		s.leave(ctx, true)
+		s.leave(ctx, true, nil)
 	}
 	return err
 }
@@ -306,7 +333,7 @@ func (s *Semaphore) awaitTurn(ctx context.Context, w *semWaiter) (done bool, err
 		if idle {
 			// Our process's place may be kept for us (see
 			// lua/sem_wake.lua, holdPlace): given up.
-			s.leave(ctx, false)
+			s.leave(ctx, false, nil)
 		}
 		return true, notObtained(context.Cause(ctx))
 	}
@@ -396,8 +423,12 @@ func (s *Semaphore) wait(ctx context.Context, w *semWaiter) (contended bool, err
 	sw := semWait{s: s, w: w, bo: backoff{min: s.m.cfg.minRetryDelay, max: s.m.cfg.maxRetryDelay}}
 	defer sw.stop()
 	for {
+		if s.handedOn(w) {
+			// A release handed w its permits (see handOnLocked): known
+			// without waiting for s.op, which another waiter's call may hold.
+			return contended, sw.holding(ctx)
+		}
 		r := s.attempt(ctx, w, false)
-		sw.attempted = true
 		var look, leeway time.Duration
 		var at time.Time // when to look again, or as late as leeway after
 		switch r.kind {
@@ -415,7 +446,8 @@ func (s *Semaphore) wait(ctx context.Context, w *semWaiter) (contended bool, err
 			// attempt's duration is leeway (see waiter.await).
 			at, leeway = r.start.Add(look), r.took
 		case semFailed:
-			if look, err = sw.failed(ctx, r); err != nil {
+			var done bool
+			if look, done, err = sw.failed(ctx, r); done {
 				return contended, err
 			}
 			at = s.m.clk.Now().Add(look)
@@ -429,14 +461,13 @@ func (s *Semaphore) wait(ctx context.Context, w *semWaiter) (contended bool, err
 // semWait is the state of one Semaphore.wait: its watch of the process's
 // wake channel, and its retries while Redis does not answer.
 type semWait struct {
-	s         *Semaphore
-	w         *semWaiter
-	wake      chan string
-	wt        *watch
-	attempted bool      // a call was made: leaving must be told to Redis
-	down      time.Time // when Redis stopped answering, zero while it answers
-	downErr   error     // the last attempt's error while Redis does not answer
-	bo        backoff
+	s       *Semaphore
+	w       *semWaiter
+	wake    chan string
+	wt      *watch
+	down    time.Time // when Redis stopped answering, zero while it answers
+	downErr error     // the last attempt's error while Redis does not answer
+	bo      backoff
 }
 
 func (sw *semWait) stop() {
@@ -445,11 +476,19 @@ func (sw *semWait) stop() {
 	}
 }
 
-// leave takes the waiter's place in Redis back, if it may have one.
-func (sw *semWait) leave(ctx context.Context) {
-	if sw.attempted {
-		sw.s.leave(ctx, false)
-	}
+// leave takes the waiter, which has made a call, off the local queue and
+// its place in Redis back, and reports whether a release handed the waiter
+// its permits meanwhile: it holds them (see holding).
+func (sw *semWait) leave(ctx context.Context) (handed bool) {
+	return sw.s.leave(ctx, false, sw.w)
+}
+
+// handedOn reports whether a release handed w its permits (see
+// handOnLocked).
+func (s *Semaphore) handedOn(w *semWaiter) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return w.granted
 }
 
 // holding ends a wait whose permits were granted: a caller whose ctx has
@@ -489,27 +528,34 @@ func (sw *semWait) refused(ctx context.Context, look time.Duration) (time.Durati
 }
 
 // failed returns how long to wait after an attempt Redis did not answer,
-// or the error that ends the wait: ctx's end, an answer that retrying
-// cannot change, or the outage window passed.
-func (sw *semWait) failed(ctx context.Context, r semResult) (time.Duration, error) {
+// or ends the wait (done, with wait's result): at ctx's end, at an answer
+// that retrying cannot change, once the outage window passed, or when a
+// release handed the waiter its permits meanwhile.
+func (sw *semWait) failed(ctx context.Context, r semResult) (look time.Duration, done bool, err error) {
 	if cause := ctxEnded(ctx); cause != nil {
-		sw.leave(ctx)
-		return 0, unreachable(cause, r.err)
+		return 0, true, sw.end(ctx, unreachable(cause, r.err))
 	}
 	sw.downErr = r.err
 	if r.permanent {
-		sw.leave(ctx)
-		return 0, r.err
+		return 0, true, sw.end(ctx, r.err)
 	}
 	now := sw.s.m.clk.Now()
 	if sw.down.IsZero() {
 		sw.down = now
 	}
 	if now.Sub(sw.down) >= sw.s.m.cfg.outage {
-		sw.leave(ctx)
-		return 0, r.err
+		return 0, true, sw.end(ctx, r.err)
 	}
-	return sw.bo.next(-1), nil
+	return sw.bo.next(-1), false, nil
+}
+
+// end ends a wait that did not get in with err, leaving its place; or, if a
+// release handed the waiter its permits meanwhile, as holding does.
+func (sw *semWait) end(ctx context.Context, err error) error {
+	if sw.leave(ctx) {
+		return sw.holding(ctx)
+	}
+	return err
 }
 
 // sleep waits until at, or as late as leeway after (a clock moved by a
@@ -524,16 +570,17 @@ func (sw *semWait) sleep(ctx context.Context, at time.Time, leeway time.Duration
 		if sw.s.adopt(sw.w, p) {
 			return true, sw.holding(ctx)
 		}
-	case <-sw.w.poke:
+	case <-sw.w.poke: // another waiter of ours came, or a release handed w its permits
 	case <-timer.C:
 	case <-ctx.Done():
-		sw.leave(ctx)
+		err := notObtained(context.Cause(ctx))
 		if sw.downErr != nil {
 			// Redis did not answer the last attempt: not a semaphore
 			// found full.
-			return false, unreachable(context.Cause(ctx), sw.downErr)
+			err = unreachable(context.Cause(ctx), sw.downErr)
 		}
-		return false, notObtained(context.Cause(ctx))
+		err = sw.end(ctx, err)
+		return err == nil, err
 	}
 	return false, nil
 }
@@ -546,32 +593,55 @@ func (sw *semWait) sleep(ctx context.Context, at time.Time, leeway time.Duration
 //
 // owed: only the leave owed after waiters gave up while another was queued
 // (see Semaphore.owed), if no waiter of ours is queued now (one that is
-// takes the place over).
-func (s *Semaphore) leave(ctx context.Context, owed bool) {
-	m := s.m
+// takes the place over). w: the first waiter, whose wait ends; it is taken
+// off the local queue here, unless a release handed it its permits
+// meanwhile (see handOnLocked): then nothing is left (the release saw to
+// the place), and leave reports handed: w holds.
+func (s *Semaphore) leave(ctx context.Context, owed bool, w *semWaiter) (handed bool) {
 	s.op.Lock()
 	defer s.op.Unlock()
 	s.mu.Lock()
+	if w != nil {
+		if w.granted {
+			s.mu.Unlock()
+			return true
+		}
+		// Off the queue under the s.mu of the look at granted: no release
+		// hands w anything from here on (a waiter that gave up never
+		// holds, and no permits are handed to nobody).
+		s.dequeueLocked(w)
+	}
 	if owed && (!s.owed || len(s.queue) > 0) {
 		s.mu.Unlock()
-		return
+		return false
 	}
-	if len(s.queue) > 1 {
-		// Another waiter of ours is first now, or about to be: it keeps
-		// the place (its attempt drops the grant, if any). If it gives up
-		// too, the last of ours leaves, with our nonce.
+	if len(s.queue) > 0 {
+		// Another waiter of ours is first now: it keeps the place (its
+		// attempt drops the grant, if any). If it gives up too, the last
+		// of ours leaves, with our nonce.
 		if s.nonce != "" {
 			s.left = s.nonce
 		}
 		s.nonce, s.owed = "", true
 		s.mu.Unlock()
-		return
+		return false
 	}
+	s.mu.Unlock()
+	s.leaveLocked(ctx)
+	return false
+}
+
+// leaveLocked takes the process's place in Redis off the queue, with the
+// grant made under the nonce of its last waiting call, if any (see leave).
+// The caller holds s.op, not s.mu.
+func (s *Semaphore) leaveLocked(ctx context.Context) {
+	m := s.m
+	s.mu.Lock()
 	value, nonce := s.value, s.nonce
 	if nonce == "" {
 		nonce = s.left
 	}
-	s.nonce, s.entry, s.left, s.owed = "", "", "", false
+	s.nonce, s.entry, s.left, s.owed, s.placed = "", "", "", false, false
 	s.mu.Unlock()
 	if nonce == "" {
 		value = ""
@@ -598,6 +668,9 @@ func (s *Semaphore) adopt(w *semWaiter, payload string) bool {
 	defer s.op.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if w.granted {
+		return true // handed its permits by a release (see handOnLocked): the grant is nobody's
+	}
 	s.entry = "" // a grant changed our entry (see lua/sem_wake.lua, holdPlace)
 	s.retireLostLocked()
 	if nonce == "" || nonce != s.nonce || value != s.value || s.dirty || s.fold != "" {
@@ -612,6 +685,8 @@ func (s *Semaphore) adopt(w *semWaiter, payload string) bool {
 	}
 	s.held += w.n
 	s.fold, s.nonce = nonce, ""
+	s.handons = 0 // permits from Redis: the hand-ons start again
+	s.dequeueLocked(w)
 	return true
 }
 
@@ -650,6 +725,9 @@ func (s *Semaphore) attempt(ctx context.Context, w *semWaiter, try bool) semResu
 	if !ok {
 		return semResult{kind: semRefused}
 	}
+	if c.handed {
+		return semResult{kind: semGranted} // by a release, while w was not in a call
+	}
 	callCtx := ctx
 	if !try {
 		// A waiter's call is not cut short by its ctx (the node timeout
@@ -667,6 +745,7 @@ func (s *Semaphore) attempt(ctx context.Context, w *semWaiter, try bool) semResu
 		return s.callFailed(ctx, c.value, r)
 	}
 	s.mu.Lock()
+	s.calling = nil
 	s.dirty = false // the count Redis holds is one we sent
 	if r.vals[0] != semAcquireSize && s.fold == c.fold {
 		s.fold = "" // folded (or gone with the lease)
@@ -715,19 +794,25 @@ type semCall struct {
 	batch       []*semWaiter // w, then the local waiters after it that the call asks for
 	entry       string       // what the waiter's entry says after the call (see Semaphore.entry)
 	flags       string
+	handed      bool // no call: a release handed w its permits (see handOnLocked)
 }
 
-// prepare makes the call attempt sends for w. It reports false when a
-// TryAcquire (try) must not be made: a waiter of ours came meanwhile
+// prepare makes the call attempt sends for w, and marks w as in a call
+// (see Semaphore.calling), unless a release handed w its permits (handed).
+// It reports false when a TryAcquire (try) must not be made: a waiter of ours came meanwhile
 // (TryAcquire fails while one waits), whose nonce the call would carry, so
 // that it could take the permits a release set aside for it. The caller
 // holds s.op.
 func (s *Semaphore) prepare(w *semWaiter, try bool) (semCall, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if w.granted {
+		return semCall{handed: true}, true
+	}
 	if try && s.nonce != "" {
 		return semCall{}, false
 	}
+	s.calling = w
 	s.retireLostLocked()
 	if s.value == "" {
 		s.value = rand.Text() // 128 random bits
@@ -736,6 +821,7 @@ func (s *Semaphore) prepare(w *semWaiter, try bool) (semCall, bool) {
 	if !try && s.grants && s.nonce == "" {
 		s.nonce, s.joined = rand.Text(), s.m.clk.Now()
 	}
+	s.placed = s.placed || !try
 	c := semCall{value: s.value, grow: s.lease != nil, base: s.held, seq: s.seq, fold: s.fold, nonce: s.nonce, try: try}
 	c.batch = []*semWaiter{w}
 	if !try {
@@ -789,6 +875,7 @@ func (c *semCall) arg(s *Semaphore) string {
 // comes to. The caller holds s.op.
 func (s *Semaphore) callFailed(ctx context.Context, value string, r nodeReply) semResult {
 	s.mu.Lock()
+	s.calling = nil
 	s.entry = ""
 	s.mu.Unlock()
 	switch {
@@ -843,8 +930,15 @@ func (s *Semaphore) granted(ctx context.Context, c semCall, k int64, start, unti
 		}
 	}
 	s.held += sum - surplus
+	s.handons = 0 // permits from Redis: the hand-ons start again
 	if !c.try {
 		s.nonce, s.entry = "", "" // the first waiter's call is over
+		s.dequeueLocked(c.batch[0])
+		if len(batch) == len(c.batch) {
+			// Our place is off the queue, and a grant under a nonce left
+			// behind was dropped (see lua/sem_acquire.lua, holdPlace).
+			s.placed, s.owed, s.left = false, false, ""
+		}
 	}
 	total := s.held
 	s.mu.Unlock()
@@ -918,9 +1012,17 @@ func (s *Semaphore) Release(n int64) {
 // background until Redis answers or the lease ends (an extend of the lease
 // sends nothing but its deadline, so permits not given back stay out until
 // then). The permits are given back in this process whatever it returns.
+// Permits that goroutines of this process wait for are handed on to them
+// without a round trip, as the Semaphore's documentation says.
 func (s *Semaphore) ReleaseCtx(ctx context.Context, n int64) error {
 	if err := s.check(n, "Release"); err != nil {
 		return err
+	}
+	s.mu.Lock()
+	handed := n > 0 && s.handOnAllLocked(n)
+	s.mu.Unlock()
+	if handed {
+		return nil
 	}
 	s.op.Lock()
 	defer s.op.Unlock()
@@ -942,6 +1044,25 @@ func (s *Semaphore) ReleaseCtx(ctx context.Context, n int64) error {
 		s.mu.Unlock()
 		return ErrLockLost
 	}
+	n, leave := s.handOnLocked(n)
+	var err error
+	if n > 0 {
+		err = s.giveBackLocked(ctx, n) // unlocks s.mu
+	} else {
+		s.mu.Unlock()
+	}
+	if leave {
+		s.leaveLocked(ctx)
+	}
+	if fromStale > 0 && err == nil {
+		err = ErrLockLost
+	}
+	return err
+}
+
+// giveBackLocked gives n permits of the lease back in Redis (the last ends
+// it). The caller holds s.op and s.mu; giveBackLocked returns without s.mu.
+func (s *Semaphore) giveBackLocked(ctx context.Context, n int64) error {
 	s.held -= n
 	value, total, lease := s.value, s.held, s.lease
 	if total == 0 {
@@ -957,11 +1078,83 @@ func (s *Semaphore) ReleaseCtx(ctx context.Context, n int64) error {
 		s.mu.Unlock()
 		return ErrLockLost
 	}
-	err := s.send(ctx, value, total, lease)
-	if fromStale > 0 && err == nil {
-		err = ErrLockLost
+	return s.send(ctx, value, total, lease)
+}
+
+// handOnLocked hands n permits a release gives back on to this process's
+// first waiters, in their order, each while they cover its whole request
+// (a later, smaller waiter never passes an earlier one) and the lease may
+// serve it (mayHandOnLocked): they stay on the lease, counted in held,
+// without a round trip. It returns the permits left to give back in Redis,
+// and whether the process's place in Redis must be left: the last of its
+// waiters got in by hand-on, so nobody of ours takes the place over. The
+// caller holds s.mu, and s.op (so that the first waiter has no call in
+// flight), or has seen that the first waiter has none (handOnAllLocked).
+func (s *Semaphore) handOnLocked(n int64) (rest int64, leave bool) {
+	handed := false
+	for len(s.queue) > 0 && s.queue[0].n <= n && s.mayHandOnLocked() {
+		w := s.queue[0]
+		w.granted = true
+		s.dequeueLocked(w)
+		n -= w.n
+		s.handons++
+		handed = true
+		// w's call is over, as when a first waiter gives up (see leave):
+		// a grant made under its nonce is nobody's (adopt refuses it, and
+		// the next call or leave drops it in Redis); the next waiter of
+		// ours, if any, takes the place over with its call.
+		if s.nonce != "" {
+			s.left = s.nonce
+		}
+		s.nonce, s.entry = "", ""
+		select {
+		case w.poke <- struct{}{}: // it looks at granted under s.mu
+		default:
+		}
 	}
-	return err
+	if !handed || len(s.queue) > 0 {
+		// The next waiter, first now, takes the place over: it makes a
+		// call before it waits, or is handed on to, or leaves as it gives
+		// up (see awaitTurn).
+		return n, false
+	}
+	return n, s.placed || s.owed || s.left != ""
+}
+
+// handOnAllLocked hands all n permits on, as handOnLocked does, when that
+// takes no call to Redis: they cover the requests of the first waiters
+// exactly, none of which is in a call (only the first can be: see
+// Semaphore.calling), and the process's place needs no leave. It reports
+// whether it did. Without s.op: the permits stay on the lease, so the count
+// that calls under s.op send does not change, and a waiter looks at
+// granted under s.mu before each call, adopt and leave. The caller holds
+// s.mu.
+func (s *Semaphore) handOnAllLocked(n int64) bool {
+	s.retireLostLocked()
+	if s.stale > 0 || n > s.held || len(s.queue) == 0 || s.queue[0] == s.calling {
+		return false
+	}
+	var sum int64
+	k := 0
+	for k < len(s.queue) && sum+s.queue[k].n <= n {
+		sum += s.queue[k].n
+		k++
+	}
+	if sum != n || k == 0 || s.handons+k > s.handoffs || !s.mayHandOnLocked() ||
+		(k == len(s.queue) && (s.placed || s.owed || s.left != "")) {
+		return false
+	}
+	s.handOnLocked(n)
+	return true
+}
+
+// mayHandOnLocked reports whether the lease may serve another waiter of
+// this process without a round trip: the hand-ons since the process last
+// got permits from Redis have not reached their bound (WithLocalHandoffs),
+// so that other processes get their turn, and the lease is well within its
+// validity. The caller holds s.mu.
+func (s *Semaphore) mayHandOnLocked() bool {
+	return s.lease != nil && s.handons < s.handoffs && s.m.wellWithin(s.lease)
 }
 
 // send tells Redis that the lease value holds total permits now (0 ends

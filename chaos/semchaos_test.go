@@ -84,8 +84,9 @@ func TestChaosSem(t *testing.T) {
 
 	var (
 		resource  semResource
-		mu        sync.Mutex // guards holds, errs
+		mu        sync.Mutex // guards holds, gaveUp, errs
 		holds     []semHold
+		gaveUp    []semHold // Acquires that failed: a0, and their return as start and release
 		errs      = map[string]int{}
 		stalls    atomic.Int64
 		tryMisses atomic.Int64
@@ -122,6 +123,14 @@ func TestChaosSem(t *testing.T) {
 					cancel()
 					if err != nil {
 						count("acquire", err)
+						if !try {
+							// Permits handed to it as it gave up were
+							// passed on within Acquire (see resolveSem).
+							now := time.Now()
+							mu.Lock()
+							gaveUp = append(gaveUp, semHold{client: i, n: n, a0: a0, start: now, releaseStart: a0, releaseEnd: now})
+							mu.Unlock()
+						}
 						continue
 					}
 					if !ok {
@@ -176,6 +185,7 @@ func TestChaosSem(t *testing.T) {
 					h.validAtEnd = isOpen(lost)
 					h.releaseStart = time.Now()
 					h.releaseErr = sem.ReleaseCtx(context.Background(), n)
+					h.releaseEnd = time.Now()
 					close(released)
 					<-watched
 					mu.Lock()
@@ -199,7 +209,7 @@ func TestChaosSem(t *testing.T) {
 	stranded := checkStrandedSem(t, servers[0], stopped)
 
 	// Each hold's lease and its deadline, from the client's calls.
-	unexpl, assoc := resolveSem(recs, holds)
+	unexpl, assoc := resolveSem(recs, holds, gaveUp)
 	violations, fig := checkSemHistory(holds, resource.writes, semSize, func(from, to time.Time) time.Duration {
 		return chaosSlack + probe.longest(from, to)
 	})
@@ -241,9 +251,9 @@ func TestChaosSem(t *testing.T) {
 	for i := range chaosClients {
 		mix[chaosClient(i)]++
 	}
-	figures := fmt.Sprintf("%v, %d clients %v × %d goroutines on 1 server, size %d: %d acquisitions (%d of 2 permits, %d long), %d try misses, %d writes; %d holds lost (%d stopped early by Lost(), %d lost at once), on %d of %d leases (%d grants, %d extends); holds explained by a grant %d, by an adoption %d (%d possible adoptions, %d folded), ambiguous %d, unexplained %d; max concurrent permits %d; latest Lost() %v after the deadline, %d writes after a hold's valid end (longest process stall %v); faults %v, client stalls %d; errors %v; clients stopped in %v; violations %d",
+	figures := fmt.Sprintf("%v, %d clients %v × %d goroutines on 1 server, size %d: %d acquisitions (%d of 2 permits, %d long), %d try misses, %d writes; %d holds lost (%d stopped early by Lost(), %d lost at once), on %d of %d leases (%d grants, %d extends); holds explained by a grant %d, by an adoption %d (%d possible adoptions, %d folded), by a hand-on %d, ambiguous %d, unexplained %d; max concurrent permits %d; latest Lost() %v after the deadline, %d writes after a hold's valid end (longest process stall %v); faults %v, client stalls %d; errors %v; clients stopped in %v; violations %d",
 		stopping.Sub(start).Round(time.Second), chaosClients, mix, semGoroutines, semSize, fig.holds, two, longs.Load(), tryMisses.Load(), len(resource.writes),
-		fig.lost, fig.stopped, fig.invalidAtStart, leasesLost, leases, grants, extends, assoc.byGrant, assoc.byAdoption, assoc.adoptions, assoc.folded, assoc.ambiguous, assoc.unexplained, fig.maxPermits,
+		fig.lost, fig.stopped, fig.invalidAtStart, leasesLost, leases, grants, extends, assoc.byGrant, assoc.byAdoption, assoc.adoptions, assoc.folded, assoc.byHandOn, assoc.ambiguous, assoc.unexplained, fig.maxPermits,
 		fig.maxLate.Round(time.Millisecond), fig.writesLate, probe.longest(start, stopped).Round(time.Millisecond),
 		faults, stalls.Load(), errs, stopped.Sub(stopping).Round(time.Millisecond), len(violations))
 	redistest.Report(t, "%s; %s", figures, counted)
@@ -359,7 +369,29 @@ func logViolatedSem(t *testing.T, violations []string, holds []semHold, recs []*
 			}
 		}
 	}
+	for _, v := range violations {
+		if strings.Contains(v, "stranded") {
+			logStrandedSem(t, v, recs, at)
+		}
+	}
 	for _, f := range timeline {
 		t.Logf("fault %s", f)
+	}
+}
+
+// logStrandedSem logs the latest calls, of any client, on the leases that
+// violation v names as stranded.
+func logStrandedSem(t *testing.T, v string, recs []*semRecorder, at func(time.Time) string) {
+	t.Helper()
+	for _, r := range recs {
+		r.mu.Lock()
+		calls := slices.DeleteFunc(slices.Clone(r.calls), func(c *semCall) bool { return c.value == "" || !strings.Contains(v, c.value) })
+		r.mu.Unlock()
+		if len(calls) > 20 {
+			calls = calls[len(calls)-20:]
+		}
+		for _, c := range calls {
+			t.Logf("  client %d (stranded lease): %s %s-%s %s: %v %v", r.client, c.script, at(c.start), at(c.end), c.arg, c.vals, c.err)
+		}
 	}
 }

@@ -269,8 +269,8 @@ func (r *semRecorder) build() *semLog {
 
 // semAssoc counts how resolve explained the holds.
 type semAssoc struct {
-	byGrant, byAdoption, ambiguous, unexplained int
-	adoptions, folded                           int // possible adoptions; of them, folded by a later call
+	byGrant, byAdoption, byHandOn, ambiguous, unexplained int
+	adoptions, folded                                     int // possible adoptions; of them, folded by a later call
 }
 
 // resolveSem tells, for each hold, the lease it took its permits on (the
@@ -284,11 +284,15 @@ type semAssoc struct {
 // and before start: the process may have grown that one instead). A reply
 // may grant a waiter that then adopts a grant all the same (the reply came
 // after its lease's deadline: the library retries), and another waiter of
-// the process may match too: all are candidates. The hold's deadline is the latest of its
-// candidates': exact when there is one, and never earlier than the
-// library's. A hold that nothing explains gets the latest deadline of any
-// lease of its client made before it, and a line in unexplained.
-func resolveSem(recs []*semRecorder, holds []semHold) (unexplained []string, st semAssoc) {
+// the process may match too: all are candidates. The hold's deadline is
+// the latest of its candidates': exact when there is one, and never earlier
+// than the library's. An Acquire's hold that no call explains may have
+// been handed on (semaphore.go handOnLocked): its permits stay on the lease
+// of a hold of the same client, of at least as many permits, whose release
+// ran while the hold's Acquire did (see handOnCands). A hold that nothing
+// explains gets the latest deadline of any lease of its client made before
+// it, and a line in unexplained.
+func resolveSem(recs []*semRecorder, holds, gaveUp []semHold) (unexplained []string, st semAssoc) {
 	logs := make([]*semLog, len(recs))
 	for i, r := range recs {
 		logs[i] = r.build()
@@ -301,57 +305,129 @@ func resolveSem(recs []*semRecorder, holds []semHold) (unexplained []string, st 
 	}
 	for i := range holds {
 		h := &holds[i]
-		lg := logs[h.client]
-		lo, hi := h.a0.UnixMicro(), h.start.UnixMicro()
-		var cands []*semLease
-		for _, g := range lg.grants {
-			if g.entry.n == h.n && g.try == h.try && !g.at.Before(h.a0) && !g.at.After(h.start) &&
-				(h.try || (g.entry.arrival >= lo && g.entry.arrival <= hi)) {
-				cands = append(cands, g.lease)
-			}
-		}
-		byGrant := len(cands) > 0
-		if !h.try {
-			for _, a := range lg.adoptions {
-				if a.entry.n != h.n || a.entry.arrival < lo || a.entry.arrival > hi || a.after.After(h.start) {
-					continue
-				}
-				cands = append(cands, a.lease)
-				for _, l := range lg.leases {
-					if l.value == a.lease.value && !l.made.Before(a.after) && !l.made.After(h.start) {
-						cands = append(cands, l)
-					}
-				}
-			}
-		}
+		cands, byGrant := h.callCands(logs[h.client])
+		h.lease, h.until = nil, time.Time{}
 		switch {
 		case len(cands) == 0:
-			st.unexplained++
-			unexplained = append(unexplained, fmt.Sprintf("hold %d (client %d): no grant or adoption of the client explains it", i, h.client))
-			for _, l := range lg.leases {
-				if !l.made.After(h.start) {
-					cands = append(cands, l)
-				}
-			}
+			continue // a hand-on, or nothing: below
 		case byGrant:
 			st.byGrant++
 		default:
 			st.byAdoption++
 		}
-		h.lease, h.until = nil, time.Time{}
-		for _, l := range cands {
-			if h.lease != nil && l != h.lease {
-				h.ambiguous = true
+		st.ambiguous += h.pick(cands)
+	}
+	for i := range gaveUp {
+		g := &gaveUp[i]
+		cands, _ := g.callCands(logs[g.client])
+		g.lease, g.until = nil, time.Time{}
+		g.pick(cands)
+	}
+	// Hand-ons, again while one more is explained: a hold handed on by a
+	// waiter that was itself handed on, and gave up.
+	sources := [][]semHold{holds, gaveUp}
+	for more := true; more; {
+		more = false
+		for k, hs := range sources {
+			for i := range hs {
+				h := &hs[i]
+				if h.lease != nil {
+					continue
+				}
+				if cands := handOnCands(sources, h); len(cands) > 0 {
+					more = true
+					if a := h.pick(cands); k == 0 {
+						st.byHandOn++
+						st.ambiguous += a
+					}
+				}
 			}
-			if h.lease == nil || l.until.After(h.until) {
-				h.lease, h.until = l, l.until
-			}
-		}
-		if h.ambiguous {
-			st.ambiguous++
 		}
 	}
+	for i := range holds {
+		h := &holds[i]
+		if h.lease != nil {
+			continue
+		}
+		st.unexplained++
+		unexplained = append(unexplained, fmt.Sprintf("hold %d (client %d): no grant, adoption or hand-on of the client explains it", i, h.client))
+		var cands []*semLease
+		for _, l := range logs[h.client].leases {
+			if !l.made.After(h.start) {
+				cands = append(cands, l)
+			}
+		}
+		st.ambiguous += h.pick(cands)
+	}
 	return unexplained, st
+}
+
+// callCands returns the leases that the calls of h's client (lg) may have
+// given h its permits on (see resolveSem), and whether a reply granted
+// them (byGrant) rather than an adoption.
+func (h *semHold) callCands(lg *semLog) (cands []*semLease, byGrant bool) {
+	lo, hi := h.a0.UnixMicro(), h.start.UnixMicro()
+	for _, g := range lg.grants {
+		if g.entry.n == h.n && g.try == h.try && !g.at.Before(h.a0) && !g.at.After(h.start) &&
+			(h.try || (g.entry.arrival >= lo && g.entry.arrival <= hi)) {
+			cands = append(cands, g.lease)
+		}
+	}
+	byGrant = len(cands) > 0
+	if h.try {
+		return cands, byGrant
+	}
+	for _, a := range lg.adoptions {
+		if a.entry.n != h.n || a.entry.arrival < lo || a.entry.arrival > hi || a.after.After(h.start) {
+			continue
+		}
+		cands = append(cands, a.lease)
+		for _, l := range lg.leases {
+			if l.value == a.lease.value && !l.made.Before(a.after) && !l.made.After(h.start) {
+				cands = append(cands, l)
+			}
+		}
+	}
+	return cands, byGrant
+}
+
+// handOnCands returns the leases that may have handed h on: those of the
+// holds and given-up waiters (sources) of its client, of at least as many
+// permits, whose release ran while h's Acquire did (and began before it
+// returned); a waiter that gave up passes permits it was given on within
+// its Acquire. A TryAcquire is never handed on.
+func handOnCands(sources [][]semHold, h *semHold) (cands []*semLease) {
+	if h.try {
+		return nil
+	}
+	for _, hs := range sources {
+		for j := range hs {
+			o := &hs[j]
+			if o == h || o.client != h.client || o.lease == nil || o.n < h.n ||
+				o.releaseStart.IsZero() || o.releaseStart.After(h.start) || o.releaseEnd.Before(h.a0) {
+				continue
+			}
+			cands = append(cands, o.lease)
+		}
+	}
+	return cands
+}
+
+// pick makes the latest deadline of the candidate leases the hold's, and
+// returns 1 if they are several (ambiguous), else 0.
+func (h *semHold) pick(cands []*semLease) int {
+	for _, l := range cands {
+		if h.lease != nil && l != h.lease {
+			h.ambiguous = true
+		}
+		if h.lease == nil || l.until.After(h.until) {
+			h.lease, h.until = l, l.until
+		}
+	}
+	if h.ambiguous {
+		return 1
+	}
+	return 0
 }
 
 // semResource is the resource a semaphore guards: it logs every write, by
@@ -391,6 +467,7 @@ type semHold struct {
 	until                    time.Time // the lease's local deadline, read once every client has stopped
 	lostAt                   time.Time // when Lost() was seen closed; zero if not before Release returned
 	releaseStart             time.Time
+	releaseEnd               time.Time // ReleaseCtx returned
 	releaseErr               error
 	paused                   bool
 }
@@ -655,12 +732,14 @@ func TestCheckSemHistoryResolve(t *testing.T) {
 		hold(2, 2, 98, 105), // 5: taken in with it
 		func() semHold { h := hold(2, 2, 199, 203); h.try = true; return h }(), // 6: TryAcquire
 		hold(3, 2, 299, 2200), // 7: a reply and an adoption
+		hold(2, 1, 140, 146),  // 8: handed on by hold 4's release at 145–147
 	}
-	unexpl, st := resolveSem(recs, holds)
+	holds[4].releaseStart, holds[4].releaseEnd = at(145), at(147)
+	unexpl, st := resolveSem(recs, holds, nil)
 	want := []struct {
 		value string
 		until int
-	}{{"V1", 986}, {"V2", 1787}, {"V1", 986}, {"V1", 986}, {"V3", 1085}, {"V3", 1085}, {"V4", 1186}, {"V6", 2988}}
+	}{{"V1", 986}, {"V2", 1787}, {"V1", 986}, {"V1", 986}, {"V3", 1085}, {"V3", 1085}, {"V4", 1186}, {"V6", 2988}, {"V3", 1085}}
 	for i, w := range want {
 		h := holds[i]
 		if h.lease == nil || h.lease.value != w.value || !h.until.Equal(at(w.until)) {
@@ -674,8 +753,8 @@ func TestCheckSemHistoryResolve(t *testing.T) {
 	if len(unexpl) != 1 || !strings.Contains(unexpl[0], "hold 3 ") {
 		t.Errorf("unexplained %q, want hold 3 alone", unexpl)
 	}
-	if st.byGrant != 5 || st.byAdoption != 2 || st.unexplained != 1 || st.adoptions != 3 || st.folded != 1 || st.ambiguous != 1 {
-		t.Errorf("association %+v, want 5 by grant, 2 by adoption, 1 unexplained, 3 adoptions (1 folded), 1 ambiguous", st)
+	if st.byGrant != 5 || st.byAdoption != 2 || st.byHandOn != 1 || st.unexplained != 1 || st.adoptions != 3 || st.folded != 1 || st.ambiguous != 1 {
+		t.Errorf("association %+v, want 5 by grant, 2 by adoption, 1 by hand-on, 1 unexplained, 3 adoptions (1 folded), 1 ambiguous", st)
 	}
 	if !holds[7].ambiguous {
 		t.Errorf("hold 7 not ambiguous")
@@ -704,7 +783,7 @@ func TestCheckSemHistoryResolve(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			holds := append(adopted(), tt.other)
-			if unexpl, _ := resolveSem([]*semRecorder{r, newSemRecorder(1, expiry, 0.01)}, holds[:1]); len(unexpl) != 0 {
+			if unexpl, _ := resolveSem([]*semRecorder{r, newSemRecorder(1, expiry, 0.01)}, holds[:1], nil); len(unexpl) != 0 {
 				t.Fatalf("unexplained %q", unexpl)
 			}
 			if !holds[0].until.Equal(at(998)) {
