@@ -158,6 +158,14 @@ func (m *NetMutex) admitSharedLocked(h *hold) {
 	}
 }
 
+// noHandOff keeps m's next UnlockCtx from handing the hold to a local
+// waiter.
+func (m *NetMutex) noHandOff() {
+	m.mu.Lock()
+	m.handoffs = m.cfg.handoffs
+	m.mu.Unlock()
+}
+
 // mayHandOffLocked reports whether h may be handed to another goroutine of
 // this process: auto-extend is on, the hand-offs in a row have not reached
 // their bound, and h is well within its validity. The caller holds m.mu.
@@ -251,7 +259,7 @@ func (m *NetMutex) awaitShared(ctx context.Context, w *localWaiter) error {
 		return err
 	}
 	if ctx.Err() != nil {
-		m.unlock(context.WithoutCancel(ctx), true)
+		m.abandon(ctx, true, true)
 		err = notObtained(context.Cause(ctx))
 		done(false, contended, false, err)
 		return err

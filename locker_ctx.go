@@ -56,7 +56,7 @@ func (m *NetMutex) LockCtx(ctx context.Context) (err error) {
 	if ctx.Err() != nil {
 		// ctx ended as the hold came: whichever came first, a caller
 		// whose ctx has ended when LockCtx returns never holds m.
-		m.UnlockCtx(context.WithoutCancel(ctx))
+		m.abandon(ctx, h == nil, false)
 		return notObtained(context.Cause(ctx))
 	}
 	m.heldSince()
@@ -156,6 +156,17 @@ func (m *NetMutex) unlock(ctx context.Context, shared bool) error {
 	}
 	m.unlocked(ctx, h, held, false, err)
 	return err
+}
+
+// abandon gives back the hold of a caller whose ctx ended as it came
+// (shared: a shared holder's). One acquired in Redis (acquired) goes back
+// to Redis: handed on, the goroutines of this process it went to would
+// hold what no observer heard acquired. One handed over may be handed on.
+func (m *NetMutex) abandon(ctx context.Context, acquired, shared bool) {
+	if acquired {
+		m.noHandOff()
+	}
+	m.unlock(context.WithoutCancel(ctx), shared)
 }
 
 // releaseHold releases h's key and returns what settle makes of the

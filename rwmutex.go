@@ -888,14 +888,6 @@ func (rw *NetRWMutex) runlock(ctx context.Context) error {
 	return err
 }
 
-// noHandOff keeps m's next UnlockCtx from handing the hold to a local
-// waiter.
-func (m *NetMutex) noHandOff() {
-	m.mu.Lock()
-	m.handoffs = m.cfg.handoffs
-	m.mu.Unlock()
-}
-
 // awaitClose waits until ch is closed or ctx ends; then it returns an error
 // matching ErrNotObtained and ctx's cause.
 func awaitClose(ctx context.Context, ch <-chan struct{}) error {
