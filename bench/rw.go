@@ -19,8 +19,6 @@ const (
 	rwProcesses  = 8   // clients, each its own connections, as processes
 	rwGoroutines = 4   // goroutines per process, sharing its lock object
 	rwReadShare  = 0.9 // the share of sections that read
-	// rwTarget is the goal: reads/s of NetRWMutex ÷ NetMutex's.
-	rwTarget = 4.0
 	// rwSleepFrom is the shortest critical section that sleeps; shorter
 	// ones busy-wait (see section).
 	rwSleepFrom = time.Millisecond
@@ -29,6 +27,18 @@ const (
 // rwSection is the critical section of the read-mostly scenario, reading or
 // writing (-rwsection).
 var rwSection = 20 * time.Microsecond
+
+// rwTarget returns the goal for reads/s of NetRWMutex ÷ NetMutex's at
+// rwSection: never slower than the NetMutex where a round trip costs more
+// than a section (a process serves its own readers and writers under its
+// write lock, as a NetMutex serves its goroutines), and 4× from 1 ms
+// sections, where readers of every process read together.
+func rwTarget() float64 {
+	if rwSection >= time.Millisecond {
+		return 4.0
+	}
+	return 1.0
+}
 
 const rwReadID = "rwread"
 

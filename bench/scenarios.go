@@ -167,7 +167,7 @@ func buildScenarios(cs []contender, addrs []string) []*scenario {
 			"scripts per section: the EVALSHA (and EVAL) calls among them, the round trips that run a script. "+
 			"Overlaps: sections that found someone inside they must exclude (a writer with a reader or another writer; readers together are fine), looked at on entry and before leaving; lost writes: updates of a counter each write makes with a separate load and store, lost to overlap. "+
 			"Both must be 0: a row with either is marked FAILED, and the run exits with an error after writing its report.",
-			rwProcesses, rwGoroutines, rwProcesses*rwGoroutines, rwReadShare, sectionHow(rwSection), rwTarget),
+			rwProcesses, rwGoroutines, rwProcesses*rwGoroutines, rwReadShare, sectionHow(rwSection), rwTarget()),
 		shape:  shapeRW,
 		strict: true,
 	}

@@ -182,7 +182,7 @@ func writeSummary(p printer, scs []*scenario) {
 		if r.overlaps > 0 || r.lost > 0 {
 			return v + ", FAILED: exclusion violated", false, true
 		}
-		return v, x >= rwTarget, true
+		return v, x >= rwTarget(), true
 	}
 	// rwWaitingValue: the waiting cost of NetRWMutex's readers or writers,
 	// without the client library's keepalive PINGs.
@@ -274,7 +274,7 @@ func writeSummary(p printer, scs []*scenario) {
 			value: holdsValue(func(h *holdsResult) int64 { return int64(h.peakConns) }, 256), ref: func() string { return "" },
 		},
 		{
-			what: fmt.Sprintf("read-mostly, %d processes × %d goroutines, %.0f%% reads, %v sections: reads/s of NetRWMutex ÷ NetMutex's, same client", rwProcesses, rwGoroutines, 100*rwReadShare, rwSection), threshold: fmt.Sprintf("≥ %.2f", rwTarget),
+			what: fmt.Sprintf("read-mostly, %d processes × %d goroutines, %.0f%% reads, %v sections: reads/s of NetRWMutex ÷ NetMutex's, same client", rwProcesses, rwGoroutines, 100*rwReadShare, rwSection), threshold: fmt.Sprintf("≥ %.2f", rwTarget()),
 			value: rwReadValue, ref: func() string { return "NetMutex taken with LockCtx for reads and writes alike (same run)" },
 		},
 		{
