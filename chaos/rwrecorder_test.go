@@ -44,6 +44,10 @@ type rwRecorder struct {
 	// reader ('r'), each running one acquire at a time.
 	joins  map[string]time.Time
 	nonces map[byte]string
+
+	// trace, if set, records every script call of client.
+	trace  *evalTrace
+	client int
 }
 
 // leaseTiming is what an rwRecorder knows of one write hold or read lease.
@@ -262,6 +266,9 @@ func (b *rwSpyBackend) Eval(ctx context.Context, s *netlock.Script, keys, args [
 	start := time.Now()
 	vals, err := b.Backend.Eval(ctx, s, keys, args)
 	end := time.Now()
+	if t := b.r.trace; t != nil {
+		t.add(b.r.client, s.Name(), args, vals, err, start, end)
+	}
 	if s.Name() != "rw_acquire" || len(args) != 1 {
 		return vals, err
 	}
