@@ -174,9 +174,9 @@ func (s *nameSections) check(t *testing.T, want int) {
 }
 
 // Several MultiMutexes of the same names in several slots, given in
-// opposite orders, and a NetMutex of each name, on cluster clients of every
-// library: no two hold a name at once, none deadlocks, and each name's
-// tokens strictly increase.
+// opposite orders, one shared by goroutines, and a NetMutex of each name,
+// on cluster clients of every library: no two hold a name at once, none
+// deadlocks, and each name's tokens strictly increase.
 func testMultiSlotsExclude(t *testing.T, cluster *redistest.Cluster) {
 	names := slotNames(t, cluster, "excl")
 	const rounds = 8
@@ -207,6 +207,24 @@ func testMultiSlotsExclude(t *testing.T, cluster *redistest.Cluster) {
 				}
 			})
 		}
+	}
+	// Goroutines of one process sharing a MultiMutex queue for it locally.
+	shared := newSlotsMulti(t, names, clusterBackend(t, "rueidis", cluster))
+	for g := range 3 {
+		sections += rounds
+		wg.Go(func() {
+			for r := range rounds {
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				err := shared.LockCtx(ctx)
+				cancel()
+				if err != nil {
+					t.Errorf("shared MultiMutex, goroutine %d, round %d: LockCtx: %v", g, r, err)
+					return
+				}
+				s.run(names, shared.Tokens())
+				shared.Unlock()
+			}
+		})
 	}
 	for _, name := range names {
 		m := newTestMutex(t, name, clusterBackend(t, "rueidis", cluster))
