@@ -3,6 +3,7 @@ package netlock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -156,6 +157,27 @@ func (s *nameSections) run(names []string, tokens []uint64) {
 	s.mu.Unlock()
 }
 
+// lockRounds locks l rounds times, each with a bound, and runs a section of
+// names while it holds, with their tokens. what names l in errors.
+func (s *nameSections) lockRounds(t *testing.T, what string, rounds int, l interface {
+	LockCtx(context.Context) error
+	UnlockCtx(context.Context) error
+}, names []string, tokens func() []uint64) {
+	for r := range rounds {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		err := l.LockCtx(ctx)
+		cancel()
+		if err != nil {
+			t.Errorf("%s, round %d: LockCtx: %v", what, r, err)
+			return
+		}
+		s.run(names, tokens())
+		if err := l.UnlockCtx(context.Background()); err != nil {
+			t.Errorf("%s, round %d: UnlockCtx: %v", what, r, err)
+		}
+	}
+}
+
 func (s *nameSections) check(t *testing.T, want int) {
 	t.Helper()
 	if s.overlaps != 0 {
@@ -191,21 +213,7 @@ func testMultiSlotsExclude(t *testing.T, cluster *redistest.Cluster) {
 			}
 			mm := newSlotsMulti(t, ns, clusterBackend(t, kind, cluster))
 			sections += rounds
-			wg.Go(func() {
-				for r := range rounds {
-					ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-					err := mm.LockCtx(ctx)
-					cancel()
-					if err != nil {
-						t.Errorf("%s MultiMutex %d, round %d: LockCtx: %v", kind, i, r, err)
-						return
-					}
-					s.run(ns, mm.Tokens())
-					if err := mm.UnlockCtx(context.Background()); err != nil {
-						t.Errorf("%s MultiMutex %d, round %d: UnlockCtx: %v", kind, i, r, err)
-					}
-				}
-			})
+			wg.Go(func() { s.lockRounds(t, fmt.Sprintf("%s MultiMutex %d", kind, i), rounds, mm, ns, mm.Tokens) })
 		}
 	}
 	// Goroutines of one process sharing a MultiMutex queue for it locally.
@@ -213,37 +221,14 @@ func testMultiSlotsExclude(t *testing.T, cluster *redistest.Cluster) {
 	for g := range 3 {
 		sections += rounds
 		wg.Go(func() {
-			for r := range rounds {
-				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-				err := shared.LockCtx(ctx)
-				cancel()
-				if err != nil {
-					t.Errorf("shared MultiMutex, goroutine %d, round %d: LockCtx: %v", g, r, err)
-					return
-				}
-				s.run(names, shared.Tokens())
-				shared.Unlock()
-			}
+			s.lockRounds(t, fmt.Sprintf("shared MultiMutex, goroutine %d", g), rounds, shared, names, shared.Tokens)
 		})
 	}
 	for _, name := range names {
 		m := newTestMutex(t, name, clusterBackend(t, "rueidis", cluster))
 		sections += rounds
-		wg.Go(func() {
-			for r := range rounds {
-				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-				err := m.LockCtx(ctx)
-				cancel()
-				if err != nil {
-					t.Errorf("NetMutex %s, round %d: LockCtx: %v", name, r, err)
-					return
-				}
-				s.run([]string{name}, []uint64{m.Token()})
-				if err := m.UnlockCtx(context.Background()); err != nil {
-					t.Errorf("NetMutex %s, round %d: UnlockCtx: %v", name, r, err)
-				}
-			}
-		})
+		tokens := func() []uint64 { return []uint64{m.Token()} }
+		wg.Go(func() { s.lockRounds(t, "NetMutex "+name, rounds, m, []string{name}, tokens) })
 	}
 	redistest.Within(t, 90*time.Second, "every MultiMutex and NetMutex done", wg.Wait)
 	s.check(t, sections)
