@@ -10,8 +10,6 @@ import (
 	"testing"
 
 	"github.com/alicebob/miniredis/v2"
-
-	"github.com/netlock-go/netlock/internal/keyspace"
 )
 
 // clusterHubBackend is a Backend whose Hub says it is a Redis Cluster
@@ -62,72 +60,6 @@ func TestNewMultiRejectsBadInput(t *testing.T) {
 	}
 	if _, err := NewMulti([]string{"solo"}, []Backend{cluster}); err != nil {
 		t.Errorf("NewMulti of one name on a Cluster: %v", err)
-	}
-}
-
-// On a Backend that says it is a Cluster, NewMulti groups names in several
-// slots by slot, in the order of the slots (within one, of the names), and
-// Tokens follows the order the names were given in; elsewhere one script
-// takes them all.
-func TestNewMultiGroupsSlots(t *testing.T) {
-	b := newBackend(t, "redigo", miniredis.RunT(t).Addr())
-	cluster := clusterHubBackend{Backend: b, hub: NewHub(HubConfig{
-		Listen:  func(context.Context, func(string, string)) (Listener, error) { return nil, errors.New("unused") },
-		Cluster: true,
-	})}
-	names := []string{"{t}:b", "x", "{t}:a", "y"}
-	slot := func(n string) uint16 { return keyspace.Slot("netlock:{" + n + "}") }
-	if slot("x") == slot("y") || slot("x") == slot("{t}:a") || slot("y") == slot("{t}:a") {
-		t.Fatalf("slots of x, y, {t}:a: %d, %d, %d; want three", slot("x"), slot("y"), slot("{t}:a"))
-	}
-	mm, err := NewMulti(names, []Backend{cluster})
-	if err != nil {
-		t.Fatalf("NewMulti(%q) on a Cluster: %v", names, err)
-	}
-	s, ok := mm.m.(*slotGroups)
-	if !ok {
-		t.Fatalf("NewMulti(%q) on a Cluster: got %T, want slot groups", names, mm.m)
-	}
-	var got [][]string
-	var slots []uint16
-	for _, g := range s.groups {
-		got = append(got, g.kind.(*multiKind).names)
-		slots = append(slots, slot(g.kind.(*multiKind).names[0]))
-	}
-	if !slices.IsSorted(slots) || len(got) != 3 {
-		t.Errorf("groups %q in slots %v, want three, in the order of the slots", got, slots)
-	}
-	for i, n := range names {
-		if g := got[s.of[i]]; !slices.Contains(g, n) {
-			t.Errorf("name %q: its group %q does not hold it", n, g)
-		}
-	}
-	if i := slices.IndexFunc(got, func(g []string) bool { return len(g) == 2 }); i < 0 || !slices.Equal(got[i], []string{"{t}:a", "{t}:b"}) {
-		t.Errorf("groups %q, want {t}:a and {t}:b together, in sorted order", got)
-	}
-	// miniredis takes keys of several slots in one script: a NetMutex of x
-	// moves x's slot's counter on, and the tokens differ by group.
-	x, err := New("x", []Backend{cluster})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for range 3 {
-		mustLock(t, x)
-		mustUnlock(t, x)
-	}
-	if ok, err := mm.TryLockCtx(context.Background()); !ok || err != nil {
-		t.Fatalf("TryLockCtx: got %v, %v; want true, nil", ok, err)
-	}
-	if got, want := mm.Tokens(), []uint64{1, 4, 1, 1}; !slices.Equal(got, want) {
-		t.Errorf("Tokens of %q: got %v, want %v", names, got, want)
-	}
-	mm.Unlock()
-	one, err := NewMulti(names, []Backend{b})
-	if err != nil {
-		t.Fatalf("NewMulti(%q) on one server: %v", names, err)
-	}
-	if _, ok := one.m.(oneSlot); !ok {
-		t.Errorf("NewMulti(%q) on one server: got %T, want one script per node", names, one.m)
 	}
 }
 
