@@ -89,11 +89,27 @@ func TestMultiZeroAndMisuse(t *testing.T) {
 	if got := mm.Names(); len(got) != 2 || got[0] != "b" || got[1] != "a" {
 		t.Errorf("Names(): got %q, want [b a]", got)
 	}
+	checkNotHeld(t, mm)
+}
+
+// checkNotHeld checks that mm, not locked, answers as a NetMutex does:
+// ErrNotHeld, a panic on Unlock, a closed Lost, no Tokens.
+func checkNotHeld(t *testing.T, mm *MultiMutex) {
+	t.Helper()
+	ctx := context.Background()
 	if err := mm.UnlockCtx(ctx); !errors.Is(err, ErrNotHeld) {
 		t.Errorf("UnlockCtx not locked: got %v, want ErrNotHeld", err)
 	}
 	if err := mm.ExtendCtx(ctx); !errors.Is(err, ErrNotHeld) {
 		t.Errorf("ExtendCtx not locked: got %v, want ErrNotHeld", err)
+	}
+	select {
+	case <-mm.Lost():
+	default:
+		t.Error("Lost not locked: not closed")
+	}
+	if toks := mm.Tokens(); toks != nil {
+		t.Errorf("Tokens not locked: got %v, want nil", toks)
 	}
 	func() {
 		defer func() {

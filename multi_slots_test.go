@@ -96,29 +96,7 @@ func TestMultiSlotsNotHeld(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	if err := mm.UnlockCtx(ctx); !errors.Is(err, ErrNotHeld) {
-		t.Errorf("UnlockCtx unlocked: got %v, want ErrNotHeld", err)
-	}
-	if err := mm.ExtendCtx(ctx); !errors.Is(err, ErrNotHeld) {
-		t.Errorf("ExtendCtx unlocked: got %v, want ErrNotHeld", err)
-	}
-	select {
-	case <-mm.Lost():
-	default:
-		t.Error("Lost unlocked: not closed")
-	}
-	if toks := mm.Tokens(); toks != nil {
-		t.Errorf("Tokens unlocked: got %v, want nil", toks)
-	}
-	func() {
-		defer func() {
-			if err, _ := recover().(error); !errors.Is(err, ErrNotHeld) {
-				t.Errorf("Unlock unlocked: panic %v, want one matching ErrNotHeld", err)
-			}
-		}()
-		mm.Unlock()
-	}()
+	checkNotHeld(t, mm)
 }
 
 // TryLock over several slots is all or nothing: a later slot's name held
