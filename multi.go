@@ -84,11 +84,11 @@ func (o oneSlot) tokens() []uint64 {
 // name given twice, a name New would refuse, or backends or options New
 // would refuse. It does not contact Redis.
 //
-// On a Backend that says it is a Redis Cluster (NewRueidis and the goredis
-// package's Backend of a cluster client do), names in several hash slots
-// are taken one slot at a time (see MultiMutex). A Backend of a Cluster
-// that does not say so gets the server's CROSSSLOT error from LockCtx and
-// TryLockCtx for such names.
+// On a Backend that says it is a Redis Cluster (as NewRueidis and the
+// goredis package say of a cluster client, through their Hub), names in
+// several hash slots are taken one slot at a time (see MultiMutex). On a
+// Backend of a Cluster that does not say so, LockCtx and TryLockCtx of
+// such names return the server's CROSSSLOT error at once.
 func NewMulti(names []string, backends []Backend, opts ...Option) (*MultiMutex, error) {
 	if len(names) == 0 {
 		return nil, errors.New("netlock: NewMulti: no names")
