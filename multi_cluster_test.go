@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -11,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/rueidis"
 
 	"github.com/netlock-go/netlock/internal/redistest"
 )
@@ -450,7 +453,20 @@ func testMultiSlotsWaitingCost(t *testing.T, cluster *redistest.Cluster) {
 // answers again, is released then.
 func testMultiSlotsNodeDown(t *testing.T, cluster *redistest.Cluster) {
 	names := slotNames(t, cluster, "down")
-	mm := newSlotsMulti(t, names, clusterBackend(t, "rueidis", cluster), WithExpiry(3*time.Second), WithNodeTimeout(200*time.Millisecond))
+	// A call to a stopped node that finds rueidis dialing it again (after
+	// a call that timed out) waits for the dial, whatever its own context
+	// says: with rueidis's defaults, up to ten seconds. Bounded here.
+	c, err := rueidis.NewClient(rueidis.ClientOption{
+		InitAddress:      cluster.Addrs(),
+		DisableCache:     true,
+		Dialer:           net.Dialer{Timeout: 300 * time.Millisecond},
+		ConnWriteTimeout: 300 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	mm := newSlotsMulti(t, names, NewRueidis(c), WithExpiry(3*time.Second), WithNodeTimeout(200*time.Millisecond))
 	groups := groupsOf(mm)
 	servers := map[string]*redistest.Server{} // asked before one is stopped
 	for _, n := range names {
@@ -472,7 +488,7 @@ func testMultiSlotsNodeDown(t *testing.T, cluster *redistest.Cluster) {
 		}
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	err := mm.LockCtx(ctx)
+	err = mm.LockCtx(ctx)
 	cancel()
 	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, ErrQuorum) {
 		t.Errorf("LockCtx with %s's master stopped: got %v, want an error matching context.DeadlineExceeded and ErrQuorum", name, err)
