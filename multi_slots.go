@@ -196,17 +196,20 @@ func (s *slotGroups) UnlockCtx(ctx context.Context) error {
 // not held.
 func (s *slotGroups) ExtendCtx(ctx context.Context) error {
 	s.mu.Lock()
-	held := s.set != nil
+	sh := s.set
 	s.mu.Unlock()
-	if !held {
+	if sh == nil {
 		return ErrNotHeld
 	}
-	return s.extend(ctx)
+	return sh.extend(ctx)
 }
 
-func (s *slotGroups) extend(ctx context.Context) error {
-	err := s.each(ctx, s.all(), (*NetMutex).ExtendCtx)
+// extend extends every group together; when one is lost, it closes Lost
+// before it returns ErrLockLost.
+func (sh *setHold) extend(ctx context.Context) error {
+	err := sh.s.each(ctx, sh.s.all(), (*NetMutex).ExtendCtx)
 	if errors.Is(err, ErrLockLost) {
+		sh.closeLost()
 		return ErrLockLost
 	}
 	return err
@@ -239,13 +242,14 @@ type setHold struct {
 	holds  []*hold  // per group
 	tokens []uint64 // per name as given to NewMulti, its group's token
 
-	mu      sync.Mutex
-	lost    chan struct{}      // made by lostChan; closed when a group's hold ends
-	watched chan struct{}      // closed when the goroutine that closes lost returns
-	dog     *time.Timer        // the watchdog; nil with auto-extend off
-	stopped bool               // by Unlock: the watchdog does not tick again
-	ticking chan struct{}      // non-nil while tick runs; closed when it returns
-	cancel  context.CancelFunc // cancels the extend tick runs
+	mu         sync.Mutex
+	lost       chan struct{} // made by lostChan; closed when a group's hold ends
+	lostClosed bool
+	watched    chan struct{}      // closed when the goroutine of lostChan returns
+	dog        *time.Timer        // the watchdog; nil with auto-extend off
+	stopped    bool               // by Unlock: the watchdog does not tick again
+	ticking    chan struct{}      // non-nil while tick runs; closed when it returns
+	cancel     context.CancelFunc // cancels the extend tick runs
 }
 
 // begin makes the groups' holds the set's hold, and starts its watchdog.
@@ -292,7 +296,7 @@ func (sh *setHold) tick() {
 
 	m := sh.s.groups[0]
 	now := m.clk.Now()
-	err := sh.s.extend(ctx)
+	err := sh.extend(ctx)
 	next := m.nextExtend(now)
 	if err != nil {
 		// The nodes could not be asked: try again soon, while the
@@ -326,26 +330,48 @@ func (sh *setHold) stop() {
 }
 
 // lostChan returns a channel closed when any group's hold ends: lost, or
-// released by Unlock. A goroutine, started by the first call, waits for
-// the first of the groups' Lost channels; it returns by Unlock at the
+// released by Unlock. It is closed at once if one has ended already; else
+// a goroutine, started by the first call, waits for the first of the
+// groups' Lost channels (an extend that finds a group lost closes it
+// itself, before it returns). The goroutine returns by Unlock at the
 // latest, which waits for it.
 func (sh *setHold) lostChan() <-chan struct{} {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if sh.lost == nil {
-		cases := make([]reflect.SelectCase, len(sh.holds))
-		for i, h := range sh.holds {
-			cases[i] = reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(h.lostChan())}
-		}
-		lost, watched := make(chan struct{}), make(chan struct{})
-		sh.lost, sh.watched = lost, watched
-		go func() {
-			defer close(watched)
-			reflect.Select(cases)
-			close(lost)
-		}()
+	if sh.lost != nil {
+		return sh.lost
 	}
+	sh.lost = make(chan struct{})
+	cases := make([]reflect.SelectCase, len(sh.holds))
+	for i, h := range sh.holds {
+		c := h.lostChan()
+		select {
+		case <-c:
+			close(sh.lost)
+			sh.lostClosed = true
+			return sh.lost
+		default:
+		}
+		cases[i] = reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(c)}
+	}
+	watched := make(chan struct{})
+	sh.watched = watched
+	go func() {
+		defer close(watched)
+		reflect.Select(cases)
+		sh.closeLost()
+	}()
 	return sh.lost
+}
+
+// closeLost closes the channel of lostChan, if it was made and is open.
+func (sh *setHold) closeLost() {
+	sh.mu.Lock()
+	if sh.lost != nil && !sh.lostClosed {
+		close(sh.lost)
+		sh.lostClosed = true
+	}
+	sh.mu.Unlock()
 }
 
 // joinLost waits for the goroutine of lostChan, if there is one, once every
