@@ -151,6 +151,20 @@ func TestMultiSlotsLostOnExtend(t *testing.T) {
 	if err := mm.UnlockCtx(ctx); !errors.Is(err, ErrLockLost) {
 		t.Errorf("UnlockCtx: got %v, want ErrLockLost", err)
 	}
+	// Lost asked for only once the slot is lost is closed at once.
+	mustLockMulti(t, mm)
+	mr.Del("netlock:{" + gone + "}")
+	if err := mm.ExtendCtx(ctx); !errors.Is(err, ErrLockLost) {
+		t.Errorf("ExtendCtx with %s gone again: got %v, want ErrLockLost", gone, err)
+	}
+	select {
+	case <-mm.Lost():
+	default:
+		t.Error("Lost asked for after ExtendCtx found a name gone: not closed")
+	}
+	if err := mm.UnlockCtx(ctx); !errors.Is(err, ErrLockLost) {
+		t.Errorf("UnlockCtx: got %v, want ErrLockLost", err)
+	}
 	for _, n := range mm.Names() {
 		if ok, err := newTestMutex(t, n, b).TryLockCtx(ctx); !ok || err != nil {
 			t.Errorf("NetMutex %s after Unlock: got %v, %v; want true, nil", n, ok, err)
