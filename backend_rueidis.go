@@ -213,8 +213,8 @@ func (b *rueidisBackend) Final(err error) bool {
 	return errors.Is(err, rueidis.ErrClosing)
 }
 
-// Hub returns the backend's Hub, whose connections are dedicated ones of
-// the client.
+// Hub returns the backend's Hub, which listens on the client's own
+// connection or on dedicated ones (see NewRueidis).
 func (b *rueidisBackend) Hub() *Hub { return b.hub }
 
 // listen is the Hub's HubConfig.Listen: the client's own connection where
