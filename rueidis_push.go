@@ -43,8 +43,9 @@ func pushable(ctx context.Context, c rueidis.Client, mode *atomic.Int32) bool {
 	case pushDedicated:
 		return false
 	}
-	// CLIENT INFO, like SUBSCRIBE and UNSUBSCRIBE, names no key: rueidis
-	// sends it on the connection Receive subscribes on.
+	// rueidis sends a command that names no key, such as CLIENT INFO, on
+	// the first of its pipelined connections, where it sends SUBSCRIBE and
+	// UNSUBSCRIBE too (commands without a reply; mux.go, slotfn).
 	info, err := c.Do(ctx, c.B().ClientInfo().Build()).ToString()
 	if _, reply := rueidis.IsRedisErr(err); err != nil && !reply {
 		return false
@@ -168,7 +169,7 @@ func (c *rueidisPush) fail(err error) {
 }
 
 // Unsubscribe sends UNSUBSCRIBE channel on the client's connection (the
-// one its Receive subscribed on: neither names a key) and waits for its
+// one its Receive sent SUBSCRIBE on, see pushable) and waits for its
 // reply, which ends channel's Receive.
 func (c *rueidisPush) Unsubscribe(ctx context.Context, channel string) error {
 	c.mu.Lock()
