@@ -128,10 +128,21 @@ func TestRueidisWaitersUseTheirClientsConnection(t *testing.T) {
 // messages on, and ends a subscription with UNSUBSCRIBE without failing;
 // its Close unsubscribes what is left and leaves the client's connection
 // working; a killed connection fails it at once, rueidis's retry on a new
-// connection stopped.
+// connection stopped. With one pipelined connection, and with four (the
+// SUBSCRIBE and the UNSUBSCRIBE go on the same one).
 func TestRueidisPushListener(t *testing.T) {
+	for _, multiplex := range []int{-1, 2} {
+		t.Run("multiplex="+strconv.Itoa(multiplex), func(t *testing.T) { testRueidisPushListener(t, multiplex) })
+	}
+}
+
+func testRueidisPushListener(t *testing.T, multiplex int) {
 	s := redistest.Start(t)
-	c := oneConnRueidis(t, s.Addr())
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{s.Addr()}, DisableCache: true, ForceSingleClient: true, PipelineMultiplex: multiplex})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
 	if !pushable(context.Background(), c, new(atomic.Int32)) {
 		t.Fatal("pushable on Redis over RESP3: false, want true")
 	}
