@@ -35,7 +35,8 @@ func TestCluster(t *testing.T) {
 // the first dial, and its topology refresh then supersedes the connections
 // the other dials add meanwhile (rueidis v1.0.79, cluster.go, _refresh).
 // It waits as well for the topology refresh a cluster client delays after
-// a node's error (singleflight.go, DelayDo).
+// a node's error or a connection's close, by up to a second, which Close
+// leaves running (singleflight.go, DelayDo; cluster.go, lazyRefresh).
 func waitRueidisDelayedCloses(t testing.TB) {
 	t.Helper()
 	start := time.Now()

@@ -38,6 +38,11 @@ const hubLinger = 100 * time.Millisecond
 // connection before the server confirmed it.
 var errHubDown = errors.New("netlock: pub/sub connection lost")
 
+// errNotListening is a closable's evalClosed's error when no connection
+// that outlived the Backend's closed client listens on the waiter's
+// channel: the subscription went with the client's connection.
+var errNotListening = errors.New("netlock: no pub/sub connection outlived the closed client")
+
 // errClientGone is returned to a waiter that would watch a channel on a
 // Hub whose Backend's client has been closed.
 var errClientGone = errors.New("netlock: the Backend's client is closed")

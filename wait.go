@@ -3,6 +3,7 @@ package netlock
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"log/slog"
 	mrand "math/rand/v2"
 	"strconv"
@@ -374,7 +375,8 @@ type closable interface {
 	// evalClosed runs s as Eval does, on a connection that outlives the
 	// closed client: redigo dials one with the pool's Dial function;
 	// rueidis uses the Hub's connection that listens on channel, whose
-	// subscriptions it drops.
+	// subscriptions it drops, and returns errNotListening if no such
+	// connection listens on channel.
 	evalClosed(ctx context.Context, channel string, s *Script, keys, args []string) ([]int64, error)
 }
 
@@ -436,7 +438,8 @@ func (w *waiter) leaveClosed(ctx context.Context) {
 		if err := c.closed(bound); err != nil {
 			if w.queued {
 				s, keys, args := m.kind.leaveCall(w.ask().member)
-				if _, lerr := c.evalClosed(bound, m.waitChan, m.script(i, s), keys, args); lerr != nil {
+				// Not listening, the waiter is one a release skips.
+				if _, lerr := c.evalClosed(bound, m.waitChan, m.script(i, s), keys, args); lerr != nil && !errors.Is(lerr, errNotListening) {
 					m.warnClosed(ctx, i, lerr)
 				}
 			}
