@@ -12,8 +12,6 @@ import (
 // touched it (see checkStrandedRW). It keeps the last traceSize calls: the
 // key's story is near the end of the run.
 type evalTrace struct {
-	start time.Time
-
 	mu    sync.Mutex
 	calls []traceCall // a ring: next is where the next call goes
 	next  int
@@ -27,11 +25,11 @@ type traceCall struct {
 	script     string
 	args       string
 	reply      string
-	start, end time.Duration // since the trace began
+	start, end time.Time
 }
 
 func newEvalTrace() *evalTrace {
-	return &evalTrace{start: time.Now(), calls: make([]traceCall, traceSize)}
+	return &evalTrace{calls: make([]traceCall, traceSize)}
 }
 
 // add records one call of client's.
@@ -40,7 +38,7 @@ func (t *evalTrace) add(client int, script string, args []string, vals []int64, 
 	if err != nil {
 		reply = "error: " + err.Error()
 	}
-	c := traceCall{client: client, script: script, args: strings.Join(args, " "), reply: reply, start: start.Sub(t.start), end: end.Sub(t.start)}
+	c := traceCall{client: client, script: script, args: strings.Join(args, " "), reply: reply, start: start, end: end}
 	t.mu.Lock()
 	t.calls[t.next] = c
 	t.next = (t.next + 1) % len(t.calls)
@@ -48,9 +46,19 @@ func (t *evalTrace) add(client int, script string, args []string, vals []int64, 
 	t.mu.Unlock()
 }
 
-// about returns the recorded calls whose arguments contain s, oldest first,
-// one per line, and the time of the latest recorded call.
-func (t *evalTrace) about(s string) string {
+// about returns the recorded calls whose arguments contain s, oldest
+// first, one per line, timed from base.
+func (t *evalTrace) about(s string, base time.Time) string {
+	return t.lines(base, func(c *traceCall) bool { return strings.Contains(c.args, s) })
+}
+
+// window returns the recorded calls of client that overlap [from, to],
+// oldest first, one per line, timed from base.
+func (t *evalTrace) window(client int, from, to, base time.Time) string {
+	return t.lines(base, func(c *traceCall) bool { return c.client == client && !c.end.Before(from) && !c.start.After(to) })
+}
+
+func (t *evalTrace) lines(base time.Time, keep func(*traceCall) bool) string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var b strings.Builder
@@ -59,12 +67,12 @@ func (t *evalTrace) about(s string) string {
 		n = len(t.calls)
 	}
 	for i := range n {
-		c := t.calls[i]
+		c := &t.calls[i]
 		if t.full {
-			c = t.calls[(t.next+i)%len(t.calls)]
+			c = &t.calls[(t.next+i)%len(t.calls)]
 		}
-		if strings.Contains(c.args, s) {
-			fmt.Fprintf(&b, "  %v–%v client %d %s %s → %s\n", c.start.Round(time.Microsecond), c.end.Round(time.Microsecond), c.client, c.script, c.args, c.reply)
+		if keep(c) {
+			fmt.Fprintf(&b, "  %v–%v client %d %s %s → %s\n", c.start.Sub(base).Round(time.Microsecond), c.end.Sub(base).Round(time.Microsecond), c.client, c.script, c.args, c.reply)
 		}
 	}
 	return b.String()

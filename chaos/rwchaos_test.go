@@ -412,6 +412,7 @@ func runChaosRW(t *testing.T, s chaosSetup) {
 	}
 	if len(violations) > 0 {
 		logViolatedRW(t, violations, holds, reads, leases, start, timeline)
+		logTraced(t, violations, holds, leases, trace, start)
 	}
 	if fig.holds < 10 || fig.reads < 10 {
 		t.Errorf("only %d write holds and %d reads: the lock made no progress between the faults", fig.holds, fig.reads)
@@ -506,7 +507,7 @@ func checkStrandedRW(t *testing.T, servers []*redistest.Server, name string, sto
 				if nonce != "" && trace != nil {
 					// The calls that named it, by time since the test
 					// began; every client stopped at stopped.
-					v += fmt.Sprintf("; every client stopped at %v; the calls that named %s:\n%s", stopped.Sub(trace.start).Round(time.Microsecond), nonce, trace.about(nonce))
+					v += fmt.Sprintf("; the calls that named %s, timed from when every client stopped:\n%s", nonce, trace.about(nonce, stopped))
 				}
 				violations = append(violations, v)
 				break
@@ -578,6 +579,40 @@ func logViolatedRW(t *testing.T, violations []string, holds []holdRecord, reads 
 	}
 	for _, f := range timeline {
 		t.Logf("fault %s", f)
+	}
+}
+
+// logTraced logs, for each write hold and lease a violation names, its
+// client's script calls from an expiry before its deadline to its (last)
+// unlock.
+func logTraced(t *testing.T, violations []string, holds []holdRecord, leases []leaseRecord, trace *evalTrace, start time.Time) {
+	t.Helper()
+	for _, v := range violations {
+		for _, sub := range holdRef.FindAllStringSubmatch(v, -1) {
+			i, err := strconv.Atoi(sub[1])
+			if err != nil || i >= len(holds) {
+				continue
+			}
+			h := &holds[i]
+			to := h.until
+			if h.unlockStart.After(to) {
+				to = h.unlockStart
+			}
+			to = to.Add(100 * time.Millisecond)
+			t.Logf("hold %d: client %d's script calls:\n%s", i, h.client, trace.window(h.client, h.until.Add(-chaosExpiry-200*time.Millisecond), to, start))
+		}
+		for _, sub := range leaseRef.FindAllStringSubmatch(v, -1) {
+			i, err := strconv.Atoi(sub[1])
+			if err != nil || i >= len(leases) {
+				continue
+			}
+			l := &leases[i]
+			to := l.unlockEnd
+			if to.IsZero() {
+				to = l.until
+			}
+			t.Logf("lease %d: client %d's script calls:\n%s", i, l.client, trace.window(l.client, l.until.Add(-chaosExpiry-200*time.Millisecond), to, start))
+		}
 	}
 }
 
