@@ -111,6 +111,11 @@ type NetMutex struct {
 	// drained, while a goroutine waits in enterShared, is closed when no
 	// goroutine holds or waits for m shared any more (see drainedLocked).
 	drained chan struct{}
+	// gaveUp holds the nonces of m's last waiters that gave up, whose
+	// grants nobody takes up (see orphan); gaveUpNext is where the next
+	// goes.
+	gaveUp     [4]string
+	gaveUpNext int
 
 	// seen is the highest fence counter learned from any node: the next
 	// quorum ballot proposes seen+1.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	mrand "math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -127,6 +128,9 @@ func (w *waiter) run(ctx context.Context) (bool, error) {
 		if o.rejoin {
 			// Our member is gone from the queue: join again, at once,
 			// under a fresh nonce.
+			m.mu.Lock()
+			m.gaveUpLocked(w.nonce)
+			m.mu.Unlock()
 			w.nonce, w.joined, w.queued = "", time.Time{}, false
 			continue
 		}
@@ -311,24 +315,22 @@ func (w *waiter) await(ctx context.Context, o outcome) (grant, error) {
 // message of a grant since lost cannot name the current join. A message
 // that leaves less than an extend interval, which the watchdog could not
 // keep, is not taken as a grant: the next attempt adopts the key, renewing
-// its TTL from a start of its own. A grant naming an earlier nonce (a join
-// of an earlier call, left behind by a leave that failed, or one we were
-// told to leave) is released at once, so that the lock goes on.
+// its TTL from a start of its own. A grant naming a nonce a waiter of m
+// gave up (a join of an earlier call, left behind by a leave that failed,
+// or one we were told to leave) is released at once, so that the lock goes
+// on; one naming the nonce of a waiter that succeeded is (or was) m's
+// hold, its message late: left alone.
 func (w *waiter) granted(ctx context.Context, payload string) (grant, bool) {
-	rest, ok := strings.CutPrefix(payload, "g:")
+	nonce, n, token, ok := parseGrant(payload)
 	if !ok {
-		return grant{}, false
-	}
-	nonce, rest, _ := strings.Cut(rest, ":")
-	n, tok, _ := strings.Cut(rest, ":")
-	token, err := strconv.ParseUint(tok, 10, 64)
-	if err != nil {
 		return grant{}, false
 	}
 	m := w.m
 	value := nonce + "." + n
 	if nonce != w.nonce {
-		m.release(detached(ctx), value, "", nil, true) // granted: held on the node
+		if m.gaveUpOn(nonce) {
+			m.release(detached(ctx), value, "", nil, true) // granted: held on the node
+		}
 		return grant{}, false
 	}
 	until := w.joined.Add(m.cfg.expiry - m.driftTerm)
@@ -613,7 +615,7 @@ func (w *waiter) listen(ctx context.Context) bool {
 // watch watches m's release channel on node i's hub, bounded by the node
 // timeout; nil if it could not.
 func (m *NetMutex) watch(ctx context.Context, i int, wake chan<- string) *watch {
-	wt := m.watchChannel(ctx, i, m.waitChan, wake)
+	wt := m.watchChannelFor(ctx, i, m.waitChan, wake, m.orphan)
 	// A MultiMutex waits in the queue of whichever of its names is held:
 	// it watches the release channel of each, all or none.
 	for _, c := range m.alsoChans {
@@ -633,13 +635,71 @@ func (m *NetMutex) watch(ctx context.Context, i int, wake chan<- string) *watch 
 // watchChannel watches channel on node i's hub, bounded by the node
 // timeout; nil if it could not.
 func (m *NetMutex) watchChannel(ctx context.Context, i int, channel string, wake chan<- string) *watch {
+	return m.watchChannelFor(ctx, i, channel, wake, nil)
+}
+
+// watchChannelFor is watchChannel with the Hub's orphan handler of channel
+// (see Hub.watchFor).
+func (m *NetMutex) watchChannelFor(ctx context.Context, i int, channel string, wake chan<- string, orphan func(string)) *watch {
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.nodeTimeout)
 	defer cancel()
-	wt, err := m.hubs[i].watch(ctx, channel, wake)
+	wt, err := m.hubs[i].watchFor(ctx, channel, wake, orphan)
 	if err != nil {
 		return nil
 	}
 	return wt
+}
+
+// orphan takes a message on m's release channel that reached no waiter:
+// every waiter of m that listened has stopped (see Hub.watchFor). A grant
+// in it to a waiter of m that gave up (see gaveUp) went to a place that
+// outlived it: a release popped it after the waiter stopped listening, or
+// the network held its join back past its leave. Its leave, if it comes
+// after, finds the lock granted and passes it on; but nothing else would
+// until the grant expires. It is released at once, as granted releases a
+// grant to an earlier call. A grant to a waiter that succeeded is m's hold
+// (adopted by an attempt, the message late), or was: never released here.
+func (m *NetMutex) orphan(payload string) {
+	nonce, n, _, ok := parseGrant(payload)
+	if !ok {
+		return
+	}
+	go func() { // not on the Hub's reading goroutine, which holds its lock
+		if m.gaveUpOn(nonce) {
+			m.release(context.Background(), nonce+"."+n, "", nil, true)
+		}
+	}()
+}
+
+// gaveUpOn reports whether a waiter of m gave up the place it joined
+// under nonce lately.
+func (m *NetMutex) gaveUpOn(nonce string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Contains(m.gaveUp[:], nonce)
+}
+
+// gaveUpLocked records that the waiter of nonce gave up (see orphan). The
+// caller holds m.mu.
+func (m *NetMutex) gaveUpLocked(nonce string) {
+	m.gaveUp[m.gaveUpNext] = nonce
+	m.gaveUpNext = (m.gaveUpNext + 1) % len(m.gaveUp)
+}
+
+// parseGrant reads a release's grant message, "g:<nonce>:<n>:<token>" (see
+// lua/handon.lua): the lock's value is "<nonce>.<n>".
+func parseGrant(payload string) (nonce, n string, token uint64, ok bool) {
+	rest, ok := strings.CutPrefix(payload, "g:")
+	if !ok {
+		return "", "", 0, false
+	}
+	nonce, rest, _ = strings.Cut(rest, ":")
+	n, tok, _ := strings.Cut(rest, ":")
+	token, err := strconv.ParseUint(tok, 10, 64)
+	if err != nil {
+		return "", "", 0, false
+	}
+	return nonce, n, token, true
 }
 
 // join watches our release channel on every node where it is subscribed
@@ -707,6 +767,11 @@ func (w *waiter) deadWatch() bool {
 // done ends the waiter: its watches stop, and if the call failed, it leaves
 // the waiters' queues it may be in, passing on a turn that came too late.
 func (w *waiter) done(ctx context.Context, ok bool) {
+	if !ok && w.nonce != "" {
+		w.m.mu.Lock()
+		w.m.gaveUpLocked(w.nonce)
+		w.m.mu.Unlock()
+	}
 	for _, wt := range w.watches {
 		if wt != nil {
 			wt.stop()
