@@ -248,7 +248,9 @@ func (w *waiter) ask() ask {
 			w.nonce = rand.Text()
 		}
 		q.nonce = w.nonce
-		q.member = w.m.waiterID + "+" + w.m.expiryMS + "+" + w.nonce
+		// The holder last: a release that grants us the lock writes it
+		// with the hold (see lua/handon.lua).
+		q.member = w.m.waiterID + "+" + w.m.expiryMS + "+" + w.nonce + "+" + w.m.holder
 	}
 	return q
 }
@@ -325,7 +327,7 @@ func (w *waiter) granted(ctx context.Context, payload string) (grant, bool) {
 		return grant{}, false
 	}
 	m := w.m
-	value := nonce + "." + n
+	value := m.grantValue(nonce, n)
 	if nonce != w.nonce {
 		m.release(detached(ctx), value, "", nil, true) // granted: held on the node
 		return grant{}, false

@@ -22,7 +22,7 @@
 local cur = redis.call('GET', KEYS[1])
 local rec = redis.call('HMGET', KEYS[2], 'term', 'rev', 'value')
 local term, rev = tonumber(rec[1] or '0'), tonumber(rec[2] or '0')
-if not cur or not rec[1] or string.match(cur, ':(%d+)$') ~= rec[1] then
+if not cur or not rec[1] or string.match(cur, '^[^:]*:(%d+)') ~= rec[1] then
   return {0, term, rev, 0, 0}
 end
 local value = rec[3] or ''
