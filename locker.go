@@ -86,8 +86,7 @@ type NetMutex struct {
 	// key is tombPrefix+value (see freshValue).
 	tombPrefix string
 	// freeArg is the acquire script's last argument for an uncontended
-	// attempt on one node: proposal "0", no queue member, no queue TTL,
-	// and the holder (see lua/acquire.lua).
+	// attempt on one node: ":<holder>", all it needs (see lua/acquire.lua).
 	freeArg string
 	// lazyBounds: every node is a Backend of netlock's own, whose calls
 	// are bounded by a callBound (see NetMutex.bound).
@@ -195,7 +194,7 @@ func New(name string, backends []Backend, opts ...Option) (*NetMutex, error) {
 	m.setKind(mutexKind{m})
 	m.extendKeys = []string{m.keys.lock, m.keys.waiters}
 	m.tombPrefix = m.keys.tomb("")
-	m.freeArg = "0::::" + m.holder
+	m.freeArg = ":" + m.holder
 	m.waitChan = m.keys.channel + ":" + m.waiterID
 	if err := m.useHubs(); err != nil {
 		return nil, err

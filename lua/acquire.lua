@@ -20,14 +20,15 @@
 --               at the head, where we were, not at the tail
 --            q  we may be in the queue: taking the lock takes us off it
 --          The TTL of the waiters' queue in milliseconds, set when a waiter
---          joins (extend.lua renews it while the lock is held); "" for an
---          uncontended attempt, "0::::<holder>", which does not join.
---          Last, our holder identity (WithHolderInfo; escaped, so that it
---          holds no ':' or '+'; package keyspace), "" for none; a member
---          with a nonce ends with it too, "<id>+<expiry ms>+<nonce>+<holder>",
---          so that a release granting us the lock writes our identity with
---          it. (One argument, not five: Redis refuses more than 10 words
---          from a client not yet authenticated, and a clear NOAUTH is worth
+--          joins (extend.lua renews it while the lock is held). Last, our
+--          holder identity (WithHolderInfo; escaped, so that it holds no
+--          ':' or '+'; package keyspace), "" for none; a member with a
+--          nonce ends with it too, "<id>+<expiry ms>+<nonce>+<holder>", so
+--          that a release granting us the lock writes our identity with
+--          it. An uncontended attempt (proposal "0", no member, no flags,
+--          and no queue TTL, as it does not join) sends only ":<holder>".
+--          (One argument, not five: Redis refuses more than 10 words from
+--          a client not yet authenticated, and a clear NOAUTH is worth
 --          keeping.)
 --
 -- The key holds "<value>:<token>:<holder>", so that a retry of our own
@@ -65,12 +66,11 @@
 -- (GET, TIME, ZADD, PEXPIRE, PTTL); one queued already, three (GET, ZSCORE,
 -- PTTL). Not MGET: it reads a key of another type as nil, where GET fails.
 local fenced = #KEYS > 3
--- An uncontended attempt's "0::::<holder>" is read without a pattern.
-local proposal, waiter, flags, queueTTL, holder = '0', '', '', '', ''
-if string.sub(ARGV[3], 1, 5) == '0::::' then
-  holder = string.sub(ARGV[3], 6)
-else
-  proposal, waiter, flags, queueTTL, holder = string.match(ARGV[3], '^(%d+):([^:]*):([^:]*):(%d+):([^:]*)$')
+-- An uncontended attempt's ":<holder>" is read without a pattern (58 is
+-- ':'), and is what the key holds after the token: tail.
+local proposal, waiter, flags, queueTTL, tail = '0', '', '', '', ARGV[3]
+if string.byte(ARGV[3]) ~= 58 then
+  proposal, waiter, flags, queueTTL, tail = string.match(ARGV[3], '^(%d+):([^:]*):([^:]*):(%d+)(:[^:]*)$')
 end
 local join = string.find(flags, 'j', 1, true)
 local free = not join and redis.call('EXISTS', KEYS[1], KEYS[2]) == 0
@@ -146,7 +146,7 @@ if fenced then
     token = proposed
   end
 end
-redis.call('SET', KEYS[1], mine .. string.format('%d', token) .. ':' .. holder, 'PX', ARGV[2])
+redis.call('SET', KEYS[1], mine .. string.format('%d', token) .. tail, 'PX', ARGV[2])
 if string.find(flags, 'q', 1, true) then
   redis.call('ZREM', KEYS[3], waiter)
 end
