@@ -51,18 +51,6 @@ func wantHolder(t *testing.T, name string, nodes []Backend, holder string, what 
 	}
 }
 
-// startLock locks m on a goroutine of its own and returns where its error
-// goes.
-func startLock(m *NetMutex) <-chan error {
-	errc := make(chan error, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		errc <- m.LockCtx(ctx)
-	}()
-	return errc
-}
-
 func mustGet(t *testing.T, errc <-chan error) {
 	t.Helper()
 	if err := <-errc; err != nil {
@@ -85,7 +73,7 @@ func TestHolderInfoMutex(t *testing.T) {
 		wantHolder(t, "job", nodes, selfHolder(t), "default")
 
 		w := e.newMutex(t, "job", WithExpiry(time.Minute), WithHolderInfo(oddHolder))
-		errc := startLock(w)
+		errc := async(w.LockCtx)
 		var member string
 		eventually(t, 5*time.Second, "the waiter queued", func() bool {
 			if q := e.queued(t, "job"); len(q) == 1 {
@@ -103,7 +91,7 @@ func TestHolderInfoMutex(t *testing.T) {
 		wantHolder(t, "job", nodes, oddHolder, "granted to the waiter")
 
 		token := w.Token()
-		errc = startLock(w)
+		errc = async(w.LockCtx)
 		eventually(t, 5*time.Second, "a goroutine waiting on w", func() bool { all, _ := w.localWaiters(); return all == 1 })
 		mustUnlock(t, w)
 		mustGet(t, errc)
@@ -143,6 +131,23 @@ func TestHolderInfoQuorum(t *testing.T) {
 	wantHolder(t, "job", nodes, "", "unlocked")
 }
 
+// leaseHolders returns the identities of the leases in the sorted set key
+// (members with a positive score: a NetRWMutex's read leases, a
+// Semaphore's leases), sorted.
+func leaseHolders(t *testing.T, e *env, key string) []string {
+	t.Helper()
+	leases, err := redis.Strings(e.do(t, "ZRANGEBYSCORE", key, "(0", "+inf"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	holders := []string{}
+	for _, l := range leases {
+		holders = append(holders, keyspace.LeaseHolder(l))
+	}
+	slices.Sort(holders)
+	return holders
+}
+
 // rwHolders returns the identities of the NetRWMutex name's writer key and
 // of its live read leases, sorted.
 func rwHolders(t *testing.T, e *env, name string) (writer string, readers []string) {
@@ -151,16 +156,7 @@ func rwHolders(t *testing.T, e *env, name string) (writer string, readers []stri
 	if v, err := redis.String(e.do(t, "GET", k.Writer), nil); err == nil {
 		writer = keyspace.HolderOf(v)
 	}
-	leases, err := redis.Strings(e.do(t, "ZRANGEBYSCORE", k.Leases, "(0", "+inf"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	readers = []string{}
-	for _, l := range leases {
-		readers = append(readers, keyspace.LeaseHolder(l))
-	}
-	slices.Sort(readers)
-	return writer, readers
+	return writer, leaseHolders(t, e, k.Leases)
 }
 
 // TestHolderInfoRW: a NetRWMutex's write lock and each read lease carry
@@ -183,8 +179,7 @@ func TestHolderInfoRW(t *testing.T) {
 		check("writer", "writer-1")
 
 		r2 := e.newRW(t, "doc", WithExpiry(time.Minute), WithHolderInfo(oddHolder))
-		rerr := make(chan error, 1)
-		go func() { rerr <- r2.RLockCtx(t.Context()) }()
+		rerr := async(r2.RLockCtx)
 		eventually(t, 5*time.Second, "the reader queued", func() bool { return queued(k.Readers) })
 		if err := w1.UnlockCtx(t.Context()); err != nil {
 			t.Fatal(err)
@@ -204,8 +199,7 @@ func TestHolderInfoRW(t *testing.T) {
 		}
 
 		w3 := e.newRW(t, "doc", WithExpiry(time.Minute), WithHolderInfo("writer-3"))
-		werr := make(chan error, 1)
-		go func() { werr <- w3.LockCtx(t.Context()) }()
+		werr := async(w3.LockCtx)
 		eventually(t, 5*time.Second, "the writer queued", func() bool { return queued(k.Writers) })
 		if err := r2.RUnlockCtx(t.Context()); err != nil {
 			t.Fatal(err)
@@ -224,18 +218,7 @@ func TestHolderInfoRW(t *testing.T) {
 func TestHolderInfoSemaphore(t *testing.T) {
 	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
 		k := keyspace.Sem(DefaultPrefix, "pool")
-		holders := func() []string {
-			leases, err := redis.Strings(e.do(t, "ZRANGEBYSCORE", k.Leases, "(0", "+inf"), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			h := []string{}
-			for _, l := range leases {
-				h = append(h, keyspace.LeaseHolder(l))
-			}
-			slices.Sort(h)
-			return h
-		}
+		holders := func() []string { return leaseHolders(t, e, k.Leases) }
 		s1 := e.newSem(t, "pool", 2, WithHolderInfo("sem-1"))
 		s2 := e.newSem(t, "pool", 2)
 		mustAcquire(t, s1, 1)
@@ -244,8 +227,7 @@ func TestHolderInfoSemaphore(t *testing.T) {
 			t.Errorf("two leases: holders %q, want %q", got, sorted(want))
 		}
 		s3 := e.newSem(t, "pool", 2, WithHolderInfo(oddHolder))
-		errc := make(chan error, 1)
-		go func() { errc <- s3.Acquire(t.Context(), 1) }()
+		errc := async(func(ctx context.Context) error { return s3.Acquire(ctx, 1) })
 		eventually(t, 5*time.Second, "the waiter queued", func() bool { n, _ := redis.Int(e.do(t, "ZCARD", k.Queue), nil); return n > 0 })
 		if err := s1.ReleaseCtx(t.Context(), 1); err != nil {
 			t.Fatal(err)

@@ -232,8 +232,8 @@ func nodeInfo(i int, r nodeReply) NodeInfo {
 
 // replyString decodes a string of n bytes that a script packed into the
 // integers packed, six bytes to an integer, big-endian, the last one holding
-// what is left (see lua/inspect.lua). It reports false if packed does not
-// hold n bytes so.
+// what is left (see lua/pack.lua). It reports false if packed does not hold
+// n bytes so.
 func replyString(n int64, packed []int64) (string, bool) {
 	if n < 0 || int64(len(packed)) != (n+5)/6 {
 		return "", false

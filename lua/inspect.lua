@@ -27,10 +27,8 @@
 --              +info)
 --   maxmemory  the server's maxmemory in bytes (0: no limit), -1 if unknown
 --   n          state 1: the length in bytes of the <holder> the key holds (as
---              written: escaped, see acquire.lua), then the holder itself,
---              six bytes to an integer, big-endian, the last one holding what
---              is left (a reply holds integers only; six bytes are exact in
---              Lua's numbers), as elect_read.lua's value; otherwise 0
+--              written: escaped, see acquire.lua), then the holder itself
+--              (see pack, in pack.lua, prepended to this script); otherwise 0
 --
 -- A key of another type makes GET, ZCARD or the counter's GET fail with
 -- WRONGTYPE: the script's error is the node's answer. GET and ZCARD count as
@@ -73,12 +71,4 @@ if type(info) == 'string' then
   end
   maxmemory = tonumber(string.match(info, '\nmaxmemory:(%d+)') or '-1')
 end
-local reply = {state, token, pttl, holder, waiters, counter, policy, maxmemory, #who}
-for i = 1, #who, 6 do
-  local n = 0
-  for j = i, math.min(i + 5, #who) do
-    n = n * 256 + string.byte(who, j)
-  end
-  reply[#reply + 1] = n
-end
-return reply
+return pack({state, token, pttl, holder, waiters, counter, policy, maxmemory}, who)
