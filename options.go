@@ -156,17 +156,12 @@ func WithMaxHold(d time.Duration) Option { return func(c *config) { c.maxHold = 
 // reader leaves); NewSemaphore refuses it. d must not be negative.
 func WithMinHold(d time.Duration) Option { return func(c *config) { c.minHold = d } }
 
-// WithHolderInfo sets the holder identity written with every hold of the
-// lock (default "<hostname>/<pid>"): Inspect reports it (Info.HolderInfo),
-// and the netlock command's status and list show it, so an operator can
-// tell which process holds a lock. It costs no round trip: it is written
-// by the script that acquires, and by the release that grants the lock to
-// a waiter (the waiter's identity, carried by its place in the queue). A
-// hold passed to another goroutine of the process keeps it; it goes with
-// the hold. It applies to a NetRWMutex's write lock and each read lease,
-// and to a Semaphore's lease. s may be empty (nothing is written) and must
-// be at most MaxHolderInfo bytes of printable UTF-8 (no newline, tab or
-// other control character).
+// WithHolderInfo sets the identity written with every hold (default
+// "<hostname>/<pid>"), at no extra round trip: Inspect reports it
+// (Info.HolderInfo), as do the netlock command's status and list. A hold a
+// release grants to a waiter carries the waiter's; a NetRWMutex's read
+// leases and a Semaphore's leases carry their process's. s must be at most
+// MaxHolderInfo bytes of printable UTF-8 (no newline or tab); "" writes none.
 func WithHolderInfo(s string) Option { return func(c *config) { c.holderInfo = s } }
 
 // WithRetryDelay bounds the jittered wait between acquire attempts where a
