@@ -289,7 +289,7 @@ func (m *NetMutex) acquireRound(ctx context.Context, q ask) outcome {
 		// refreshed its TTL (after start): it is ours, under the value
 		// the release made. (Our fresh value was never written: a
 		// cleanup releases this one, and gives the turn on.)
-		value, tomb = q.nonce+"."+strconv.FormatInt(v.handed, 10), ""
+		value, tomb = m.grantValue(q.nonce, strconv.FormatInt(v.handed, 10)), ""
 	}
 	if validity > 0 && ctxEnded(ctx) == nil {
 		if token, ok := v.quorum(reads, m.quorum); ok {
@@ -470,15 +470,23 @@ func (m *NetMutex) freshValue() (value, tomb string) {
 		text[i] = base32Alphabet[c%32]
 	}
 	var b strings.Builder
-	b.Grow(len(m.tombPrefix) + len(text))
+	b.Grow(len(m.tombPrefix) + len(text) + len(m.valueSuffix))
 	b.WriteString(m.tombPrefix)
 	b.Write(text[:])
+	b.WriteString(m.valueSuffix)
 	tomb = b.String()
 	return tomb[len(m.tombPrefix):], tomb
 }
 
 // base32Alphabet is RFC 4648's, which rand.Text writes.
 const base32Alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
+
+// grantValue returns the value of a hold a release granted to the join
+// nonce, as the release wrote it: "<nonce>.<n>" (see lua/handon.lua and
+// lua/rw_wake.lua), and m's value suffix.
+func (m *NetMutex) grantValue(nonce, n string) string {
+	return nonce + "." + n + m.valueSuffix
+}
 
 // tomb returns value's tombstone key, when it is not known from
 // freshValue ("").
@@ -502,9 +510,10 @@ func (m *NetMutex) release(ctx context.Context, value, tomb string, targets []bo
 }
 
 // acquireArg returns the acquire script's last argument (see
-// lua/acquire.lua): the ballot proposal and the waiters' queue member q.
+// lua/acquire.lua): the ballot proposal, the waiters' queue member q, and
+// the holder.
 func (m *NetMutex) acquireArg(proposal string, q ask) string {
-	return proposal + ":" + q.member + ":" + q.flags + ":" + m.queueMS
+	return proposal + ":" + q.member + ":" + q.flags + ":" + m.queueMS + ":" + m.holder
 }
 
 // lockCall returns the keys of an acquire or release script (lock,

@@ -253,7 +253,9 @@ func (w *waiter) ask() ask {
 			w.nonce = rand.Text()
 		}
 		q.nonce = w.nonce
-		q.member = w.m.waiterID + "+" + w.m.expiryMS + "+" + w.nonce
+		// The holder last: a release that grants us the lock writes it
+		// with the hold (see lua/handon.lua).
+		q.member = w.m.waiterID + "+" + w.m.expiryMS + "+" + w.nonce + "+" + w.m.holder
 	}
 	return q
 }
@@ -326,7 +328,7 @@ func (w *waiter) granted(ctx context.Context, payload string) (grant, bool) {
 		return grant{}, false
 	}
 	m := w.m
-	value := nonce + "." + n
+	value := m.grantValue(nonce, n)
 	if nonce != w.nonce {
 		if m.gaveUpOn(nonce) {
 			m.release(detached(ctx), value, "", nil, true) // granted: held on the node
