@@ -668,7 +668,7 @@ func (m *NetMutex) orphan(payload string) {
 	}
 	go func() { // not on the Hub's reading goroutine, which holds its lock
 		if m.gaveUpOn(nonce) {
-			m.release(context.Background(), nonce+"."+n, "", nil, true)
+			m.release(context.Background(), m.grantValue(nonce, n), "", nil, true)
 		}
 	}()
 }
