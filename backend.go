@@ -173,5 +173,5 @@ var (
 	semReleaseScript = newTelling("sem_release", semWakeLua+semReleaseLua)
 	semExtendScript  = newTelling("sem_extend", semWakeLua+semExtendLua).withOp(opExtend)
 	semLeaveScript   = newTelling("sem_leave", semWakeLua+semLeaveLua)
-	semInspectScript = newScript("sem_inspect", semInspectLua)
+	semInspectScript = newScript("sem_inspect", packLua+semInspectLua)
 )

@@ -236,6 +236,9 @@ func TestHolderInfoSemaphore(t *testing.T) {
 		if got, want := holders(), []string{oddHolder, selfHolder(t)}; !slices.Equal(got, sorted(want)) {
 			t.Errorf("a lease let in by a release: holders %q, want %q", got, sorted(want))
 		}
+		if info, err := s1.Inspect(t.Context()); err != nil || !slices.Equal(sorted(info.Holders), sorted([]string{oddHolder, selfHolder(t)})) {
+			t.Errorf("Inspect: holders %q, %v; want %q", info.Holders, err, sorted([]string{oddHolder, selfHolder(t)}))
+		}
 		for _, s := range []*Semaphore{s2, s3} {
 			if err := s.ReleaseCtx(t.Context(), 1); err != nil {
 				t.Fatal(err)

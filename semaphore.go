@@ -1293,6 +1293,10 @@ type SemaphoreInfo struct {
 	Leases int
 	// Waiters is the number of processes with a waiter in the queue.
 	Waiters int
+	// Holders are the live leases' holders (WithHolderInfo of each
+	// process holding permits), in the order of their deadlines; "" for a
+	// lease taken without one.
+	Holders []string
 }
 
 // Inspect reads the semaphore's state in Redis, across every process using
@@ -1305,11 +1309,42 @@ func (s *Semaphore) Inspect(ctx context.Context) (SemaphoreInfo, error) {
 		return SemaphoreInfo{}, errZeroSemaphore
 	}
 	r := s.m.fanout(ctx, semInspectScript, s.keys, nil, nil)[0]
-	if r.err == nil && len(r.vals) != 4 {
-		r.err = nodeError(0, fmt.Errorf("sem_inspect script: unexpected reply %v", r.vals))
+	var info SemaphoreInfo
+	if r.err == nil {
+		var ok bool
+		if info, ok = readSemInspect(r.vals); !ok {
+			r.err = nodeError(0, fmt.Errorf("sem_inspect script: unexpected reply %v", r.vals))
+		}
 	}
 	if r.err != nil {
 		return SemaphoreInfo{}, &quorumError{nodes: 1, need: 1, errs: []error{r.err}}
 	}
-	return SemaphoreInfo{Size: r.vals[0], Out: r.vals[1], Leases: int(r.vals[2]), Waiters: int(r.vals[3])}, nil
+	return info, nil
+}
+
+// readSemInspect reads lua/sem_inspect.lua's reply: four counts, then each
+// live lease's holder, packed.
+func readSemInspect(vals []int64) (SemaphoreInfo, bool) {
+	if len(vals) < 4 {
+		return SemaphoreInfo{}, false
+	}
+	info := SemaphoreInfo{Size: vals[0], Out: vals[1], Leases: int(vals[2]), Waiters: int(vals[3])}
+	rest := vals[4:]
+	for range info.Leases {
+		if len(rest) == 0 {
+			return SemaphoreInfo{}, false
+		}
+		n := rest[0]
+		words := (n + 5) / 6
+		if n < 0 || int64(len(rest)-1) < words {
+			return SemaphoreInfo{}, false
+		}
+		h, ok := replyString(n, rest[1:1+words])
+		if !ok {
+			return SemaphoreInfo{}, false
+		}
+		info.Holders = append(info.Holders, keyspace.HolderDecode(h))
+		rest = rest[1+words:]
+	}
+	return info, len(rest) == 0
 }

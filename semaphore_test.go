@@ -3,6 +3,7 @@ package netlock
 import (
 	"context"
 	"errors"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -499,7 +500,7 @@ func TestSemaphoreInspect(t *testing.T) {
 		b := e.newSem(t, "insp", 3)
 		ctx := context.Background()
 		info, err := a.Inspect(ctx)
-		if err != nil || info != (SemaphoreInfo{}) {
+		if err != nil || !reflect.DeepEqual(info, SemaphoreInfo{}) {
 			t.Fatalf("Inspect of an unused semaphore: %+v, %v; want zero", info, err)
 		}
 		mustAcquire(t, a, 2)
@@ -508,7 +509,8 @@ func TestSemaphoreInspect(t *testing.T) {
 		go func() { waited <- b.Acquire(ctx, 2) }()
 		eventually(t, 10*time.Second, "one waiter queued", func() bool { n, _ := redis.Int(e.do(t, "ZCARD", "netlock:{insp}:sem:queue"), nil); return n == 1 })
 		info, err = b.Inspect(ctx)
-		if want := (SemaphoreInfo{Size: 3, Out: 3, Leases: 2, Waiters: 1}); err != nil || info != want {
+		self := selfHolder(t)
+		if want := (SemaphoreInfo{Size: 3, Out: 3, Leases: 2, Waiters: 1, Holders: []string{self, self}}); err != nil || !reflect.DeepEqual(info, want) {
 			t.Fatalf("Inspect: %+v, %v; want %+v", info, err, want)
 		}
 		a.Release(2)
@@ -516,7 +518,7 @@ func TestSemaphoreInspect(t *testing.T) {
 			t.Fatal(err)
 		}
 		info, err = a.Inspect(ctx)
-		if want := (SemaphoreInfo{Size: 3, Out: 3, Leases: 1, Waiters: 0}); err != nil || info != want {
+		if want := (SemaphoreInfo{Size: 3, Out: 3, Leases: 1, Waiters: 0, Holders: []string{self}}); err != nil || !reflect.DeepEqual(info, want) {
 			t.Fatalf("Inspect after the release: %+v, %v; want %+v", info, err, want)
 		}
 		b.Release(3)

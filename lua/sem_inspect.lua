@@ -2,13 +2,16 @@
 --
 -- KEYS as sem_acquire.lua's.
 --
--- Reply: {size, out, leases, waiters}
+-- Reply: {size, out, leases, waiters, holder...}
 --   size     the size its holders and waiters use, 0 when none is recorded
 --            (nothing held, nobody waiting)
 --   out      the permits out: the live leases' counts and the permits a
 --            release set aside for waiters (see sem_wake.lua)
 --   leases   the live leases (processes holding permits)
 --   waiters  the processes with a live place in the queue
+--   holder   for each live lease, in the order of their deadlines, what
+--            follows its value's first '+' (its holder, escaped; "" for
+--            none), packed (see pack.lua)
 --
 -- Leases whose deadlines passed, and places not renewed in time, are not
 -- counted (the next call that writes takes them off). A key of another type
@@ -32,4 +35,8 @@ end
 redis.call('ZCARD', KEYS[3])
 local waiters = redis.call('ZCOUNT', KEYS[4], '(' .. now, '+inf')
 redis.call('HLEN', KEYS[5])
-return {tonumber(f[1] or '0'), out, #z, waiters}
+local reply = {tonumber(f[1] or '0'), out, #z, waiters}
+for _, v in ipairs(z) do
+  pack(reply, string.match(v, '^[^+]*%+(.*)$') or '')
+end
+return reply
