@@ -302,9 +302,9 @@ func TestSemaphoreCancelledAttemptLeavesNoPlace(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- w.Acquire(ctx, 1) }()
 	eventually(t, 10*time.Second, "the waiter queued", func() bool { return semQueued(t, srv, "late") == 1 })
-	eventually(t, 10*time.Second, "the waiter listening for its wake-up", func() bool { return listening(srv, w.channel) })
+	eventually(t, 10*time.Second, "the waiter listening for its wake-up", func() bool { return listening(srv, w.m.waitChan) })
 	b.late.Store(true)
-	srv.Publish(w.channel, "w") // it looks again
+	srv.Publish(w.m.waitChan, "w") // it looks again
 	<-b.entered
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {

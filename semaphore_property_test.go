@@ -1047,7 +1047,7 @@ func (mc *semMachine) advance(d time.Duration) {
 		}
 		for _, p := range mc.ps {
 			if len(p.ops) > 0 {
-				mc.node.srv.Publish(p.s.channel, "w")
+				mc.node.srv.Publish(p.s.m.waitChan, "w")
 			}
 		}
 		// Each waiter looks again, renewing its place if half its time
