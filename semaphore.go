@@ -87,9 +87,10 @@ type Semaphore struct {
 	// gives them back here, without a round trip.
 	stale int64
 	// dirty: a call's reply was lost, so Redis may hold for value a count
-	// other than held; the next call, or fix, sends it again.
+	// other than held; the next call, or the reaper (see resend), sends
+	// it again.
 	dirty  bool
-	fixing bool // fix runs
+	fixing bool // a resend is queued in the reaper
 	// seq numbers the calls that set the lease's count, so that one that
 	// reaches Redis after a later one changes nothing (see
 	// lua/sem_acquire.lua). Under op.
@@ -1136,7 +1137,7 @@ func (s *Semaphore) send(ctx context.Context, value string, total int64, lease *
 		// lease keeps expires with it).
 		if s.value == value && !r.unsent {
 			if finalErr(m.nodes[0], r.err) {
-				s.dirty = false // nothing will take it: fix stops
+				s.dirty = false // nothing will take it: resend stops
 			} else {
 				s.dirty = true
 				s.fixLaterLocked()
@@ -1167,46 +1168,47 @@ func (s *Semaphore) send(ctx context.Context, value string, total int64, lease *
 	return nil
 }
 
-// fixLaterLocked starts fix unless it runs. The caller holds s.mu.
+// fixLaterLocked queues a resend of the lease's count in the reaper,
+// unless one is queued. The caller holds s.mu.
 func (s *Semaphore) fixLaterLocked() {
 	if !s.fixing {
 		s.fixing = true
-		go s.fix()
+		s.m.reapAgain(&semResend{s: s, giveUp: s.m.clk.Now().Add(tombstoneExpiries * s.m.cfg.expiry)})
 	}
 }
 
-// fix sends the lease's count again while a call's reply was lost (dirty),
-// with the retry delay between tries, until Redis answers, the lease ends,
-// an error says it never will (a closed client), or ten expiries have
-// passed (a lease held all that time whose count Redis could not be told
-// keeps a few permits too many out until it ends).
-func (s *Semaphore) fix() {
-	m := s.m
-	// The retry delay of a failed extend: often enough that a lease's
-	// extends are not what keeps the count right.
-	bo := backoff{min: time.Millisecond, max: max(m.cfg.expiry/extendsPerExpiry/failedExtendRetries, time.Millisecond)}
-	giveUp := m.clk.Now().Add(tombstoneExpiries * m.cfg.expiry)
-	for first := true; ; first = false {
-		if !first {
-			time.Sleep(bo.next(-1))
-		}
-		s.op.Lock()
-		s.mu.Lock()
-		s.retireLostLocked()
-		if !s.dirty || s.value == "" || m.clk.Now().After(giveUp) {
-			s.dirty, s.fixing = false, false
-			s.mu.Unlock()
-			s.op.Unlock()
-			return
-		}
-		value, total, lease := s.value, s.held, s.lease
+// A semResend is the reaper's redelivery of a Semaphore lease's count
+// while a call's reply was lost (see resend).
+type semResend struct {
+	s      *Semaphore
+	giveUp time.Time
+}
+
+func (r *semResend) deliver(*NetMutex) bool { return r.s.resend(r.giveUp) }
+
+// resend sends the lease's count again if a call's reply was lost
+// (dirty), and reports whether it is over: Redis answered (and no reply
+// was lost since), the lease ended, an error said it never will (a closed
+// client), or giveUp, ten expiries after the loss, has passed (a lease
+// held all that time whose count Redis could not be told keeps a few
+// permits too many out until it ends).
+func (s *Semaphore) resend(giveUp time.Time) bool {
+	s.op.Lock()
+	defer s.op.Unlock()
+	s.mu.Lock()
+	s.retireLostLocked()
+	if !s.dirty || s.value == "" || s.m.clk.Now().After(giveUp) {
+		s.dirty, s.fixing = false, false
 		s.mu.Unlock()
-		if lease == nil {
-			total = 0
-		}
-		s.send(context.Background(), value, total, lease)
-		s.op.Unlock()
+		return true
 	}
+	value, total, lease := s.value, s.held, s.lease
+	s.mu.Unlock()
+	if lease == nil {
+		total = 0
+	}
+	s.send(context.Background(), value, total, lease)
+	return false
 }
 
 // Lost returns a channel closed when this process's lease ends without its
