@@ -103,6 +103,10 @@ var (
 	handOnLua string
 	//go:embed lua/inspect.lua
 	inspectLua string
+	// pack, which puts a string in a reply of integers, is shared by
+	// inspect and elect_read: one definition, prepended to both.
+	//go:embed lua/pack.lua
+	packLua string
 
 	//go:embed lua/elect_proclaim.lua
 	electProclaimLua string
@@ -146,11 +150,11 @@ var (
 	releaseScript = newTelling("release", handOnLua+releaseLua)
 	extendScript  = newScript("extend", extendLua).withOp(opExtend)
 	leaveScript   = newTelling("leave", handOnLua+leaveLua)
-	inspectScript = newScript("inspect", inspectLua)
+	inspectScript = newScript("inspect", packLua+inspectLua)
 
 	// Election's (see election.go).
 	electProclaimScript = newTelling("elect_proclaim", electProclaimLua)
-	electReadScript     = newScript("elect_read", electReadLua)
+	electReadScript     = newScript("elect_read", packLua+electReadLua)
 
 	// NetRWMutex's (see rwmutex.go).
 	rwAcquireScript = newTelling("rw_acquire", rwAcquireLua).withOp(opAcquire)

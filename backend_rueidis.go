@@ -17,18 +17,23 @@ import (
 // slot, so scripts are routed to one node and never fail with CROSSSLOT. The
 // client is the caller's to close.
 //
-// While waiters of the Backend are waiting for a lock, it keeps one
-// dedicated connection of client (Client.Dedicate) subscribed to the release
-// channels; it is closed shortly after the last wait ends. For a cluster
-// client it keeps one per master instead (a dedicated connection of the
-// master's client in Client.Nodes), subscribed with SSUBSCRIBE to the
-// channels of that master's slots (sharded pub/sub, Redis 7), and finds
-// the masters with CLUSTER SLOTS: once when the first waiter waits, and
-// again after a connection to a master failed (see HubConfig.Shard). On a
-// cluster older than Redis 7.0, without sharded pub/sub, its waiters poll.
-// A LockCtx waiting when the client is closed fails with an error matching
-// ErrQuorum; a lock granted to it meanwhile is passed on to the next waiter
-// over the dedicated connection, which rueidis leaves open.
+// While waiters of the Backend are waiting for a lock, it subscribes to
+// their release channels on the connection client sends its other
+// commands on (Client.Receive), if that connection speaks RESP3 (CLIENT
+// INFO says resp=3, asked once: Redis 7.0 and later), so waiting opens no
+// connection. Otherwise (RESP2, Redis 6, miniredis) it keeps one dedicated
+// connection of client (Client.Dedicate) subscribed to them, which rueidis
+// pings when idle, as it does every connection, and closes it shortly after
+// the last wait ends. For a cluster client it keeps one per master instead
+// (a dedicated connection of the master's client in Client.Nodes),
+// subscribed with SSUBSCRIBE to the channels of that master's slots
+// (sharded pub/sub, Redis 7), and finds the masters with CLUSTER SLOTS:
+// once when the first waiter waits, and again after a connection to a
+// master failed (see HubConfig.Shard). On a cluster older than Redis 7.0,
+// without sharded pub/sub, its waiters poll. A LockCtx waiting when the
+// client is closed fails with an error matching ErrQuorum; a lock granted
+// to it meanwhile over a dedicated connection, which rueidis leaves open,
+// is passed on to the next waiter.
 func NewRueidis(client rueidis.Client) Backend {
 	if client == nil {
 		return nil // New names the nil backend
@@ -45,6 +50,7 @@ func NewRueidis(client rueidis.Client) Backend {
 type rueidisBackend struct {
 	client rueidis.Client
 	hub    *Hub
+	push   atomic.Int32 // a pushMode: where the Hub of a client that is not a cluster's listens
 
 	// slots maps a cluster's hash slots to their masters, from CLUSTER
 	// SLOTS; nil until a waiter needs it, and again once a master's
@@ -100,15 +106,17 @@ var endedCtx = func() context.Context {
 	return ctx
 }()
 
-// evalClosed runs s, as Eval does, on the Hub's connection that listens on
-// channel: rueidis's Close does not close a dedicated connection in use, so
-// it outlives the client (see closable). Its subscriptions are dropped
-// first: a server speaking RESP2 (or miniredis) runs no script on a
-// subscribed connection. The Hub closes it next.
+// evalClosed runs s, as Eval does, on the Hub's dedicated connection that
+// listens on channel: rueidis's Close does not close a dedicated connection
+// in use, so it outlives the client (see closable). Its subscriptions are
+// dropped first: a server speaking RESP2 (or miniredis) runs no script on a
+// subscribed connection. The Hub closes it next. A Hub that listened on the
+// client's own connection (see pushable) lost its subscriptions with it:
+// errNotListening.
 func (b *rueidisBackend) evalClosed(ctx context.Context, channel string, s *Script, keys, args []string) ([]int64, error) {
 	l, ok := b.hub.listener(channel).(*rueidisPubSub)
 	if !ok {
-		return nil, errHubDown
+		return nil, errNotListening
 	}
 	dc := l.dc
 	unsubscribe := dc.B().Unsubscribe().Build()
@@ -205,11 +213,16 @@ func (b *rueidisBackend) Final(err error) bool {
 	return errors.Is(err, rueidis.ErrClosing)
 }
 
-// Hub returns the backend's Hub, whose connections are dedicated ones of
-// the client.
+// Hub returns the backend's Hub, which listens on the client's own
+// connection or on dedicated ones (see NewRueidis).
 func (b *rueidisBackend) Hub() *Hub { return b.hub }
 
+// listen is the Hub's HubConfig.Listen: the client's own connection where
+// it carries subscriptions (see pushable), else a dedicated connection.
 func (b *rueidisBackend) listen(ctx context.Context, onMessage func(channel, payload string)) (Listener, error) {
+	if pushable(ctx, b.client, &b.push) {
+		return newRueidisPush(b.client, onMessage), nil
+	}
 	dc, _ := b.client.Dedicate()
 	return newRueidisPubSub(dc, onMessage, nil), nil
 }

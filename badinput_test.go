@@ -66,6 +66,8 @@ var hostileRows = []hostileRow{
 			{"n", []Backend{b}, []Option{WithDriftFactor(0.5)}},
 			{"n", []Backend{b}, []Option{WithNodeTimeout(DefaultExpiry)}},
 			{"n", []Backend{b}, []Option{WithPrefix("p{")}},
+			{"n", []Backend{b}, []Option{WithHolderInfo("host\n42")}},
+			{"n", []Backend{b}, []Option{WithHolderInfo(strings.Repeat("h", MaxHolderInfo+1))}},
 		} {
 			if m, err := New(c.name, c.backends, c.opts...); m != nil || err == nil || !strings.HasPrefix(err.Error(), "netlock: ") {
 				t.Errorf("New(%q, %d backends, %d options): got %v, %v; want a clear error", c.name, len(c.backends), len(c.opts), m, err)

@@ -429,18 +429,11 @@ func readView(vals []int64, now time.Time) (nodeView, error) {
 		return v, nil
 	}
 	v.until = now.Add(time.Duration(vals[3]) * time.Millisecond)
-	n := int(vals[4])
-	if n < 0 || len(vals) != 5+(n+5)/6 {
-		return nodeView{}, fmt.Errorf("elect_read script: value of %d bytes in %d integers", n, len(vals)-5)
+	value, ok := replyString(vals[4], vals[5:])
+	if !ok {
+		return nodeView{}, fmt.Errorf("elect_read script: value of %d bytes in %d integers", vals[4], len(vals)-5)
 	}
-	b := make([]byte, 0, n)
-	for _, x := range vals[5:] {
-		k := min(6, n-len(b))
-		for j := k - 1; j >= 0; j-- {
-			b = append(b, byte(x>>(8*j)))
-		}
-	}
-	v.value = string(b)
+	v.value = value
 	return v, nil
 }
 

@@ -9,8 +9,10 @@ import (
 	"github.com/netlock-go/netlock"
 )
 
-// Inspect tells whether a lock is held, by which hold and for how long,
-// without taking it or a place in its queue: what "netlock status" shows.
+// Inspect tells whether a lock is held, by whom, by which hold and for how
+// long, without taking it or a place in its queue: what "netlock status"
+// shows. The holder's identity is "<hostname>/<pid>" of its process unless
+// it sets one with WithHolderInfo.
 func ExampleInspect() {
 	srv := miniredis.NewMiniRedis() // a real Redis address in production
 	if err := srv.Start(); err != nil {
@@ -22,14 +24,14 @@ func ExampleInspect() {
 	backends := []netlock.Backend{netlock.NewRedigo(pool)}
 	ctx := context.Background()
 
-	holder, _ := netlock.New("nightly-report", backends) // as in another process
+	holder, _ := netlock.New("nightly-report", backends, netlock.WithHolderInfo("report-job-7")) // as in another process
 	holder.Lock()
 
 	info, err := netlock.Inspect(ctx, "nightly-report", backends)
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println("held:", info.Held, "token:", info.Token, "expires:", info.TTL > 0)
+	fmt.Println("held:", info.Held, "by:", info.HolderInfo, "token:", info.Token, "expires:", info.TTL > 0)
 	node := info.Nodes[0]
 	fmt.Println("node 0: held:", node.Held, "waiters:", node.Waiters, "fence counter:", node.FenceCounter)
 
@@ -40,7 +42,7 @@ func ExampleInspect() {
 	}
 	fmt.Println("held:", info.Held)
 	// Output:
-	// held: true token: 1 expires: true
+	// held: true by: report-job-7 token: 1 expires: true
 	// node 0: held: true waiters: 0 fence counter: 1
 	// held: false
 }

@@ -6,6 +6,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/netlock-go/netlock/internal/keyspace"
 )
 
 // fuzzBackend is a Backend that is never called: New does not contact Redis.
@@ -101,13 +105,16 @@ func refSlot(key string) uint16 {
 // least Redis's 1ms resolution, a node timeout below the validity left after
 // the drift allowance, a drift factor in [0, 0.5), retry delays that the
 // backoff turns into waits between them, a prefix without hash-tag braces,
-// and keys in one slot.
+// keys in one slot, and a holder identity (the prefix's string, set&128)
+// of at most MaxHolderInfo printable bytes, written without a byte the
+// scripts split on and read back as given.
 //
 // Seeds are in testdata/fuzz/FuzzOptions; `go test -fuzz FuzzOptions`
 // explores further.
 func FuzzOptions(f *testing.F) {
 	f.Add(uint8(0), int64(0), 0.0, int64(0), int64(0), int64(0), "")
 	f.Add(uint8(0xff), int64(time.Second), 0.01, int64(100*time.Millisecond), int64(time.Millisecond), int64(50*time.Millisecond), "app:")
+	f.Add(uint8(0x80), int64(0), 0.0, int64(0), int64(0), int64(0), "web:1 +#%/x\n")
 	f.Fuzz(func(t *testing.T, set uint8, expiry int64, drift float64, nodeTimeout, minRetry, maxRetry int64, prefix string) {
 		var opts []Option
 		if set&1 != 0 {
@@ -124,6 +131,9 @@ func FuzzOptions(f *testing.F) {
 		}
 		if set&16 != 0 {
 			opts = append(opts, WithPrefix(prefix))
+		}
+		if set&128 != 0 {
+			opts = append(opts, WithHolderInfo(prefix))
 		}
 		opts = append(opts, WithAutoExtend(set&32 != 0), WithFencing(set&64 == 0))
 		m, err := New("n", []Backend{&fuzzBackend{}}, opts...)
@@ -149,6 +159,12 @@ func FuzzOptions(f *testing.F) {
 			t.Fatalf("prefix %q accepted", c.prefix)
 		case c.autoExtend != (set&32 != 0) || c.fencing != (set&64 == 0):
 			t.Fatalf("auto-extend %v, fencing %v: not as set", c.autoExtend, c.fencing)
+		case len(c.holderInfo) > MaxHolderInfo || !utf8.ValidString(c.holderInfo) || strings.ContainsFunc(c.holderInfo, func(r rune) bool { return !unicode.IsPrint(r) }):
+			t.Fatalf("holder info %q accepted", c.holderInfo)
+		case strings.ContainsAny(m.holder, ":+#"):
+			t.Fatalf("holder info %q written as %q, with a byte the scripts split on", c.holderInfo, m.holder)
+		case keyspace.HolderDecode(m.holder) != c.holderInfo:
+			t.Fatalf("holder info %q written as %q, read back as %q", c.holderInfo, m.holder, keyspace.HolderDecode(m.holder))
 		}
 		if set&16 != 0 && !strings.HasPrefix(m.keys.lock, prefix+"{") {
 			t.Fatalf("prefix %q: lock key %q", prefix, m.keys.lock)

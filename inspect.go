@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/netlock-go/netlock/internal/keyspace"
 )
 
 // Info is what Inspect found about a lock: whether it is held, by which
@@ -21,6 +23,11 @@ type Info struct {
 	// Holder is the NodeInfo.Holder of the hold's nodes, "" when the lock
 	// is not held.
 	Holder string
+
+	// HolderInfo is the identity the holder wrote with its hold
+	// (WithHolderInfo; by default "<hostname>/<pid>" of its process), ""
+	// when the lock is not held or the holder wrote none.
+	HolderInfo string
 
 	// Token is the fencing token of the hold: 0 when the lock is not held,
 	// with fencing off (WithFencing), or when the key holds a value netlock
@@ -64,6 +71,11 @@ type NodeInfo struct {
 	// SHA1, the same on every node that holds the key for one acquisition,
 	// "" when the node does not hold the key.
 	Holder string
+
+	// HolderInfo is the identity the holder wrote with the key
+	// (WithHolderInfo), "" when the node does not hold the key, or when it
+	// holds a value without one (Foreign, or WithHolderInfo("")).
+	HolderInfo string
 
 	// Waiters is the number of clients in the lock's waiters' queue on the
 	// node: waiters whose Backend tells them their turn (see Subscriber).
@@ -113,8 +125,9 @@ var maxmemoryPolicies = []string{
 	"allkeys-lru", "allkeys-lfu", "allkeys-random",
 }
 
-// inspectReplyLen is the length of lua/inspect.lua's reply.
-const inspectReplyLen = 8
+// inspectReplyLen is the length of lua/inspect.lua's reply before the
+// holder's identity.
+const inspectReplyLen = 9
 
 // Inspect reports whether the lock called name is held on backends, by
 // which hold (its fencing token) and for how long, and what each node
@@ -187,7 +200,12 @@ func nodeInfo(i int, r nodeReply) NodeInfo {
 		return NodeInfo{Err: r.err, MaxMemory: -1}
 	}
 	v := r.vals
-	if len(v) != inspectReplyLen || v[0] < 0 || v[0] > 2 {
+	var who string
+	ok := len(v) >= inspectReplyLen && v[0] >= 0 && v[0] <= 2
+	if ok {
+		who, ok = replyString(v[inspectReplyLen-1], v[inspectReplyLen:])
+	}
+	if !ok {
 		return NodeInfo{Err: nodeError(i, fmt.Errorf("inspect script: unexpected reply %v", v)), MaxMemory: -1}
 	}
 	n := NodeInfo{
@@ -200,6 +218,7 @@ func nodeInfo(i int, r nodeReply) NodeInfo {
 	}
 	if n.Held {
 		n.Holder = fmt.Sprintf("%012x", v[3])
+		n.HolderInfo = keyspace.HolderDecode(who)
 		n.TTL = time.Duration(v[2]) * time.Millisecond
 		if v[2] < 0 {
 			n.TTL = -1
@@ -209,6 +228,24 @@ func nodeInfo(i int, r nodeReply) NodeInfo {
 		n.MaxMemoryPolicy = maxmemoryPolicies[p-1]
 	}
 	return n
+}
+
+// replyString decodes a string of n bytes that a script packed into the
+// integers packed, six bytes to an integer, big-endian, the last one holding
+// what is left (see lua/pack.lua). It reports false if packed does not hold
+// n bytes so.
+func replyString(n int64, packed []int64) (string, bool) {
+	if n < 0 || int64(len(packed)) != (n+5)/6 {
+		return "", false
+	}
+	b := make([]byte, 0, n)
+	for _, x := range packed {
+		k := min(6, int(n)-len(b))
+		for j := k - 1; j >= 0; j-- {
+			b = append(b, byte(x>>(8*j)))
+		}
+	}
+	return string(b), true
 }
 
 // judge decides from the nodes' answers whether the lock is held, by the
@@ -252,6 +289,7 @@ func judge(nodes []NodeInfo, quorum int) (Info, *inspectError) {
 		info.Held = true
 		info.Holder = holder
 		info.Token = nodes[best].Token
+		info.HolderInfo = nodes[best].HolderInfo
 		info.TTL = ttls[len(ttls)-quorum]
 		if info.TTL == time.Duration(1<<63-1) {
 			info.TTL = -1

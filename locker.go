@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/netlock-go/netlock/internal/clock"
+	"github.com/netlock-go/netlock/internal/keyspace"
 )
 
 // A NetMutex is a mutual exclusion lock shared across processes and machines
@@ -46,7 +47,15 @@ type NetMutex struct {
 	expiryMS   string   // cfg.expiry in ms, as the scripts take it
 	tombMS     string   // TTL of a tombstone: tombstoneExpiries
 	queueMS    string   // TTL of the waiters' queue: queueExpiries
-	driftTerm  time.Duration
+	// holder is WithHolderInfo's identity as the scripts write it with a
+	// hold (escaped: keyspace.HolderEncode).
+	holder string
+	// valueSuffix ends every value of m's holds: "" where the holder is
+	// written beside the value (a lock key's "<value>:<token>:<holder>"),
+	// "+<holder>" where the value is all there is (a NetRWMutex's read
+	// lease, a member of a sorted set; keyspace.LeaseSuffix).
+	valueSuffix string
+	driftTerm   time.Duration
 
 	hubs []*Hub // per node: its Backend's pub/sub hub, nil if it has none
 	// limiters: per node, its Backend's bound on calls in flight (its
@@ -77,7 +86,7 @@ type NetMutex struct {
 	// key is tombPrefix+value (see freshValue).
 	tombPrefix string
 	// freeArg is the acquire script's last argument for an uncontended
-	// attempt on one node: proposal "0", no queue member (see acquireArg).
+	// attempt on one node: ":<holder>", all it needs (see lua/acquire.lua).
 	freeArg string
 	// lazyBounds: every node is a Backend of netlock's own, whose calls
 	// are bounded by a callBound (see NetMutex.bound).
@@ -111,6 +120,11 @@ type NetMutex struct {
 	// drained, while a goroutine waits in enterShared, is closed when no
 	// goroutine holds or waits for m shared any more (see drainedLocked).
 	drained chan struct{}
+	// gaveUp holds the nonces of m's last waiters that gave up, whose
+	// grants nobody takes up (see orphan); gaveUpNext is where the next
+	// goes.
+	gaveUp     [4]string
+	gaveUpNext int
 
 	// seen is the highest fence counter learned from any node: the next
 	// quorum ballot proposes seen+1.
@@ -174,6 +188,7 @@ func New(name string, backends []Backend, opts ...Option) (*NetMutex, error) {
 		expiryMS:  strconv.FormatInt(cfg.expiry.Milliseconds(), 10),
 		tombMS:    strconv.FormatInt(tombstoneExpiries*cfg.expiry.Milliseconds(), 10),
 		queueMS:   strconv.FormatInt(queueExpiries*cfg.expiry.Milliseconds(), 10),
+		holder:    keyspace.HolderEncode(cfg.holderInfo),
 		driftTerm: cfg.driftTerm(),
 		hubs:      make([]*Hub, len(backends)),
 		limiters:  make([]*limiter, len(backends)),
@@ -184,7 +199,7 @@ func New(name string, backends []Backend, opts ...Option) (*NetMutex, error) {
 	m.setKind(mutexKind{m})
 	m.extendKeys = []string{m.keys.lock, m.keys.waiters}
 	m.tombPrefix = m.keys.tomb("")
-	m.freeArg = m.acquireArg("0", ask{})
+	m.freeArg = ":" + m.holder
 	m.waitChan = m.keys.channel + ":" + m.waiterID
 	if err := m.useHubs(); err != nil {
 		return nil, err

@@ -162,6 +162,18 @@ func mustLock(t testing.TB, m *NetMutex) {
 	}
 }
 
+// async calls f in a goroutine, with a context bounded to 10s, and returns
+// where its error arrives.
+func async(f func(ctx context.Context) error) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		done <- f(ctx)
+	}()
+	return done
+}
+
 // mustUnlock unlocks m and fails the test on error.
 func mustUnlock(t testing.TB, m *NetMutex) {
 	t.Helper()

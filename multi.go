@@ -27,27 +27,68 @@ import (
 // ends. Goroutines of one process that share a MultiMutex queue for it
 // locally, as they do for a NetMutex.
 //
-// On each node, one script takes every name if every one is free, and
-// none otherwise; a waiter queues for the name it found held, as a
-// NetMutex's waiter does, and is woken by that name's release. So on a
-// Redis Cluster all the names must be in one hash slot: give them a common
-// hash tag ("{order:7}:stock", "{order:7}:payment"). See docs/multi.md.
+// On one server, or for names in one hash slot of a Redis Cluster, one
+// script per node takes every name if every one is free, and none
+// otherwise; a waiter queues for the name it found held, as a NetMutex's
+// waiter does, and is woken by that name's release. On a Redis Cluster,
+// names in several hash slots are taken one slot at a time, in the order of
+// the slots, and a MultiMutex holds none of them while it waits for a
+// slot's names held by another. Give names a common hash tag
+// ("{order:7}:stock", "{order:7}:payment") to have one script do it all.
+// See docs/multi.md.
 //
 // A MultiMutex must be created with NewMulti and must not be copied after
 // first use.
 type MultiMutex struct {
-	m     *NetMutex // the engine, running a multiKind
+	m     multiLock // oneSlot, or slotGroups (multi_slots.go)
 	names []string  // as given to NewMulti
 }
 
 var _ sync.Locker = (*MultiMutex)(nil)
 
+// A multiLock is how a MultiMutex takes its names: one script per node
+// (oneSlot), or one per hash slot of a Redis Cluster (slotGroups).
+type multiLock interface {
+	LockCtx(ctx context.Context) error
+	TryLockCtx(ctx context.Context) (bool, error)
+	UnlockCtx(ctx context.Context) error
+	ExtendCtx(ctx context.Context) error
+	Lost() <-chan struct{}
+	// tokens returns the current hold's tokens, per name in the order
+	// given to NewMulti; nil when not locked.
+	tokens() []uint64
+}
+
+// oneSlot is a MultiMutex whose names one script takes on each node: a
+// NetMutex running a multiKind.
+type oneSlot struct {
+	*NetMutex
+	n int // how many names
+}
+
+func (o oneSlot) tokens() []uint64 {
+	h := o.current()
+	if h == nil {
+		return nil
+	}
+	tokens := make([]uint64, o.n)
+	for i := range tokens {
+		tokens[i] = h.token
+	}
+	return tokens
+}
+
 // NewMulti returns a MultiMutex for the locks called names on backends (one
 // backend, or the independent deployments of a quorum, as New takes them),
 // with New's options. It returns an error naming what is wrong: no names, a
-// name given twice, a name New would refuse, backends or options New would
-// refuse, or, on a Redis Cluster Backend, names in different hash slots. It
-// does not contact Redis.
+// name given twice, a name New would refuse, or backends or options New
+// would refuse. It does not contact Redis.
+//
+// On a Backend that says it is a Redis Cluster (as NewRueidis and the
+// goredis package say of a cluster client, through their Hub), names in
+// several hash slots are taken one slot at a time (see MultiMutex). On a
+// Backend of a Cluster that does not say so, LockCtx and TryLockCtx of
+// such names return the server's CROSSSLOT error at once.
 func NewMulti(names []string, backends []Backend, opts ...Option) (*MultiMutex, error) {
 	if len(names) == 0 {
 		return nil, errors.New("netlock: NewMulti: no names")
@@ -64,21 +105,35 @@ func NewMulti(names []string, backends []Backend, opts ...Option) (*MultiMutex, 
 			return nil, fmt.Errorf("netlock: NewMulti: name %q given twice", sorted[i])
 		}
 	}
+	m, err := newMultiEngine(sorted, strings.Join(names, ","), backends, opts)
+	if err != nil {
+		return nil, err
+	}
+	if bySlot := m.kind.(*multiKind).slotGroups(); len(bySlot) > 1 {
+		s, err := newSlotGroups(names, bySlot, backends, opts, m.cfg.autoExtend)
+		if err != nil {
+			return nil, err
+		}
+		return &MultiMutex{m: s, names: slices.Clone(names)}, nil
+	}
+	return &MultiMutex{m: oneSlot{m, len(names)}, names: slices.Clone(names)}, nil
+}
+
+// newMultiEngine returns a NetMutex running a multiKind over sorted, a
+// MultiMutex's names in sorted order, that observers and logs call name.
+func newMultiEngine(sorted []string, name string, backends []Backend, opts []Option) (*NetMutex, error) {
 	m, err := New(sorted[0], backends, opts...)
 	if err != nil {
 		return nil, err
 	}
 	k := newMultiKind(m, sorted)
-	if err := k.checkSlots(); err != nil {
-		return nil, err
-	}
-	m.name = strings.Join(names, ",")
+	m.name = name
 	m.setKind(k)
 	m.alsoChans = k.channels[1:]
 	// A release of one name cannot grant a MultiMutex all of them: its
 	// waiter is told its turn and attempts.
 	m.grants = false
-	return &MultiMutex{m: m, names: slices.Clone(names)}, nil
+	return m, nil
 }
 
 // Multi returns a MultiMutex of names on c's backends, with c's options
@@ -94,7 +149,7 @@ func (c *Client) Multi(names []string, opts ...Option) (*MultiMutex, error) {
 // errZeroMulti is returned by a MultiMutex not made by NewMulti.
 var errZeroMulti = errors.New("netlock: MultiMutex not created by NewMulti (the zero value is not usable)")
 
-func (mm *MultiMutex) engine() (*NetMutex, error) {
+func (mm *MultiMutex) engine() (multiLock, error) {
 	if mm == nil || mm.m == nil {
 		return nil, errZeroMulti
 	}
@@ -137,7 +192,9 @@ func (mm *MultiMutex) Unlock() {
 	if err != nil {
 		panic(err)
 	}
-	m.Unlock()
+	if err := m.UnlockCtx(context.Background()); errors.Is(err, ErrNotHeld) {
+		panic(errUnlockUnlocked)
+	}
 }
 
 // LockCtx locks every name of mm, waiting while any is held elsewhere,
@@ -179,9 +236,11 @@ func (mm *MultiMutex) UnlockCtx(ctx context.Context) error {
 }
 
 // ExtendCtx resets every name's TTL to the full expiry, only if every one
-// is still held: it returns ErrLockLost if any was lost (and then extends
-// none), ErrNotHeld if mm is not locked. With auto-extend on (the default)
-// there is no need to call it.
+// is still held: it returns ErrLockLost if any was lost, ErrNotHeld if mm
+// is not locked. On one server or for names in one hash slot it then
+// extends none; for names in several slots of a Redis Cluster, those of
+// the other slots may have been extended, and go with Unlock. With
+// auto-extend on (the default) there is no need to call it.
 func (mm *MultiMutex) ExtendCtx(ctx context.Context) error {
 	m, err := mm.engine()
 	if err != nil {
@@ -204,22 +263,15 @@ func (mm *MultiMutex) Lost() <-chan struct{} {
 // Tokens returns the fencing tokens of the current hold, one per name in
 // the order given to NewMulti; nil when mm is not locked. Each is a
 // NetMutex's token for its name: it strictly increases with every
-// acquisition of that name, by a NetMutex or a MultiMutex. The names of one
-// hold share one token, drawn above the counters of all their slots. All
-// are 0 with fencing off.
+// acquisition of that name, by a NetMutex or a MultiMutex. The names taken
+// by one script (all, or those of one hash slot of a Redis Cluster) share
+// one token, drawn above the counters of all their slots. All are 0 with
+// fencing off.
 func (mm *MultiMutex) Tokens() []uint64 {
 	if mm == nil || mm.m == nil {
 		return nil
 	}
-	h := mm.m.current()
-	if h == nil {
-		return nil
-	}
-	tokens := make([]uint64, len(mm.names))
-	for i := range tokens {
-		tokens[i] = h.token
-	}
-	return tokens
+	return mm.m.tokens()
 }
 
 // multiKind is the kind of a MultiMutex: the keys of a NetMutex for each
@@ -250,24 +302,30 @@ func newMultiKind(m *NetMutex, names []string) *multiKind {
 	return k
 }
 
-// checkSlots refuses names in several hash slots on a Backend known to be a
-// Redis Cluster: one script cannot touch keys of several slots there. (A
-// Backend that does not say, by its Hub, gets the server's CROSSSLOT error
-// from its first acquire.)
-func (k *multiKind) checkSlots() error {
-	first := keyspace.Slot(k.locks[0])
-	for i, lock := range k.locks[1:] {
-		if keyspace.Slot(lock) == first {
-			continue
-		}
-		for j, h := range k.m.hubs {
-			if h != nil && (h.sharded() || !h.counted) {
-				return fmt.Errorf("netlock: NewMulti: backend %d is a Redis Cluster, and names %q and %q are in different hash slots (%d, %d); give the names a common hash tag, such as {order:7}:stock and {order:7}:payment",
-					j, k.names[0], k.names[i+1], first, keyspace.Slot(lock))
-			}
-		}
+// slotGroups returns k's names grouped by hash slot, in the order of the
+// slots, on a Backend known to be a Redis Cluster (by its Hub), where one
+// script cannot touch keys of several slots; nil otherwise. (A Backend
+// that does not say gets the server's CROSSSLOT error from its first
+// acquire.)
+func (k *multiKind) slotGroups() [][]string {
+	if !slices.ContainsFunc(k.m.hubs, func(h *Hub) bool { return h != nil && (h.sharded() || !h.counted) }) {
+		return nil
 	}
-	return nil
+	var slots []uint16
+	names := map[uint16][]string{}
+	for i, lock := range k.locks {
+		slot := keyspace.Slot(lock)
+		if names[slot] == nil {
+			slots = append(slots, slot)
+		}
+		names[slot] = append(names[slot], k.names[i]) // in sorted order
+	}
+	slices.Sort(slots)
+	groups := make([][]string, len(slots))
+	for i, slot := range slots {
+		groups[i] = names[slot]
+	}
+	return groups
 }
 
 func (*multiKind) observed() Kind { return KindMulti }

@@ -43,7 +43,6 @@ func TestNewMultiRejectsBadInput(t *testing.T) {
 		{"nil backend", []string{"a"}, []Backend{nil}, nil, "backend 0 is nil"},
 		{"bad option", []string{"a"}, []Backend{b}, []Option{WithExpiry(0)}, "expiry"},
 		{"prefix with a brace", []string{"a"}, []Backend{b}, []Option{WithPrefix("x{")}, "prefix"},
-		{"cluster, several slots", []string{"a", "b"}, []Backend{cluster}, nil, `backend 0 is a Redis Cluster, and names "a" and "b" are in different hash slots`},
 	} {
 		t.Run(tc.what, func(t *testing.T) {
 			mm, err := NewMulti(tc.names, tc.backends, tc.opts...)
@@ -90,11 +89,27 @@ func TestMultiZeroAndMisuse(t *testing.T) {
 	if got := mm.Names(); len(got) != 2 || got[0] != "b" || got[1] != "a" {
 		t.Errorf("Names(): got %q, want [b a]", got)
 	}
+	checkNotHeld(t, mm)
+}
+
+// checkNotHeld checks that mm, not locked, answers as a NetMutex does:
+// ErrNotHeld, a panic on Unlock, a closed Lost, no Tokens.
+func checkNotHeld(t *testing.T, mm *MultiMutex) {
+	t.Helper()
+	ctx := context.Background()
 	if err := mm.UnlockCtx(ctx); !errors.Is(err, ErrNotHeld) {
 		t.Errorf("UnlockCtx not locked: got %v, want ErrNotHeld", err)
 	}
 	if err := mm.ExtendCtx(ctx); !errors.Is(err, ErrNotHeld) {
 		t.Errorf("ExtendCtx not locked: got %v, want ErrNotHeld", err)
+	}
+	select {
+	case <-mm.Lost():
+	default:
+		t.Error("Lost not locked: not closed")
+	}
+	if toks := mm.Tokens(); toks != nil {
+		t.Errorf("Tokens not locked: got %v, want nil", toks)
 	}
 	func() {
 		defer func() {

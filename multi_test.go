@@ -375,8 +375,9 @@ func TestMultiLeavePassesTurnOn(t *testing.T) {
 		e.do(t, "DEL", "netlock:{a}") // the holder's key gone, no release: nobody is told
 
 		mm := e.newMulti(t, []string{"b", "a"}, opt)
-		s, keys, args := mm.m.kind.leaveCall(mm.m.waiterID) // a member queued nowhere
-		vals, err := mm.m.nodes[0].Eval(ctx, s, keys, args)
+		m := mm.m.(oneSlot).NetMutex
+		s, keys, args := m.kind.leaveCall(m.waiterID) // a member queued nowhere
+		vals, err := m.nodes[0].Eval(ctx, s, keys, args)
 		if err != nil || len(vals) != 2 || vals[0] != 0 || vals[1] != 1 {
 			t.Fatalf("multi_leave: got %v, %v; want [0 1] (queued nowhere, one client told)", vals, err)
 		}

@@ -4,8 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 // Defaults of the options.
@@ -21,6 +26,9 @@ const (
 	// DefaultLocalHandoffs bounds how many times in a row Unlock passes a
 	// hold to a goroutine of this process waiting on the same NetMutex.
 	DefaultLocalHandoffs = 16
+	// MaxHolderInfo is the longest holder identity WithHolderInfo takes, in
+	// bytes.
+	MaxHolderInfo = 256
 )
 
 // Numbers of the algorithms, each with its reason, used by Go and passed to
@@ -76,6 +84,7 @@ type config struct {
 	replicas      int           // WithSyncReplicas; 0: off
 	maxHold       time.Duration // WithMaxHold; 0: no bound
 	minHold       time.Duration // WithMinHold; 0: none
+	holderInfo    string        // WithHolderInfo, as given
 }
 
 func defaultConfig() config {
@@ -88,8 +97,29 @@ func defaultConfig() config {
 		prefix:        DefaultPrefix,
 		fencing:       true,
 		handoffs:      DefaultLocalHandoffs,
+		holderInfo:    defaultHolderInfo(),
 	}
 }
+
+// defaultHolderInfo is "<hostname>/<pid>", made to pass checkHolderInfo:
+// a byte it refuses becomes '?', and a long host name is cut.
+var defaultHolderInfo = sync.OnceValue(func() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown-host"
+	}
+	pid := "/" + strconv.Itoa(os.Getpid())
+	host = strings.Map(func(r rune) rune {
+		if r == utf8.RuneError || !unicode.IsPrint(r) {
+			return '?'
+		}
+		return r
+	}, host)
+	if len(host)+len(pid) > MaxHolderInfo {
+		host = strings.ToValidUTF8(host[:MaxHolderInfo-len(pid)], "?")
+	}
+	return host + pid
+})
 
 // WithExpiry sets the TTL of the lock key (default 8s). With auto-extend on,
 // it is how long a hold survives its process dying; with it off, how long a
@@ -125,6 +155,14 @@ func WithMaxHold(d time.Duration) Option { return func(c *config) { c.maxHold = 
 // NetRWMutex it bounds the write lock (a read lease ends when its last
 // reader leaves); NewSemaphore refuses it. d must not be negative.
 func WithMinHold(d time.Duration) Option { return func(c *config) { c.minHold = d } }
+
+// WithHolderInfo sets the identity written with every hold (default
+// "<hostname>/<pid>"), at no extra round trip: Inspect reports it
+// (Info.HolderInfo), as do the netlock command's status and list. A hold a
+// release grants to a waiter carries the waiter's; a NetRWMutex's read
+// leases and a Semaphore's leases carry their process's. s must be at most
+// MaxHolderInfo bytes of printable UTF-8 (no newline or tab); "" writes none.
+func WithHolderInfo(s string) Option { return func(c *config) { c.holderInfo = s } }
 
 // WithRetryDelay bounds the jittered wait between acquire attempts where a
 // waiter cannot be told its turn (defaults 1ms and 50ms): a Backend without
@@ -319,7 +357,27 @@ func (c *config) checkRest() (errs []string) {
 	if strings.ContainsAny(c.prefix, "{}") {
 		errs = append(errs, fmt.Sprintf("prefix %q contains '{' or '}', which would break the Redis Cluster hash tag", c.prefix))
 	}
+	if e := checkHolderInfo(c.holderInfo); e != "" {
+		errs = append(errs, e)
+	}
 	return errs
+}
+
+// checkHolderInfo returns what is wrong with s as a holder identity, "" if
+// nothing is.
+func checkHolderInfo(s string) string {
+	if len(s) > MaxHolderInfo {
+		return fmt.Sprintf("holder info is %d bytes, more than %d", len(s), MaxHolderInfo)
+	}
+	for i, r := range s {
+		if r == utf8.RuneError && !strings.HasPrefix(s[i:], string(utf8.RuneError)) {
+			return fmt.Sprintf("holder info %q is not valid UTF-8 (at byte %d)", s, i)
+		}
+		if !unicode.IsPrint(r) {
+			return fmt.Sprintf("holder info %q has a character that is not printable, %U at byte %d", s, r, i)
+		}
+	}
+	return ""
 }
 
 // driftTerm is what every validity loses to clock drift: a fraction of the

@@ -40,6 +40,11 @@ func TestNewRejectsBadInput(t *testing.T) {
 		{"max retry below min", "n", []Backend{good}, []Option{WithRetryDelay(time.Second, time.Millisecond)}, "maximum retry delay 1ms is below the minimum 1s"},
 		{"prefix with {", "n", []Backend{good}, []Option{WithPrefix("a{")}, `prefix "a{" contains '{' or '}'`},
 		{"prefix with }", "n", []Backend{good}, []Option{WithPrefix("}")}, `prefix "}" contains`},
+		{"holder info too long", "n", []Backend{good}, []Option{WithHolderInfo(strings.Repeat("h", MaxHolderInfo+1))}, "holder info is 257 bytes, more than 256"},
+		{"holder info with a newline", "n", []Backend{good}, []Option{WithHolderInfo("web-1\nx")}, `holder info "web-1\nx" has a character that is not printable, U+000A at byte 5`},
+		{"holder info with a tab", "n", []Backend{good}, []Option{WithHolderInfo("a\tb")}, `holder info "a\tb" has a character that is not printable, U+0009 at byte 1`},
+		{"holder info with a NUL", "n", []Backend{good}, []Option{WithHolderInfo("\x00")}, "U+0000 at byte 0"},
+		{"holder info not UTF-8", "n", []Backend{good}, []Option{WithHolderInfo("h\xff")}, `holder info "h\xff" is not valid UTF-8 (at byte 1)`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.what, func(t *testing.T) {

@@ -687,7 +687,7 @@ func (mc *propMachine) nodeUp(rt *rapid.T) {
 		if mc.current(n.key) {
 			rt.Fatalf("model: node %d: a release of the current hold of client %d is queued", k, n.key.client)
 		}
-		stale := v + ":" + strconv.FormatUint(n.key.token, 10)
+		stale := keyValue(v, n.key.token)
 		eventually(rt, 5*time.Second, fmt.Sprintf("node %d: the release of %q queued while it was partitioned delivered", k, stale), func() bool {
 			got, _ := n.srv.Get(propLockKey)
 			return got != stale
@@ -760,7 +760,7 @@ func (mc *propMachine) check(rt *rapid.T) {
 		// quorum of valid keys on the servers.
 		valid := 0
 		for _, n := range mc.nodes {
-			if v, err := n.srv.Get(propLockKey); err == nil && c.held && v == c.value+":"+strconv.FormatUint(c.token, 10) {
+			if v, err := n.srv.Get(propLockKey); err == nil && c.held && v == keyValue(c.value, c.token) {
 				valid++
 			}
 		}
@@ -1043,7 +1043,7 @@ func (mc *propMachine) checkNodes() {
 		got, err := n.srv.Get(propLockKey)
 		want := ""
 		if n.key.value != "" {
-			want = n.key.value + ":" + strconv.FormatUint(n.key.token, 10)
+			want = keyValue(n.key.value, n.key.token)
 		}
 		if err != nil {
 			got = ""

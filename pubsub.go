@@ -38,6 +38,11 @@ const hubLinger = 100 * time.Millisecond
 // connection before the server confirmed it.
 var errHubDown = errors.New("netlock: pub/sub connection lost")
 
+// errNotListening is a closable's evalClosed's error when no connection
+// that outlived the Backend's closed client listens on the waiter's
+// channel: the subscription went with the client's connection.
+var errNotListening = errors.New("netlock: no pub/sub connection outlived the closed client")
+
 // errClientGone is returned to a waiter that would watch a channel on a
 // Hub whose Backend's client has been closed.
 var errClientGone = errors.New("netlock: the Backend's client is closed")
@@ -110,6 +115,9 @@ type topic struct {
 	down    chan struct{} // its link's down channel
 	watches map[*watch]struct{}
 	idle    time.Time // when its last watch stopped, if it has none
+	// orphan, if set, takes a message that comes while the topic has no
+	// watch (see watchFor).
+	orphan func(payload string)
 }
 
 // A watch is one waiter's interest in one channel of one Hub. A message on
@@ -156,6 +164,17 @@ func (h *Hub) usable() error {
 // the dial and the wait for the confirmation. On error nothing is left
 // subscribed for this waiter.
 func (h *Hub) watch(ctx context.Context, channel string, wake chan<- string) (*watch, error) {
+	return h.watchFor(ctx, channel, wake, nil)
+}
+
+// watchFor is watch for the owner of channel (a NetMutex's own release
+// channel): a message on it that comes while no waiter watches it (the
+// last one stopped, the channel not unsubscribed yet: see hubLinger) is
+// passed to orphan, called on the connection's reading goroutine, which
+// it must not hold up. A release may grant the lock to a waiter whose
+// place outlived it, and count this Hub as listening: orphan gives such a
+// grant back at once, where nobody would take it up before it expired.
+func (h *Hub) watchFor(ctx context.Context, channel string, wake chan<- string, orphan func(payload string)) (*watch, error) {
 	node := ""
 	if h.sharded() {
 		// Before mu: a Backend may refresh its slot map here, and the
@@ -199,6 +218,9 @@ func (h *Hub) watch(ctx context.Context, channel string, wake chan<- string) (*w
 	w := &watch{hub: h, topic: t, wake: wake}
 	h.wmu.Lock()
 	t.watches[w] = struct{}{}
+	if orphan != nil {
+		t.orphan = orphan
+	}
 	h.wmu.Unlock()
 	h.mu.Unlock()
 
@@ -387,7 +409,12 @@ func (h *Hub) sweepIdle() {
 func (h *Hub) dispatch(l *link, channel, payload string) {
 	h.wmu.Lock()
 	defer h.wmu.Unlock()
-	if t := h.topics[channel]; t != nil && t.link == l {
+	t := h.topics[channel]
+	switch {
+	case t == nil || t.link != l:
+	case len(t.watches) == 0 && t.orphan != nil:
+		t.orphan(payload)
+	default:
 		for w := range t.watches {
 			w.signal(payload)
 		}

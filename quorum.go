@@ -291,7 +291,7 @@ func (m *NetMutex) acquireRound(ctx context.Context, q ask) outcome {
 		// refreshed its TTL (after start): it is ours, under the value
 		// the release made. (Our fresh value was never written: a
 		// cleanup releases this one, and gives the turn on.)
-		value, tomb = q.nonce+"."+strconv.FormatInt(v.handed, 10), ""
+		value, tomb = m.grantValue(q.nonce, strconv.FormatInt(v.handed, 10)), ""
 	}
 	if validity > 0 && ctxEnded(ctx) == nil {
 		if token, ok := v.quorum(reads, m.quorum); ok {
@@ -355,24 +355,22 @@ func (a quorumAcquirer) passOnCall(g grant) (*Script, []string, []string) {
 // message of a grant since lost cannot name the current join. A message
 // that leaves less than an extend interval, which the watchdog could not
 // keep, is not taken as a grant: the next attempt adopts the key, renewing
-// its TTL from a start of its own. A grant naming an earlier nonce (a join
-// of an earlier call, left behind by a leave that failed, or one we were
-// told to leave) is released at once, so that the lock goes on.
+// its TTL from a start of its own. A grant naming a nonce a waiter of m
+// gave up (a join of an earlier call, left behind by a leave that failed,
+// or one we were told to leave) is released at once, so that the lock goes
+// on; one naming the nonce of a waiter that succeeded is (or was) m's
+// hold, its message late: left alone.
 func (a quorumAcquirer) messageGrant(ctx context.Context, w *waiter, payload string) (grant, bool) {
-	rest, ok := strings.CutPrefix(payload, "g:")
+	nonce, n, token, ok := parseGrant(payload)
 	if !ok {
 		return grant{}, false
 	}
-	nonce, rest, _ := strings.Cut(rest, ":")
-	n, tok, _ := strings.Cut(rest, ":")
-	token, err := strconv.ParseUint(tok, 10, 64)
-	if err != nil {
-		return grant{}, false
-	}
 	m := w.m
-	value := nonce + "." + n
+	value := m.grantValue(nonce, n)
 	if nonce != w.nonce {
-		m.release(detached(ctx), value, "", nil, true) // granted: held on the node
+		if m.gaveUpOn(nonce) {
+			m.release(detached(ctx), value, "", nil, true) // granted: held on the node
+		}
 		return grant{}, false
 	}
 	until := w.joined.Add(m.cfg.expiry - m.driftTerm)
@@ -557,15 +555,23 @@ func (m *NetMutex) freshValue() (value, tomb string) {
 		text[i] = base32Alphabet[c%32]
 	}
 	var b strings.Builder
-	b.Grow(len(m.tombPrefix) + len(text))
+	b.Grow(len(m.tombPrefix) + len(text) + len(m.valueSuffix))
 	b.WriteString(m.tombPrefix)
 	b.Write(text[:])
+	b.WriteString(m.valueSuffix)
 	tomb = b.String()
 	return tomb[len(m.tombPrefix):], tomb
 }
 
 // base32Alphabet is RFC 4648's, which rand.Text writes.
 const base32Alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
+
+// grantValue returns the value of a hold a release granted to the join
+// nonce, as the release wrote it: "<nonce>.<n>" (see lua/handon.lua and
+// lua/rw_wake.lua), and m's value suffix.
+func (m *NetMutex) grantValue(nonce, n string) string {
+	return nonce + "." + n + m.valueSuffix
+}
 
 // tomb returns value's tombstone key, when it is not known from
 // freshValue ("").
@@ -589,9 +595,10 @@ func (m *NetMutex) release(ctx context.Context, value, tomb string, targets []bo
 }
 
 // acquireArg returns the acquire script's last argument (see
-// lua/acquire.lua): the ballot proposal and the waiters' queue member q.
+// lua/acquire.lua): the ballot proposal, the waiters' queue member q, and
+// the holder.
 func (m *NetMutex) acquireArg(proposal string, q ask) string {
-	return proposal + ":" + q.member + ":" + q.flags + ":" + m.queueMS
+	return proposal + ":" + q.member + ":" + q.flags + ":" + m.queueMS + ":" + m.holder
 }
 
 // lockCall returns the keys of an acquire or release script (lock,

@@ -111,10 +111,10 @@ func commandCalls(t *testing.T, s *redistest.Server, cmd string) int {
 }
 
 // heldValue returns what m's lock key holds while m is held:
-// "<value>:<token>" (see lua/acquire.lua).
+// "<value>:<token>:<holder>" (see lua/acquire.lua).
 func heldValue(m *NetMutex) string {
 	h := m.current()
-	return h.value + ":" + strconv.FormatUint(h.token, 10)
+	return keyValue(h.value, h.token)
 }
 
 // With a healthy replica, every acquire waits for it: the lock is on the

@@ -232,6 +232,9 @@ func NewRW(name string, backends []Backend, opts ...Option) (*NetRWMutex, error)
 	for _, m := range []*NetMutex{w, r} {
 		m.tombPrefix = keyspace.Tomb(k.Writer, "")
 	}
+	// A read lease is a member of a sorted set: its value carries the
+	// holder (see lua/rw_acquire.lua).
+	r.valueSuffix = keyspace.LeaseSuffix(r.holder)
 	// A release grants a waiter its hold in its own script where New would
 	// let it grant a NetMutex's (m.grants: one backend, whose PUBLISH counts
 	// the listeners, without WithSyncReplicas), and tells the waiter alone:
@@ -279,7 +282,7 @@ func (s *rwSide) acquireCall(value, tomb, proposal string, q ask) (*Script, []st
 	if strings.Contains(q.flags, "q") {
 		flags = "q"
 	}
-	return rwAcquireScript, keys, []string{string(s.mode) + ":" + value + ":" + s.m.expiryMS + ":" + proposal + ":" + q.member + ":" + flags + ":" + s.placeMS + ":" + strconv.FormatInt(q.arrival, 10)}
+	return rwAcquireScript, keys, []string{string(s.mode) + ":" + value + ":" + s.m.expiryMS + ":" + proposal + ":" + q.member + ":" + flags + ":" + s.placeMS + ":" + strconv.FormatInt(q.arrival, 10) + ":" + s.m.holder}
 }
 
 // acquireReply reads rw_acquire.lua's reply: acquire.lua's, except that a

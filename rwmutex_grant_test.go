@@ -2,6 +2,7 @@ package netlock
 
 import (
 	"context"
+	"crypto/rand"
 	"strconv"
 	"strings"
 	"testing"
@@ -9,6 +10,8 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/gomodule/redigo/redis"
+
+	"github.com/netlock-go/netlock/internal/keyspace"
 )
 
 // Tests of the grants a NetRWMutex's releases make (lua/rw_wake.lua): over
@@ -27,12 +30,13 @@ type grantProc struct {
 // acquires returns how many acquire scripts the process ran.
 func (p grantProc) acquires() int { return p.b.count(rwAcquireScript.Name()) }
 
-// rwGrantPair returns two processes of one NetRWMutex name on srv.
+// rwGrantPair returns two processes of one NetRWMutex name on srv, each
+// with a holder identity of its own.
 func rwGrantPair(t *testing.T, srv *miniredis.Miniredis, name string) (a, b grantProc) {
 	t.Helper()
 	newRW := func() grantProc {
 		cb := counting(newBackend(t, "redigo", srv.Addr()))
-		rw, err := NewRW(name, []Backend{cb}, WithExpiry(3*time.Second))
+		rw, err := NewRW(name, []Backend{cb}, WithExpiry(3*time.Second), WithHolderInfo("proc "+rand.Text()))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -47,6 +51,25 @@ func rwGrantPair(t *testing.T, srv *miniredis.Miniredis, name string) (a, b gran
 // granted reports whether a hold's value is one a release made: "<nonce>.<n>"
 // (an attempt's own value, rand.Text, has no dot).
 func grantedValue(h *hold) bool { return h != nil && strings.Contains(h.value, ".") }
+
+// checkGrantHolder checks that the hold a release granted m is written with
+// m's holder identity (not the releaser's): in the writer key, or in the
+// read lease's value.
+func checkGrantHolder(t *testing.T, srv *miniredis.Miniredis, m *NetMutex) {
+	t.Helper()
+	k := m.kind.(*rwSide).keys
+	h := m.current()
+	var got string
+	if m.kind.(*rwSide).mode == 'w' {
+		v, _ := srv.Get(k.Writer)
+		got = keyspace.HolderOf(v)
+	} else if _, err := srv.ZScore(k.Leases, h.value); err == nil {
+		got = keyspace.LeaseHolder(h.value)
+	}
+	if got != m.cfg.holderInfo {
+		t.Errorf("granted hold %q: holder %q, want its own, %q", h.value, got, m.cfg.holderInfo)
+	}
+}
 
 // TestRWGrantWriter: a writer waiting behind a read lease is granted the
 // write lock by the lease's release, with the next fencing token, and adopts
@@ -71,9 +94,10 @@ func TestRWGrantWriter(t *testing.T) {
 		t.Errorf("the writer made %d acquire rounds after the release; a grant needs none", n)
 	}
 	cur, _ := srv.Get(a.keys.Writer)
-	if tok := b.Token(); tok == 0 || !strings.HasSuffix(cur, ":"+strconv.FormatUint(tok, 10)) {
+	if tok := b.Token(); tok == 0 || !strings.Contains(cur, ":"+strconv.FormatUint(tok, 10)+":") {
 		t.Errorf("writer key %q, token %d: the grant's token must be in the key", cur, tok)
 	}
+	checkGrantHolder(t, srv, b.w)
 	b.Unlock()
 	if srv.Exists(a.keys.Writer) {
 		t.Fatal("the granted write lock outlived its Unlock")
@@ -120,6 +144,7 @@ func TestRWGrantReaders(t *testing.T) {
 		if h := p.r.current(); !grantedValue(h) {
 			t.Fatalf("a reader holds %+v, not a release's grant", h)
 		}
+		checkGrantHolder(t, srv, p.r)
 		if !p.lease.writerWaits.Load() {
 			t.Error("a granted lease was not told that a writer waits")
 		}
@@ -140,6 +165,7 @@ func TestRWGrantReaders(t *testing.T) {
 	if h := d.w.current(); !grantedValue(h) {
 		t.Errorf("the writer after the readers holds %+v, not the last lease's grant", h)
 	}
+	checkGrantHolder(t, srv, d.w)
 	d.Unlock()
 }
 

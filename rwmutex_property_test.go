@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -844,7 +843,7 @@ func (mc *rwMachine) leaseHold(c *rwPropClient) (*hold, bool) {
 // write lock h.
 func (mc *rwMachine) writeIntact(h *hold) int {
 	n := 0
-	want := h.value + ":" + strconv.FormatUint(h.token, 10)
+	want := keyValue(h.value, h.token)
 	for _, nd := range mc.nodes {
 		if v, err := nd.srv.Get(mc.keys.Writer); err == nil && v == want {
 			n++

@@ -50,15 +50,7 @@ func (m *NetMutex) localWaiters() (all, shared int) {
 
 // rlockAsync calls rw.RLockCtx in a goroutine and returns where its error
 // arrives.
-func rlockAsync(rw *NetRWMutex) <-chan error {
-	done := make(chan error, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		done <- rw.RLockCtx(ctx)
-	}()
-	return done
-}
+func rlockAsync(rw *NetRWMutex) <-chan error { return async(rw.RLockCtx) }
 
 func TestRWReadersShareOwnWriteLock(t *testing.T) {
 	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {

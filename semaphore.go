@@ -777,7 +777,9 @@ func (s *Semaphore) prepare(w *semWaiter, try bool) (semCall, bool) {
 	s.calling = w
 	s.retireLostLocked()
 	if s.value == "" {
-		s.value = rand.Text() // 128 random bits
+		// 128 random bits, and the holder (the lease is a member of a
+		// sorted set, with nothing beside it).
+		s.value = rand.Text() + keyspace.LeaseSuffix(s.m.holder)
 	}
 	s.seq++
 	if !try && s.grants && s.nonce == "" {

@@ -98,9 +98,9 @@ type HubConfig struct {
 // go-redis does to its PubSub connections. A release that still counts a
 // Listener of a closed client grants the lock to a waiter that can neither
 // extend nor release it, and the next waiter waits for the grant to expire.
-// (The Backends of NewRedigo and NewRueidis, whose clients leave such
-// connections open, find the closed client when a grant comes, and pass
-// the grant on.)
+// (The Backends of NewRedigo, and of NewRueidis where it listens on a
+// dedicated connection, whose clients leave such connections open, find
+// the closed client when a grant comes, and pass the grant on.)
 type Listener interface {
 	// Subscribe sends SUBSCRIBE channel (SSUBSCRIBE, for ListenShard). It
 	// need not wait for the server's confirmation: Confirmed returns it.

@@ -3,8 +3,11 @@ package netlock
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"log/slog"
 	mrand "math/rand/v2"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -130,6 +133,9 @@ func (w *waiter) run(ctx context.Context) (bool, error) {
 		if o.rejoin {
 			// Our member is gone from the queue: join again, at once,
 			// under a fresh nonce.
+			m.mu.Lock()
+			m.gaveUpLocked(w.nonce)
+			m.mu.Unlock()
 			w.nonce, w.joined, w.queued = "", time.Time{}, false
 			continue
 		}
@@ -245,7 +251,9 @@ func (w *waiter) ask() ask {
 			w.nonce = rand.Text()
 		}
 		q.nonce = w.nonce
-		q.member = w.m.waiterID + "+" + w.m.expiryMS + "+" + w.nonce
+		// The holder last: a release that grants us the lock writes it
+		// with the hold (see lua/handon.lua).
+		q.member = w.m.waiterID + "+" + w.m.expiryMS + "+" + w.nonce + "+" + w.m.holder
 	}
 	return q
 }
@@ -328,7 +336,8 @@ type closable interface {
 	// evalClosed runs s as Eval does, on a connection that outlives the
 	// closed client: redigo dials one with the pool's Dial function;
 	// rueidis uses the Hub's connection that listens on channel, whose
-	// subscriptions it drops.
+	// subscriptions it drops, and returns errNotListening if no such
+	// connection listens on channel.
 	evalClosed(ctx context.Context, channel string, s *Script, keys, args []string) ([]int64, error)
 }
 
@@ -390,7 +399,8 @@ func (w *waiter) leaveClosed(ctx context.Context) {
 		if err := c.closed(bound); err != nil {
 			if w.queued {
 				s, keys, args := w.a.leaveCall(w.ask().member)
-				if _, lerr := c.evalClosed(bound, m.waitChan, m.script(i, s), keys, args); lerr != nil {
+				// Not listening, the waiter is one a release skips.
+				if _, lerr := c.evalClosed(bound, m.waitChan, m.script(i, s), keys, args); lerr != nil && !errors.Is(lerr, errNotListening) {
 					m.warnClosed(ctx, i, lerr)
 				}
 			}
@@ -564,7 +574,7 @@ func (w *waiter) listen(ctx context.Context) bool {
 // watch watches m's release channel on node i's hub, bounded by the node
 // timeout; nil if it could not.
 func (m *NetMutex) watch(ctx context.Context, i int, wake chan<- string) *watch {
-	wt := m.watchChannel(ctx, i, m.waitChan, wake)
+	wt := m.watchChannelFor(ctx, i, m.waitChan, wake, m.orphan)
 	// A MultiMutex waits in the queue of whichever of its names is held:
 	// it watches the release channel of each, all or none.
 	for _, c := range m.alsoChans {
@@ -584,13 +594,71 @@ func (m *NetMutex) watch(ctx context.Context, i int, wake chan<- string) *watch 
 // watchChannel watches channel on node i's hub, bounded by the node
 // timeout; nil if it could not.
 func (m *NetMutex) watchChannel(ctx context.Context, i int, channel string, wake chan<- string) *watch {
+	return m.watchChannelFor(ctx, i, channel, wake, nil)
+}
+
+// watchChannelFor is watchChannel with the Hub's orphan handler of channel
+// (see Hub.watchFor).
+func (m *NetMutex) watchChannelFor(ctx context.Context, i int, channel string, wake chan<- string, orphan func(string)) *watch {
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.nodeTimeout)
 	defer cancel()
-	wt, err := m.hubs[i].watch(ctx, channel, wake)
+	wt, err := m.hubs[i].watchFor(ctx, channel, wake, orphan)
 	if err != nil {
 		return nil
 	}
 	return wt
+}
+
+// orphan takes a message on m's release channel that reached no waiter:
+// every waiter of m that listened has stopped (see Hub.watchFor). A grant
+// in it to a waiter of m that gave up (see gaveUp) went to a place that
+// outlived it: a release popped it after the waiter stopped listening, or
+// the network held its join back past its leave. Its leave, if it comes
+// after, finds the lock granted and passes it on; but nothing else would
+// until the grant expires. It is released at once, as granted releases a
+// grant to an earlier call. A grant to a waiter that succeeded is m's hold
+// (adopted by an attempt, the message late), or was: never released here.
+func (m *NetMutex) orphan(payload string) {
+	nonce, n, _, ok := parseGrant(payload)
+	if !ok {
+		return
+	}
+	go func() { // not on the Hub's reading goroutine, which holds its lock
+		if m.gaveUpOn(nonce) {
+			m.release(context.Background(), m.grantValue(nonce, n), "", nil, true)
+		}
+	}()
+}
+
+// gaveUpOn reports whether a waiter of m gave up the place it joined
+// under nonce lately.
+func (m *NetMutex) gaveUpOn(nonce string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Contains(m.gaveUp[:], nonce)
+}
+
+// gaveUpLocked records that the waiter of nonce gave up (see orphan). The
+// caller holds m.mu.
+func (m *NetMutex) gaveUpLocked(nonce string) {
+	m.gaveUp[m.gaveUpNext] = nonce
+	m.gaveUpNext = (m.gaveUpNext + 1) % len(m.gaveUp)
+}
+
+// parseGrant reads a release's grant message, "g:<nonce>:<n>:<token>" (see
+// lua/handon.lua): the lock's value is "<nonce>.<n>".
+func parseGrant(payload string) (nonce, n string, token uint64, ok bool) {
+	rest, ok := strings.CutPrefix(payload, "g:")
+	if !ok {
+		return "", "", 0, false
+	}
+	nonce, rest, _ = strings.Cut(rest, ":")
+	n, tok, _ := strings.Cut(rest, ":")
+	token, err := strconv.ParseUint(tok, 10, 64)
+	if err != nil {
+		return "", "", 0, false
+	}
+	return nonce, n, token, true
 }
 
 // join watches our release channel on every node where it is subscribed
@@ -661,6 +729,11 @@ func (w *waiter) deadWatch() bool {
 // the waiters' queues it may be in, passing on a turn that came too late.
 // It reports whether the caller holds after all (see acquirer.leave).
 func (w *waiter) done(ctx context.Context, ok bool) (held bool) {
+	if !ok && w.nonce != "" {
+		w.m.mu.Lock()
+		w.m.gaveUpLocked(w.nonce)
+		w.m.mu.Unlock()
+	}
 	for _, wt := range w.watches {
 		if wt != nil {
 			wt.stop()

@@ -243,8 +243,8 @@ func (p *probeBackend) Hub() *Hub { return p.hub }
 
 func (p *probeBackend) Final(err error) bool { return finalErr(p.Backend, err) }
 
-// owns reports whether the lock value v (the key's "<value>:<token>" without
-// the token) was proposed through p, or granted to one of its nonces.
+// owns reports whether the lock value v (the key's "<value>:<token>:<holder>"
+// without the token and holder) was proposed through p, or granted to one of its nonces.
 func (p *probeBackend) owns(v string) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -850,7 +850,7 @@ func (mc *waitMachine) check() {
 			mc.fatalf("processes %d (%v) and %d (%v) both hold: got two valid holds, want at most one", holder.n, holder.state, p.n, p.state)
 		}
 		holder = p
-		if want := fmt.Sprintf("%s:%d", h.value, h.token); key != want {
+		if want := keyValue(h.value, h.token); key != want {
 			mc.fatalf("lock key, process %d (%v) holding: got %q (exists %v), want %q", p.n, p.state, key, exists, want)
 		}
 	}
@@ -878,7 +878,7 @@ func (mc *waitMachine) check() {
 	// A lock key of a process that neither holds nor waits is stranded,
 	// unless its reaper still has the release to deliver.
 	if exists {
-		value := key[:max(strings.LastIndexByte(key, ':'), 0)]
+		value, _, _ := strings.Cut(key, ":") // "<value>:<token>:<holder>"
 		for _, p := range mc.procs {
 			if p.state == procIdle && p.probe.owns(value) && !p.reaping() {
 				mc.fatalf("lock key: got %q, a value of process %d, which is idle (its LockCtx failed or it unlocked): want it released", key, p.n)
@@ -993,7 +993,7 @@ func (mc *waitMachine) describe() string {
 	key, exists := mc.get(mc.lockKey)
 	fmt.Fprintf(&b, "lock key: %q (exists %v, PTTL %dms)", key, exists, mc.pttl(mc.lockKey))
 	if exists {
-		value := key[:max(strings.LastIndexByte(key, ':'), 0)]
+		value, _, _ := strings.Cut(key, ":") // "<value>:<token>:<holder>"
 		for _, p := range mc.procs {
 			if p.probe.owns(value) {
 				fmt.Fprintf(&b, ", process %d's", p.n)

@@ -154,7 +154,7 @@ func TestClientPause(t *testing.T) {
 }
 
 // keysOf counts the servers whose lock key holds m's current hold: the key
-// holds "<value>:<token>" (lua/acquire.lua), and tokens are unique.
+// holds "<value>:<token>:<holder>" (lua/acquire.lua), and tokens are unique.
 func keysOf(t *testing.T, servers []*redistest.Server, m *netlock.NetMutex) (n int) {
 	t.Helper()
 	tok := m.Token()
@@ -162,7 +162,7 @@ func keysOf(t *testing.T, servers []*redistest.Server, m *netlock.NetMutex) (n i
 		return 0
 	}
 	for _, s := range servers {
-		if v, err := s.Do("GET", lockKey(m.Name())); err == nil && strings.HasSuffix(v, ":"+strconv.FormatUint(tok, 10)) {
+		if v, err := s.Do("GET", lockKey(m.Name())); err == nil && strings.Contains(v, ":"+strconv.FormatUint(tok, 10)+":") {
 			n++
 		}
 	}

@@ -169,9 +169,10 @@ func (b *spyBackend) Eval(ctx context.Context, s *netlock.Script, keys, args []s
 	defer r.mu.Unlock()
 	switch s.Name() {
 	case "acquire":
-		// ARGV: value, expiry, "<proposal>:<member>:<flags>:<queue ttl>",
-		// the member "<waiter id>+<expiry>+<nonce>" when a release may
-		// grant the lock.
+		// ARGV: value, expiry, "<proposal>:<member>:<flags>:<queue ttl>:<holder>"
+		// (":<holder>" for an uncontended attempt), the member
+		// "<waiter id>+<expiry>+<nonce>+<holder>" when a release may grant
+		// the lock.
 		if len(args) < 3 {
 			break
 		}
@@ -186,8 +187,8 @@ func (b *spyBackend) Eval(ctx context.Context, s *netlock.Script, keys, args []s
 		if end.After(rd.last) {
 			rd.last = end
 		}
-		if f := strings.Split(args[2], ":"); len(f) == 4 {
-			if m := strings.Split(f[1], "+"); len(m) == 3 {
+		if f := strings.Split(args[2], ":"); len(f) == 5 {
+			if m := strings.Split(f[1], "+"); len(m) == 4 {
 				r.nonce = m[2]
 				if _, seen := r.joins[m[2]]; !seen && strings.Contains(f[2], "j") {
 					r.joins[m[2]] = start

@@ -103,9 +103,11 @@ func runChaosRW(t *testing.T, s chaosSetup) {
 		}
 	}
 	recs := make([]*rwRecorder, rwClients)
+	trace := newEvalTrace()
 	rws := make([]*netlock.NetRWMutex, rwClients)
 	for i := range rws {
 		recs[i] = newRWRecorder(chaosExpiry, chaosDrift)
+		recs[i].trace, recs[i].client = trace, i
 		backends := make([]netlock.Backend, s.nodes)
 		for k := range servers {
 			backends[k] = recs[i].wrap(newBackend(t, chaosClient(i), links[i][k].Addr()))
@@ -363,7 +365,7 @@ func runChaosRW(t *testing.T, s chaosSetup) {
 	}
 	stopped := time.Now()
 	elapsed := stopping.Sub(start)
-	stranded := checkStrandedRW(t, servers, rwName, stopped)
+	stranded := checkStrandedRW(t, servers, rwName, stopped, trace)
 
 	for l, timing := range leaseTimings {
 		leases[l].until = timing.deadline()
@@ -410,6 +412,7 @@ func runChaosRW(t *testing.T, s chaosSetup) {
 	}
 	if len(violations) > 0 {
 		logViolatedRW(t, violations, holds, reads, leases, start, timeline)
+		logTraced(t, violations, holds, leases, trace, start)
 	}
 	if fig.holds < 10 || fig.reads < 10 {
 		t.Errorf("only %d write holds and %d reads: the lock made no progress between the faults", fig.holds, fig.reads)
@@ -461,36 +464,37 @@ func waitGroupWithin(wg *sync.WaitGroup, d time.Duration) bool {
 // place that long after its last attempt, the queues and the leases set
 // keep TTLs that long), every key must be gone. It returns a violation for
 // each key on each server that outlives its bound.
-func checkStrandedRW(t *testing.T, servers []*redistest.Server, name string, stopped time.Time) (violations []string) {
+func checkStrandedRW(t *testing.T, servers []*redistest.Server, name string, stopped time.Time, trace *evalTrace) (violations []string) {
 	t.Helper()
 	w := lockKey(name) + ":rw"
 	leases := w + ":leases"
 	for k, s := range servers {
 		// held reports what still keeps a writer or reader out at once.
-		held := func() (string, error) {
+		held := func() (what, nonce string, err error) {
 			pttl, err := s.Do("PTTL", w)
 			if err != nil {
-				return "", err
+				return "", "", err
 			}
 			if pttl != "-2" {
 				value, _ := s.Do("GET", w)
-				return fmt.Sprintf("writer key holding %q with %sms of TTL left", value, pttl), nil
+				nonce, _, _ = strings.Cut(value, ".")
+				return fmt.Sprintf("writer key holding %q with %sms of TTL left", value, pttl), nonce, nil
 			}
 			now, err := s.Do("TIME")
 			if err != nil {
-				return "", err
+				return "", "", err
 			}
 			f := strings.Fields(now)
 			sec, _ := strconv.ParseInt(f[0], 10, 64)
 			us, _ := strconv.ParseInt(f[1], 10, 64)
 			live, err := s.Do("ZRANGEBYSCORE", leases, "("+strconv.FormatInt(sec*1000+us/1000, 10), "+inf", "WITHSCORES")
 			if err != nil || live == "" {
-				return "", err
+				return "", "", err
 			}
-			return "live read leases " + strings.ReplaceAll(live, "\n", " "), nil
+			return "live read leases " + strings.ReplaceAll(live, "\n", " "), "", nil
 		}
 		for {
-			what, err := held()
+			what, nonce, err := held()
 			if err != nil {
 				violations = append(violations, fmt.Sprintf("server %d, every client stopped: %v", k, err))
 				break
@@ -499,7 +503,13 @@ func checkStrandedRW(t *testing.T, servers []*redistest.Server, name string, sto
 				break
 			}
 			if since := time.Since(stopped); since >= strandedGrace {
-				violations = append(violations, fmt.Sprintf("server %d: %s, %v after every client stopped: stranded", k, what, since.Round(time.Millisecond)))
+				v := fmt.Sprintf("server %d: %s, %v after every client stopped: stranded", k, what, since.Round(time.Millisecond))
+				if nonce != "" && trace != nil {
+					// The calls that named it, by time since the test
+					// began; every client stopped at stopped.
+					v += fmt.Sprintf("; the calls that named %s, timed from when every client stopped:\n%s", nonce, trace.about(nonce, stopped))
+				}
+				violations = append(violations, v)
 				break
 			}
 			time.Sleep(10 * time.Millisecond)
@@ -569,6 +579,40 @@ func logViolatedRW(t *testing.T, violations []string, holds []holdRecord, reads 
 	}
 	for _, f := range timeline {
 		t.Logf("fault %s", f)
+	}
+}
+
+// logTraced logs, for each write hold and lease a violation names, its
+// client's script calls from an expiry before its deadline to its (last)
+// unlock.
+func logTraced(t *testing.T, violations []string, holds []holdRecord, leases []leaseRecord, trace *evalTrace, start time.Time) {
+	t.Helper()
+	for _, v := range violations {
+		for _, sub := range holdRef.FindAllStringSubmatch(v, -1) {
+			i, err := strconv.Atoi(sub[1])
+			if err != nil || i >= len(holds) {
+				continue
+			}
+			h := &holds[i]
+			to := h.until
+			if h.unlockStart.After(to) {
+				to = h.unlockStart
+			}
+			to = to.Add(100 * time.Millisecond)
+			t.Logf("hold %d: client %d's script calls:\n%s", i, h.client, trace.window(h.client, h.until.Add(-chaosExpiry-200*time.Millisecond), to, start))
+		}
+		for _, sub := range leaseRef.FindAllStringSubmatch(v, -1) {
+			i, err := strconv.Atoi(sub[1])
+			if err != nil || i >= len(leases) {
+				continue
+			}
+			l := &leases[i]
+			to := l.unlockEnd
+			if to.IsZero() {
+				to = l.until
+			}
+			t.Logf("lease %d: client %d's script calls:\n%s", i, l.client, trace.window(l.client, l.until.Add(-chaosExpiry-200*time.Millisecond), to, start))
+		}
 	}
 }
 

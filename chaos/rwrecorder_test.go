@@ -22,7 +22,7 @@ import (
 // reply {1, token, ...} when the node granted (or a release had, and the
 // round adopted it). Over one backend a release may grant a waiter its hold
 // and tell it by message, without a round (lua/rw_wake.lua): the waiter's
-// member then carries a nonce, "<id>+<expiry ms>+<nonce>", and the hold
+// member then carries a nonce, "<id>+<expiry ms>+<nonce>+<holder>", and the hold
 // counts from the start of the first call that carried it, as for a
 // NetMutex (see recorder).
 type rwRecorder struct {
@@ -44,6 +44,10 @@ type rwRecorder struct {
 	// reader ('r'), each running one acquire at a time.
 	joins  map[string]time.Time
 	nonces map[byte]string
+
+	// trace, if set, records every script call of client.
+	trace  *evalTrace
+	client int
 }
 
 // leaseTiming is what an rwRecorder knows of one write hold or read lease.
@@ -262,6 +266,9 @@ func (b *rwSpyBackend) Eval(ctx context.Context, s *netlock.Script, keys, args [
 	start := time.Now()
 	vals, err := b.Backend.Eval(ctx, s, keys, args)
 	end := time.Now()
+	if t := b.r.trace; t != nil {
+		t.add(b.r.client, s.Name(), args, vals, err, start, end)
+	}
 	if s.Name() != "rw_acquire" || len(args) != 1 {
 		return vals, err
 	}
@@ -273,8 +280,8 @@ func (b *rwSpyBackend) Eval(ctx context.Context, s *netlock.Script, keys, args [
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if len(f) > 4 && f[0] != "" {
-		if i := strings.LastIndexByte(f[4], '+'); i >= 0 {
-			nonce := f[4][i+1:]
+		if m := strings.Split(f[4], "+"); len(m) == 4 { // "<id>+<expiry>+<nonce>+<holder>"
+			nonce := m[2]
 			if _, ok := r.joins[nonce]; !ok {
 				r.joins[nonce] = start
 			}

@@ -49,7 +49,7 @@ func New(c redis.UniversalClient) netlock.Backend {
 			return nil
 		}
 		b.bounded = c.Options().ContextTimeoutEnabled
-		b.pipe = &pipeline{c: c, eval: b.call}
+		b.pipe = &pipeline{c: c, eval: b.call, cmd: b.scriptCmd}
 	case *redis.ClusterClient:
 		if c == nil {
 			return nil
@@ -88,6 +88,50 @@ type backend struct {
 	cluster   *redis.ClusterClient
 	mastersMu sync.Mutex
 	masters   map[string]*redis.Client
+
+	shas  sync.Map // *netlock.Script → its SHA1, boxed: see sha
+	boxes boxes    // the scripts' arguments, boxed
+}
+
+// boxes keeps the command arguments a Backend boxed lately (a string made
+// an interface value for go-redis costs an allocation). Most of a lock's
+// keys and arguments are the same at every call (its key, its queue's, the
+// expiry); only the hold's value and tombstone differ. It keeps at most
+// boxesMax and forgets them all when full: memory stays bounded whatever
+// the number of lock names, and the arguments that repeat are boxed again
+// once per boxesMax new ones.
+type boxes struct {
+	mu sync.Mutex
+	m  map[string]any
+}
+
+const boxesMax = 1024
+
+// fill sets dst to keys, then args, boxed.
+func (c *boxes) fill(dst []any, keys, args []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = make(map[string]any, boxesMax)
+	}
+	for i, s := range keys {
+		dst[i] = c.boxLocked(s)
+	}
+	for i, s := range args {
+		dst[len(keys)+i] = c.boxLocked(s)
+	}
+}
+
+func (c *boxes) boxLocked(s string) any {
+	if v, ok := c.m[s]; ok {
+		return v
+	}
+	if len(c.m) >= boxesMax {
+		clear(c.m)
+	}
+	var v any = s
+	c.m[s] = v
+	return v
 }
 
 // Eval runs s with EVALSHA, falling back to EVAL when the server answers
@@ -107,20 +151,16 @@ func (b *backend) Eval(ctx context.Context, s *netlock.Script, keys, args []stri
 	if ctx.Err() != nil {
 		return nil, context.Cause(ctx)
 	}
-	argv := make([]any, len(args))
-	for i, a := range args {
-		argv[i] = a
-	}
 	if b.pipe != nil {
-		return b.pipe.run(ctx, s, keys, argv)
+		return b.pipe.run(ctx, s, keys, args)
 	}
-	return b.call(ctx, s, keys, argv)
+	return b.call(ctx, s, keys, args)
 }
 
 // call runs one script call on the client, as Eval describes.
-func (b *backend) call(ctx context.Context, s *netlock.Script, keys []string, argv []any) ([]int64, error) {
+func (b *backend) call(ctx context.Context, s *netlock.Script, keys, args []string) ([]int64, error) {
 	if b.bounded {
-		return b.eval(ctx, s, keys, argv)
+		return b.eval(ctx, s, keys, args)
 	}
 	type result struct {
 		reply []int64
@@ -129,7 +169,7 @@ func (b *backend) call(ctx context.Context, s *netlock.Script, keys []string, ar
 	// Buffered: the goroutine never blocks on a caller that has left.
 	done := make(chan result, 1)
 	go func() {
-		reply, err := b.eval(ctx, s, keys, argv)
+		reply, err := b.eval(ctx, s, keys, args)
 		done <- result{reply, err}
 	}()
 	select {
@@ -154,12 +194,8 @@ func (b *backend) EvalWait(ctx context.Context, s *netlock.Script, keys, args []
 	if ctx.Err() != nil {
 		return nil, 0, context.Cause(ctx)
 	}
-	argv := make([]any, len(args))
-	for i, a := range args {
-		argv[i] = a
-	}
 	if b.bounded {
-		return b.evalWait(ctx, s, keys, argv, replicas)
+		return b.evalWait(ctx, s, keys, args, replicas)
 	}
 	type result struct {
 		reply []int64
@@ -168,7 +204,7 @@ func (b *backend) EvalWait(ctx context.Context, s *netlock.Script, keys, args []
 	}
 	done := make(chan result, 1) // as in Eval
 	go func() {
-		reply, acked, err := b.evalWait(ctx, s, keys, argv, replicas)
+		reply, acked, err := b.evalWait(ctx, s, keys, args, replicas)
 		done <- result{reply, acked, err}
 	}()
 	select {
@@ -179,10 +215,14 @@ func (b *backend) EvalWait(ctx context.Context, s *netlock.Script, keys, args []
 	}
 }
 
-func (b *backend) eval(ctx context.Context, s *netlock.Script, keys []string, argv []any) ([]int64, error) {
-	reply, err := b.client.EvalSha(ctx, s.SHA1(), keys, argv...).Int64Slice()
-	if redis.HasErrorPrefix(err, "NOSCRIPT") {
-		reply, err = b.client.Eval(ctx, s.Source(), keys, argv...).Int64Slice()
+func (b *backend) eval(ctx context.Context, s *netlock.Script, keys, args []string) ([]int64, error) {
+	cmd := b.scriptCmd(ctx, s, false, keys, args)
+	_ = b.client.Process(ctx, cmd)
+	reply, err := cmd.Result()
+	if noScript(err) {
+		cmd = b.scriptCmd(ctx, s, true, keys, args)
+		_ = b.client.Process(ctx, cmd)
+		reply, err = cmd.Result()
 	}
 	if err != nil && b.cluster != nil && errors.Is(err, syscall.ECONNREFUSED) {
 		// The node that served the slot is gone (a master killed, its
@@ -192,6 +232,42 @@ func (b *backend) eval(ctx context.Context, s *netlock.Script, keys []string, ar
 		b.cluster.ReloadState(ctx)
 	}
 	return reply, ended(ctx, err)
+}
+
+// scriptCmd returns the command that runs s with keys and args: EVALSHA,
+// or EVAL with the script's source. It is the command go-redis's EvalSha
+// and Eval make, read as the array of integers that netlock's scripts
+// return (an IntSliceCmd): no reply of boxed values to convert, and the
+// script's SHA1 boxed once per Backend (see sha).
+func (b *backend) scriptCmd(ctx context.Context, s *netlock.Script, source bool, keys, args []string) *redis.IntSliceCmd {
+	argv := make([]any, 3+len(keys)+len(args))
+	if source {
+		argv[0], argv[1] = "eval", s.Source()
+	} else {
+		argv[0], argv[1] = "evalsha", b.sha(s)
+	}
+	argv[2] = len(keys)
+	b.boxes.fill(argv[3:], keys, args)
+	cmd := redis.NewIntSliceCmd(ctx, argv...)
+	if len(keys) > 0 {
+		cmd.SetFirstKeyPos(3) // a ClusterClient routes it by its first key
+	}
+	return cmd
+}
+
+// sha returns s's SHA1 as a command argument: boxed once, on first use.
+func (b *backend) sha(s *netlock.Script) any {
+	if v, ok := b.shas.Load(s); ok {
+		return v
+	}
+	v, _ := b.shas.LoadOrStore(s, any(s.SHA1()))
+	return v
+}
+
+// noScript reports whether err is the server's NOSCRIPT: the script is not
+// in its cache (a fresh or flushed server), and runs again by EVAL.
+func noScript(err error) bool {
+	return err != nil && redis.HasErrorPrefix(err, "NOSCRIPT")
 }
 
 // ended returns ctx's cause in place of err if ctx has ended, or its
@@ -211,7 +287,7 @@ func ended(ctx context.Context, err error) error {
 	return err
 }
 
-func (b *backend) evalWait(ctx context.Context, s *netlock.Script, keys []string, argv []any, replicas int) ([]int64, int, error) {
+func (b *backend) evalWait(ctx context.Context, s *netlock.Script, keys, args []string, replicas int) ([]int64, int, error) {
 	var c redis.Cmdable = b.client
 	if cc, ok := b.client.(*redis.ClusterClient); ok {
 		node, err := cc.MasterForKey(ctx, keys[0])
@@ -220,18 +296,18 @@ func (b *backend) evalWait(ctx context.Context, s *netlock.Script, keys []string
 		}
 		c = node
 	}
-	reply, acked, err := pipeWait(ctx, c, s, false, keys, argv, replicas)
+	reply, acked, err := b.pipeWait(ctx, c, s, false, keys, args, replicas)
 	if cc, ok := b.client.(*redis.ClusterClient); ok && redis.HasErrorPrefix(err, "MOVED") {
 		// The slot moved (a failover): the pipeline went to one node and
 		// does not follow redirections. Once more, on the node named.
 		cc.ReloadState(ctx)
 		if node := masterAt(ctx, cc, movedTo(err)); node != nil {
 			c = node
-			reply, acked, err = pipeWait(ctx, c, s, false, keys, argv, replicas)
+			reply, acked, err = b.pipeWait(ctx, c, s, false, keys, args, replicas)
 		}
 	}
-	if redis.HasErrorPrefix(err, "NOSCRIPT") {
-		reply, acked, err = pipeWait(ctx, c, s, true, keys, argv, replicas)
+	if noScript(err) {
+		reply, acked, err = b.pipeWait(ctx, c, s, true, keys, args, replicas)
 	}
 	return reply, acked, ended(ctx, err)
 }
@@ -266,23 +342,20 @@ func masterAt(ctx context.Context, cc *redis.ClusterClient, addr string) *redis.
 
 // pipeWait runs s (EVALSHA, or EVAL with source) and WAIT replicas in one
 // pipeline of c and returns their replies; the script's error first.
-func pipeWait(ctx context.Context, c redis.Cmdable, s *netlock.Script, source bool, keys []string, argv []any, replicas int) ([]int64, int, error) {
-	var run, wait *redis.Cmd
+func (b *backend) pipeWait(ctx context.Context, c redis.Cmdable, s *netlock.Script, source bool, keys, args []string, replicas int) ([]int64, int, error) {
+	run := b.scriptCmd(ctx, s, source, keys, args)
+	var wait *redis.Cmd
 	// The pipeline's own error is its first failed command's: each
 	// command's is read below instead.
 	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		if source {
-			run = p.Eval(ctx, s.Source(), keys, argv...)
-		} else {
-			run = p.EvalSha(ctx, s.SHA1(), keys, argv...)
-		}
+		_ = p.Process(ctx, run)
 		// Pipeliner has no Wait method; Wait's own read timeout would not
 		// apply in a pipeline anyway, whose reads are bounded by ctx's
 		// deadline and the client's ReadTimeout.
 		wait = p.Do(ctx, "WAIT", replicas, netlock.WaitTimeout(ctx).Milliseconds())
 		return nil
 	})
-	reply, err := run.Int64Slice()
+	reply, err := run.Result()
 	if err != nil {
 		return nil, 0, err
 	}

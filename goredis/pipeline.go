@@ -27,7 +27,8 @@ import (
 // timeout) and by the client's own timeouts.
 type pipeline struct {
 	c    *redis.Client
-	eval func(ctx context.Context, s *netlock.Script, keys []string, argv []any) ([]int64, error)
+	eval func(ctx context.Context, s *netlock.Script, keys, args []string) ([]int64, error)
+	cmd  func(ctx context.Context, s *netlock.Script, source bool, keys, args []string) *redis.IntSliceCmd
 
 	mu       sync.Mutex
 	inFlight int          // calls sent alone and not yet answered
@@ -40,7 +41,7 @@ type pipedCall struct {
 	ctx  context.Context
 	s    *netlock.Script
 	keys []string
-	argv []any
+	args []string
 	done chan pipedReply // buffered: the sender never waits for the caller
 }
 
@@ -51,18 +52,18 @@ type pipedReply struct {
 
 // run runs s: alone if no other call is in flight, else in the next
 // pipeline.
-func (p *pipeline) run(ctx context.Context, s *netlock.Script, keys []string, argv []any) ([]int64, error) {
+func (p *pipeline) run(ctx context.Context, s *netlock.Script, keys, args []string) ([]int64, error) {
 	p.mu.Lock()
 	if p.inFlight == 0 && !p.sending {
 		p.inFlight++
 		p.mu.Unlock()
-		reply, err := p.eval(ctx, s, keys, argv)
+		reply, err := p.eval(ctx, s, keys, args)
 		p.mu.Lock()
 		p.inFlight--
 		p.mu.Unlock()
 		return reply, err
 	}
-	c := &pipedCall{ctx: ctx, s: s, keys: keys, argv: argv, done: make(chan pipedReply, 1)}
+	c := &pipedCall{ctx: ctx, s: s, keys: keys, args: args, done: make(chan pipedReply, 1)}
 	p.queue = append(p.queue, c)
 	if !p.sending {
 		p.sending = true
@@ -103,7 +104,7 @@ func (p *pipeline) sendAll(calls []*pipedCall) {
 	var again []*pipedCall
 	var at []int
 	for i, cmd := range cmds {
-		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		if noScript(cmd.Err()) {
 			again = append(again, calls[i])
 			at = append(at, i)
 		}
@@ -114,24 +115,21 @@ func (p *pipeline) sendAll(calls []*pipedCall) {
 		}
 	}
 	for i, c := range calls {
-		reply, err := cmds[i].Int64Slice()
+		reply, err := cmds[i].Result()
 		c.done <- pipedReply{reply, ended(c.ctx, err)}
 	}
 }
 
 // pipe sends calls in one pipeline, with EVALSHA, or with EVAL and the
 // scripts' source, and returns their commands, answered or failed.
-func (p *pipeline) pipe(ctx context.Context, calls []*pipedCall, source bool) []*redis.Cmd {
-	cmds := make([]*redis.Cmd, len(calls))
+func (p *pipeline) pipe(ctx context.Context, calls []*pipedCall, source bool) []*redis.IntSliceCmd {
+	cmds := make([]*redis.IntSliceCmd, len(calls))
 	// The pipeline's own error is its first failed command's: each
 	// command's is read by the caller instead.
 	_, _ = p.c.Pipelined(ctx, func(pl redis.Pipeliner) error {
 		for i, c := range calls {
-			if source {
-				cmds[i] = pl.Eval(ctx, c.s.Source(), c.keys, c.argv...)
-			} else {
-				cmds[i] = pl.EvalSha(ctx, c.s.SHA1(), c.keys, c.argv...)
-			}
+			cmds[i] = p.cmd(ctx, c.s, source, c.keys, c.args)
+			_ = pl.Process(ctx, cmds[i])
 		}
 		return nil
 	})

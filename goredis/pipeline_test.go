@@ -215,7 +215,7 @@ func TestPipelineNoScript(t *testing.T) {
 	const n = 5
 	calls := make([]*pipedCall, n)
 	for i := range calls {
-		calls[i] = &pipedCall{ctx: ctx, s: echoScript, keys: []string{"echo"}, argv: []any{strconv.Itoa(i)}, done: make(chan pipedReply, 1)}
+		calls[i] = &pipedCall{ctx: ctx, s: echoScript, keys: []string{"echo"}, args: []string{strconv.Itoa(i)}, done: make(chan pipedReply, 1)}
 	}
 	b.pipe.sendAll(calls)
 	for i, c := range calls {

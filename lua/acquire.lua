@@ -20,20 +20,28 @@
 --               at the head, where we were, not at the tail
 --            q  we may be in the queue: taking the lock takes us off it
 --          The TTL of the waiters' queue in milliseconds, set when a waiter
---          joins (extend.lua renews it while the lock is held). (One
---          argument, not four: Redis refuses more than 10 words from a
---          client not yet authenticated, and a clear NOAUTH is worth keeping.)
+--          joins (extend.lua renews it while the lock is held). Last, our
+--          holder identity (WithHolderInfo; escaped, so that it holds no
+--          ':' or '+'; package keyspace), "" for none; a member with a
+--          nonce ends with it too, "<id>+<expiry ms>+<nonce>+<holder>", so
+--          that a release granting us the lock writes our identity with
+--          it. An uncontended attempt (proposal "0", no member, no flags,
+--          and no queue TTL, as it does not join) sends only ":<holder>".
+--          (One argument, not five: Redis refuses more than 10 words from
+--          a client not yet authenticated, and a clear NOAUTH is worth
+--          keeping.)
 --
--- The key holds "<value>:<token>", so that a retry of our own request can
--- return the token it was granted with (the fence counter is shared by every
--- name in the slot and may have moved on since).
+-- The key holds "<value>:<token>:<holder>", so that a retry of our own
+-- request can return the token it was granted with (the fence counter is
+-- shared by every name in the slot and may have moved on since), and
+-- Inspect can tell who holds the lock.
 --
 -- Reply, an array of three integers (four when a waiter must join again):
 --   { 1, token,   0    }  acquired; or the key already held our value (a retry
 --                         of our own request): its TTL is refreshed and the
 --                         token it was granted with is returned
 --   { 1, token,   n    }  a release granted us the lock (our nonce is in the
---                         key, "<nonce>.<n>:<token>"; we may not have heard
+--                         key, "<nonce>.<n>:<token>:<holder>"; we may not have heard
 --                         its message yet): its TTL is refreshed, and our
 --                         value is "<nonce>.<n>"
 --   {-1, counter, pttl }  held by another value; pttl is its remaining TTL in
@@ -58,10 +66,11 @@
 -- (GET, TIME, ZADD, PEXPIRE, PTTL); one queued already, three (GET, ZSCORE,
 -- PTTL). Not MGET: it reads a key of another type as nil, where GET fails.
 local fenced = #KEYS > 3
--- An uncontended attempt's "0:::<queue ttl>" is read without a pattern.
-local proposal, waiter, flags, queueTTL = '0', '', '', ''
-if string.sub(ARGV[3], 1, 4) ~= '0:::' then
-  proposal, waiter, flags, queueTTL = string.match(ARGV[3], '^(%d+):([^:]*):([^:]*):(%d+)$')
+-- An uncontended attempt's ":<holder>" is read without a pattern (58 is
+-- ':'), and is what the key holds after the token: tail.
+local proposal, waiter, flags, queueTTL, tail = '0', '', '', '', ARGV[3]
+if string.byte(ARGV[3]) ~= 58 then
+  proposal, waiter, flags, queueTTL, tail = string.match(ARGV[3], '^(%d+):([^:]*):([^:]*):(%d+)(:[^:]*)$')
 end
 local join = string.find(flags, 'j', 1, true)
 local free = not join and redis.call('EXISTS', KEYS[1], KEYS[2]) == 0
@@ -74,17 +83,17 @@ local function counter()
 end
 
 local mine = ARGV[1] .. ':'
-local nonce = cur and string.match(waiter, '^[^+]*%+%d*%+(.*)$') or ''
+local nonce = cur and string.match(waiter, '^[^+]*%+%d*%+([^+]*)') or ''
 if cur and string.sub(cur, 1, #mine) == mine then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, tonumber(string.sub(cur, #mine + 1)), 0}
+  return {1, tonumber(string.match(cur, '^%d+', #mine + 1)), 0}
 end
 if cur and nonce ~= '' and string.sub(cur, 1, #nonce + 1) == nonce .. '.' then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   if string.find(flags, 'q', 1, true) then
     redis.call('ZREM', KEYS[3], waiter)
   end
-  local n, token = string.match(cur, '^[^.]*%.(%d+):(%d+)$')
+  local n, token = string.match(cur, '^[^.]*%.(%d+):(%d+)')
   return {1, tonumber(token), tonumber(n)}
 end
 if cur then
@@ -137,7 +146,7 @@ if fenced then
     token = proposed
   end
 end
-redis.call('SET', KEYS[1], mine .. string.format('%d', token), 'PX', ARGV[2])
+redis.call('SET', KEYS[1], mine .. string.format('%d', token) .. tail, 'PX', ARGV[2])
 if string.find(flags, 'q', 1, true) then
   redis.call('ZREM', KEYS[3], waiter)
 end

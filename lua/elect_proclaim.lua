@@ -2,7 +2,7 @@
 -- observer. Only the holder of the election's lock may: the lock is a
 -- NetMutex's (acquire.lua), whose fencing token is the leader's term.
 --
--- KEYS[1]  the election's lock key, p{name}:elect; it holds "<value>:<token>"
+-- KEYS[1]  the election's lock key, p{name}:elect; it holds "<value>:<token>:<holder>"
 --          (see acquire.lua)
 -- KEYS[2]  the leader's record, p{name}:elect:leader: a hash of term, rev
 --          and value
@@ -33,7 +33,7 @@ end
 if string.sub(cur, 1, #mine) ~= mine then
   return {-1}
 end
-local term = string.sub(cur, #mine + 1)
+local term = string.match(cur, '^%d+', #mine + 1)
 local pttl = redis.call('PTTL', KEYS[1])
 local had = redis.call('HMGET', KEYS[2], 'term', 'rev')
 if had[1] == term and tonumber(had[2] or '0') > tonumber(ARGV[2]) then

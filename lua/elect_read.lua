@@ -13,25 +13,15 @@
 --   term    the record's term, 0 if there is none
 --   rev     the record's revision (see elect_proclaim.lua), 0 if none
 --   pttl    state 1: the lock's remaining TTL in ms; otherwise 0
---   n       state 1: the value's length in bytes, then the value itself,
---           six bytes to an integer, big-endian, the last one holding what
---           is left (a reply holds integers only; six bytes are exact in
---           Lua's numbers); otherwise 0
+--   n       state 1: the value's length in bytes, then the value itself
+--           (see pack, in pack.lua, prepended to this script); otherwise 0
 --
 -- A key of another type makes GET or HMGET fail with WRONGTYPE.
 local cur = redis.call('GET', KEYS[1])
 local rec = redis.call('HMGET', KEYS[2], 'term', 'rev', 'value')
 local term, rev = tonumber(rec[1] or '0'), tonumber(rec[2] or '0')
-if not cur or not rec[1] or string.match(cur, ':(%d+)$') ~= rec[1] then
+if not cur or not rec[1] or string.match(cur, '^[^:]*:(%d+)') ~= rec[1] then
   return {0, term, rev, 0, 0}
 end
 local value = rec[3] or ''
-local reply = {1, term, rev, redis.call('PTTL', KEYS[1]), #value}
-for i = 1, #value, 6 do
-  local n = 0
-  for j = i, math.min(i + 5, #value) do
-    n = n * 256 + string.byte(value, j)
-  end
-  reply[#reply + 1] = n
-end
-return reply
+return pack({1, term, rev, redis.call('PTTL', KEYS[1])}, value)

@@ -5,7 +5,7 @@
 --
 -- KEYS[1]  lock key, p{name}
 -- KEYS[2]  waiters' queue, p{name}:waiters (see acquire.lua)
--- ARGV[1]  our lock value; the key holds "<value>:<token>" (see acquire.lua)
+-- ARGV[1]  our lock value; the key holds "<value>:<token>:<holder>" (see acquire.lua)
 -- ARGV[2]  expiry in milliseconds (relative: PEXPIRE)
 -- ARGV[3]  TTL of the waiters' queue in milliseconds, if it exists
 -- KEYS[3]  an Election's lock only: its leader's record (see

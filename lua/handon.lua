@@ -7,8 +7,9 @@
 -- subscribers of the master it runs on, where those waiters listen).
 --
 -- handOn gives the turn to the longest-waiting waiter: a member
--- "<id>+<expiry ms>+<nonce>" is granted the lock here, in the key it
--- finds "<nonce>.<n>:<token>" (n is the token, or the server's time in
+-- "<id>+<expiry ms>+<nonce>+<holder>" is granted the lock here, in the key
+-- it finds "<nonce>.<n>:<token>:<holder>", with the waiter's own holder
+-- identity (see acquire.lua) (n is the token, or the server's time in
 -- microseconds without fencing), and told so on its channel with
 -- "g:<nonce>:<n>:<token>": it holds without a round trip. A member "<id>"
 -- (a quorum's waiter, or where PUBLISH cannot count the listeners) is told
@@ -27,7 +28,7 @@ local function handOn(lock, queue, fence, channel, tries, held)
     if not next[1] then
       break
     end
-    local id, exp, nonce = string.match(next[1], '^([^+]*)%+?(%d*)%+?(.*)$')
+    local id, exp, nonce, holder = string.match(next[1], '^([^+]*)%+?(%d*)%+?([^+]*)%+?(.*)$')
     if exp ~= '' then
       local token, n = 0, 0
       if fence then
@@ -38,7 +39,7 @@ local function handOn(lock, queue, fence, channel, tries, held)
         n = t[1] * 1000000 + t[2]
       end
       local value = nonce .. '.' .. string.format('%d', n)
-      redis.call('SET', lock, value .. ':' .. string.format('%d', token), 'PX', exp)
+      redis.call('SET', lock, value .. ':' .. string.format('%d', token) .. ':' .. holder, 'PX', exp)
       held = true
       local heard = redis.call(publish, channel .. ':' .. id, 'g:' .. nonce .. ':' .. string.format('%d', n) .. ':' .. string.format('%d', token))
       if heard > 0 then

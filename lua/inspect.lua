@@ -7,10 +7,11 @@
 --          names the server's policy by its place in this list (package
 --          netlock, maxmemoryPolicies)
 --
--- Reply, an array of eight integers:
---   { state, token, pttl, holder, waiters, counter, policy, maxmemory }
---   state      0 free; 1 held, the key holds netlock's "<value>:<token>" (see
---              acquire.lua); 2 held by a value netlock did not write
+-- Reply, an array of nine integers and the holder's identity:
+--   { state, token, pttl, holder, waiters, counter, policy, maxmemory, n, ... }
+--   state      0 free; 1 held, the key holds netlock's "<value>:<token>" or
+--              "<value>:<token>:<holder>" (see acquire.lua); 2 held by a
+--              value netlock did not write
 --   token      the holder's fencing token (0 when free, by a foreign value, or
 --              with fencing off)
 --   pttl       the key's remaining TTL in ms; -1 if it has none; -2 when free
@@ -25,19 +26,25 @@
 --              without the field, such as miniredis, or an ACL user without
 --              +info)
 --   maxmemory  the server's maxmemory in bytes (0: no limit), -1 if unknown
+--   n          state 1: the length in bytes of the <holder> the key holds (as
+--              written: escaped, see acquire.lua), then the holder itself
+--              (see pack, in pack.lua, prepended to this script); otherwise 0
 --
 -- A key of another type makes GET, ZCARD or the counter's GET fail with
 -- WRONGTYPE: the script's error is the node's answer. GET and ZCARD count as
 -- an access for an LRU or LFU eviction policy, as any read does; nothing is
 -- written.
 local cur = redis.call('GET', KEYS[1])
-local state, token, pttl, holder = 0, 0, -2, 0
+local state, token, pttl, holder, who = 0, 0, -2, 0, ''
 if cur then
   state, pttl = 2, redis.call('PTTL', KEYS[1])
   holder = tonumber(string.sub(redis.sha1hex(cur), 1, 12), 16)
-  local t = string.match(cur, '^[^:]+:(%d+)$')
+  local t, h = string.match(cur, '^[^:]+:(%d+):([^:]*)$')
+  if not t then
+    t, h = string.match(cur, '^[^:]+:(%d+)$'), ''
+  end
   if t then
-    state, token = 1, tonumber(t)
+    state, token, who = 1, tonumber(t), h
   end
 end
 local waiters = redis.call('ZCARD', KEYS[2])
@@ -64,4 +71,4 @@ if type(info) == 'string' then
   end
   maxmemory = tonumber(string.match(info, '\nmaxmemory:(%d+)') or '-1')
 end
-return {state, token, pttl, holder, waiters, counter, policy, maxmemory}
+return pack({state, token, pttl, holder, waiters, counter, policy, maxmemory}, who)

@@ -21,7 +21,7 @@ if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
   return {1}
 end
 local cur = redis.call('GET', KEYS[2])
-local nonce = string.match(ARGV[1], '^[^+]*%+%d*%+(.*)$') or ''
+local nonce = string.match(ARGV[1], '^[^+]*%+%d*%+([^+]*)') or ''
 local ours = cur and nonce ~= '' and string.sub(cur, 1, #nonce + 1) == nonce .. '.'
 if cur and not ours then
   return {0, 0, 0, 0}

@@ -13,7 +13,7 @@
 --                  one slot repeat the key); absent when fencing is off
 -- ARGV[1]  our lock value (random, fresh for every acquisition)
 -- ARGV[2]  expiry in milliseconds (relative: PX)
--- ARGV[3]  "<proposal>:<member>:<flags>:<queue ttl>", as acquire.lua's (the
+-- ARGV[3]  "<proposal>:<member>:<flags>:<queue ttl>:<holder>", as acquire.lua's (the
 --          member is a plain waiter id: a release never grants a
 --          MultiMutex a lock in its own script)
 -- ARGV[4]  how many queued waiters a turn passed on tries (see release.lua)
@@ -39,7 +39,7 @@
 -- handon.lua, prepended to this script.
 local n = tonumber(ARGV[5])
 local fenced = #KEYS > 3 * n
-local proposal, waiter, flags, queueTTL = string.match(ARGV[3], '^(%d+):([^:]*):([^:]*):(%d+)$')
+local proposal, waiter, flags, queueTTL, holder = string.match(ARGV[3], '^(%d+):([^:]*):([^:]*):(%d+):([^:]*)$')
 local join = string.find(flags, 'j', 1, true)
 local queued = string.find(flags, 'q', 1, true)
 local turn = string.find(flags, 't', 1, true)
@@ -115,7 +115,7 @@ if fenced then
     redis.call('SET', KEYS[i], string.format('%d', token))
   end
 end
-local value = mine .. string.format('%d', token)
+local value = mine .. string.format('%d', token) .. ':' .. holder
 for i = 1, n do
   redis.call('SET', KEYS[i], value, 'PX', ARGV[2])
   if queued then

@@ -12,7 +12,7 @@
 --          elect_proclaim.lua), whose observers are told that our term
 --          ended, on p{name}:elect:changes, with "n:<token>", before the
 --          next waiter's turn comes
--- ARGV[1]  our lock value; the key holds "<value>:<token>" (see acquire.lua)
+-- ARGV[1]  our lock value; the key holds "<value>:<token>:<holder>" (see acquire.lua)
 -- ARGV[2]  tombstone TTL in milliseconds (relative: PX)
 -- ARGV[3]  how many queued waiters to try at most (see handOn); 1 where
 --          PUBLISH cannot count the listeners (a Redis Cluster without
@@ -39,7 +39,7 @@ local cur = redis.call('GET', KEYS[1])
 local mine = ARGV[1] .. ':'
 if cur and string.sub(cur, 1, #mine) == mine then
   if KEYS[5] then
-    redis.call(publish, KEYS[1] .. ':changes', 'n:' .. string.sub(cur, #mine + 1))
+    redis.call(publish, KEYS[1] .. ':changes', 'n:' .. string.match(cur, '^%d+', #mine + 1))
   end
   local heard, granted, skipped = handOn(KEYS[1], KEYS[3], KEYS[4], KEYS[1] .. ':released', tonumber(ARGV[3]), true)
   return {1, heard, granted, skipped}

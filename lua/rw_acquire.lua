@@ -1,18 +1,20 @@
 -- rw_acquire: take a read lease or the write lock of a NetRWMutex, or
 -- confirm one that is already ours; or, for a waiter, keep its place.
 --
--- KEYS[1]  writer key, p{name}:rw: "<value>:<token>" while a writer holds
+-- KEYS[1]  writer key, p{name}:rw: "<value>:<token>:<holder>" while a writer
+--          holds (see acquire.lua)
 -- KEYS[2]  tombstone of our value, p{name}:rw:gone:<value> (rw_release.lua)
 -- KEYS[3]  writers' queue, p{name}:rw:writers: waiter ids by arrival
 -- KEYS[4]  readers' queue, p{name}:rw:readers: waiter ids by arrival
 -- KEYS[5]  leases, p{name}:rw:leases: a sorted set holding each read lease
---          (member: its value, score: its deadline in server ms, > 0) and
+--          (member: its value, which ends with "+<holder>" where the
+--          reader has one, score: its deadline in server ms, > 0) and
 --          each queued waiter's deadline (member: "q:<id>", score: minus
 --          its deadline), so that a waiter whose process died stops
 --          keeping others out
 -- KEYS[6]  fence counter, p{tag}:fence (acquire.lua); a writer's, when
 --          fencing is on
--- ARGV[1]  "<mode>:<value>:<expiry ms>:<proposal>:<member>:<flags>:<place ms>:<arrival>":
+-- ARGV[1]  "<mode>:<value>:<expiry ms>:<proposal>:<member>:<flags>:<place ms>:<arrival>:<holder>":
 --          mode r (read lease) or w (write lock); our fresh value; the
 --          lease's expiry; the proposed fencing token ("0": the node
 --          increments its counter; else a quorum's ballot; ignored for a
@@ -24,7 +26,9 @@
 --          every node, so the nodes of a quorum order their queues alike:
 --          with server times, two waiters could each be first on some node,
 --          neither on a majority, and wait for ever. (Clients' clocks that
---          disagree make the order less fair, never stuck.) One
+--          disagree make the order less fair, never stuck.) Our holder
+--          identity, escaped as acquire.lua's, "" for none; a member with a
+--          nonce ends with it too, "<id>+<expiry ms>+<nonce>+<holder>". One
 --          argument: Redis refuses more than 10 words from a client not yet
 --          authenticated, and a clear NOAUTH is worth keeping.
 --
@@ -58,7 +62,7 @@
 -- short: a waiter's place is renewed only when less than half of its time
 -- is left (every other attempt), and the places of dead waiters are looked
 -- for only when a place is what keeps us out.
-local mode, value, exp, proposal, member, flags, placeMS, arrival = string.match(ARGV[1], '^([rw]):([^:]+):(%d+):(%d+):([^:]*):([^:]*):(%d+):(%d+)$')
+local mode, value, exp, proposal, member, flags, placeMS, arrival, holder = string.match(ARGV[1], '^([rw]):([^:]+):(%d+):(%d+):([^:]*):([^:]*):(%d+):(%d+):([^:]*)$')
 arrival = tonumber(arrival)
 local queued = flags == 'q'
 exp, placeMS = tonumber(exp), tonumber(placeMS)
@@ -81,16 +85,16 @@ local cur = redis.call('GET', KEYS[1])
 local mine = value .. ':'
 if mode == 'w' and cur and string.sub(cur, 1, #mine) == mine then
   redis.call('PEXPIRE', KEYS[1], exp)
-  return {1, tonumber(string.sub(cur, #mine + 1)), 0}
+  return {1, tonumber(string.match(cur, '^%d+', #mine + 1)), 0}
 end
 -- A release may have granted us our hold (see wake, in rw_wake.lua): our
--- member then carries a nonce, "<id>+<expiry ms>+<nonce>", and the hold is
--- under "<nonce>.<n>". We may not have heard its message yet: adopt it,
+-- member then carries a nonce, "<id>+<expiry ms>+<nonce>+<holder>", and the
+-- hold is under "<nonce>.<n>". We may not have heard its message yet: adopt it,
 -- refreshing its TTL.
-local nonce = string.match(member, '^[^+]*%+%d*%+(.*)$') or ''
+local nonce = string.match(member, '^[^+]*%+%d*%+([^+]*)') or ''
 if mode == 'w' and cur and nonce ~= '' and string.sub(cur, 1, #nonce + 1) == nonce .. '.' then
   redis.call('PEXPIRE', KEYS[1], exp)
-  local n, token = string.match(cur, '^[^.]*%.(%d+):(%d+)$')
+  local n, token = string.match(cur, '^[^.]*%.(%d+):(%d+)')
   return {1, tonumber(token), tonumber(n)}
 end
 local t = redis.call('TIME')
@@ -132,12 +136,17 @@ end
 if cur then
   return wait(redis.call('PTTL', KEYS[1]))
 end
--- A reader's grant, likewise: its lease "<nonce>.1" (no writer takes the
--- lock while it is live, so there is none to look for above).
+-- A reader's grant, likewise: its lease "<nonce>.1", or "<nonce>.1+<holder>"
+-- (no writer takes the lock while it is live, so there is none to look for
+-- above).
 if mode == 'r' and nonce ~= '' then
-  local s = redis.call('ZSCORE', KEYS[5], nonce .. '.1')
+  local lease = nonce .. '.1'
+  if holder ~= '' then
+    lease = lease .. '+' .. holder
+  end
+  local s = redis.call('ZSCORE', KEYS[5], lease)
   if s and tonumber(s) > now then
-    redis.call('ZADD', KEYS[5], now + exp, nonce .. '.1')
+    redis.call('ZADD', KEYS[5], now + exp, lease)
     keep(KEYS[5], exp)
     return {1, 0, redis.call('EXISTS', KEYS[3]), 1}
   end
@@ -222,5 +231,5 @@ if fenced then
     token = tonumber(proposal)
   end
 end
-redis.call('SET', KEYS[1], mine .. string.format('%d', token), 'PX', exp)
+redis.call('SET', KEYS[1], mine .. string.format('%d', token) .. ':' .. holder, 'PX', exp)
 return {1, token, 0}

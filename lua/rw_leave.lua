@@ -20,14 +20,15 @@ local n = writer + redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], 'q:' .. ARGV[1])
 local reply = 1
 if n == 0 then
-  local nonce = string.match(ARGV[1], '^[^+]*%+%d*%+(.*)$') or ''
+  local nonce, holder = string.match(ARGV[1], '^[^+]*%+%d*%+([^+]*)%+?(.*)$')
+  nonce = nonce or ''
   if nonce == '' then
     return {0}
   end
   local cur = redis.call('GET', KEYS[4])
   if cur and string.sub(cur, 1, #nonce + 1) == nonce .. '.' then
     redis.call('DEL', KEYS[4])
-  elseif redis.call('ZREM', KEYS[3], nonce .. '.1') == 0 then
+  elseif redis.call('ZREM', KEYS[3], nonce .. '.1' .. (holder ~= '' and '+' .. holder or '')) == 0 then
     return {0}
   end
   reply = 2

@@ -7,15 +7,16 @@
 -- queued ahead of every writer, or else, once no lease is live, the first
 -- writer alone.
 --
--- A waiter whose member is "<id>+<expiry ms>+<nonce>" (one backend, whose
+-- A waiter whose member is "<id>+<expiry ms>+<nonce>+<holder>" (one backend, whose
 -- PUBLISH counts the listeners: see NetMutex.grants) is granted its hold
 -- here, without a round trip of its own, and told on its own channel:
 --   a reader's process, p{name}:rw:released:r:<id>, "g:<nonce>:1:<w>": its
---     read lease "<nonce>.1" is in the leases (score: now + its expiry); w
+--     read lease "<nonce>.1" ("<nonce>.1+<holder>" where its member names a
+--     holder, see rw_acquire.lua) is in the leases (score: now + its expiry); w
 --     is 1 if a writer still waits (the process lets no more readers share
 --     the lease);
 --   a writer, p{name}:rw:released:w:<id>, "g:<nonce>:<n>:<token>": the
---     writer key holds "<nonce>.<n>:<token>", with its expiry as TTL and
+--     writer key holds "<nonce>.<n>:<token>:<holder>", with its expiry as TTL and
 --     the next fencing token (n is the token, or the server's time in µs
 --     without fencing), as rw_acquire.lua would have set it.
 -- Its member and its place leave the queue. (The waiter's own next attempt
@@ -64,11 +65,14 @@ local function wake(writer, writers, readers, leases, fence, live)
         if w[1] and ahead[i + 1] == w[2] and m >= w[1] then
           break
         end
-        local id, exp, nonce = string.match(m, '^([^+]*)%+?(%d*)%+?(.*)$')
+        local id, exp, nonce, holder = string.match(m, '^([^+]*)%+?(%d*)%+?([^+]*)%+?(.*)$')
         if exp == '' then
           tell = true
         else
           local lease = nonce .. '.1'
+          if holder ~= '' then
+            lease = lease .. '+' .. holder
+          end
           redis.call('ZREM', readers, m)
           redis.call('ZREM', leases, 'q:' .. m)
           redis.call('ZADD', leases, now + tonumber(exp), lease)
@@ -92,7 +96,7 @@ local function wake(writer, writers, readers, leases, fence, live)
       end
       -- Every reader let in was dead: look again.
     elseif w[1] and not live then
-      local id, exp, nonce = string.match(w[1], '^([^+]*)%+?(%d*)%+?(.*)$')
+      local id, exp, nonce, holder = string.match(w[1], '^([^+]*)%+?(%d*)%+?([^+]*)%+?(.*)$')
       if exp == '' then
         return heard + redis.call(publish, writer .. ':released:w:' .. w[1], w[1]), granted
       end
@@ -106,7 +110,7 @@ local function wake(writer, writers, readers, leases, fence, live)
       else
         n = t[1] * 1000000 + t[2]
       end
-      redis.call('SET', writer, nonce .. '.' .. string.format('%d', n) .. ':' .. string.format('%d', token), 'PX', exp)
+      redis.call('SET', writer, nonce .. '.' .. string.format('%d', n) .. ':' .. string.format('%d', token) .. ':' .. holder, 'PX', exp)
       local h = redis.call(publish, writer .. ':released:w:' .. id, 'g:' .. nonce .. ':' .. string.format('%d', n) .. ':' .. string.format('%d', token))
       if h > 0 then
         return heard + h, 1

@@ -35,8 +35,9 @@ Without --force, break first checks that the holder is not alive: it reads
 the key, waits a third of its TTL (the longest a live NetMutex goes between
 two extends) and a quarter of a second more, and reads it again. If the
 TTL went up (the holder extended it) or the key changed hands, break
-refuses, names the hold by its fencing token (netlock does not record who
-holds a lock), and exits 1. It also refuses a key without a TTL or with a
+refuses, names the hold by its fencing token and its holder's identity
+(netlock.WithHolderInfo: "<hostname>/<pid>" unless the holder set its own),
+and exits 1. It also refuses a key without a TTL or with a
 value netlock did not write, and a wait longer than --check: the key's TTL
 then says that a live holder may not extend within --check. --force breaks
 at once, whatever holds the key, and asks nothing.
@@ -161,7 +162,7 @@ func runBreak(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 		b.noteFailures(again)
 		if why := extended(info, again, elapsed); why != "" {
-			fmt.Fprintf(stderr, "netlock break: lock %q is held by %s, and its holder is alive: %s; netlock does not record who holds a lock, only its fencing token; --force breaks it anyway\n",
+			fmt.Fprintf(stderr, "netlock break: lock %q is held by %s, and its holder is alive: %s; --force breaks it anyway\n",
 				name, heldText(again), why)
 			return b.exit(exitRefused)
 		}

@@ -5,10 +5,10 @@
 -- holder's writes once the next holder has written), and tells the waiter
 -- whose turn it is, as a release does: only that waiter wakes, at once.
 --
--- KEYS[1]  lock key, p{name}; it holds "<value>:<token>" (the library's
---          lua/acquire.lua)
+-- KEYS[1]  lock key, p{name}; it holds "<value>:<token>:<holder>" (the
+--          library's lua/acquire.lua)
 -- KEYS[2]  waiters' queue, p{name}:waiters: members "<waiter id>", or
---          "<waiter id>+<expiry ms>+<nonce>" (lua/acquire.lua)
+--          "<waiter id>+<expiry ms>+<nonce>+<holder>" (lua/acquire.lua)
 -- KEYS[3]  fence counter, p{tag}:fence, in KEYS[1]'s hash slot
 -- ARGV[1]  the hold to break: the first 12 hex digits of the SHA1 of the
 --          key's value (what lua/inspect.lua reports as the holder), or ""
@@ -38,7 +38,7 @@ local cur = redis.call('GET', KEYS[1])
 if not cur then
   return {0}
 end
-local token = tonumber(string.match(cur, '^[^:]+:(%d+)$') or '0')
+local token = tonumber(string.match(cur, '^[^:]+:(%d+):[^:]*$') or string.match(cur, '^[^:]+:(%d+)$') or '0')
 if ARGV[1] ~= '' and string.sub(redis.sha1hex(cur), 1, 12) ~= ARGV[1] then
   return {-1, token}
 end

@@ -42,14 +42,18 @@ semaphore), TOKEN (the fencing token of a mutex or a writer: 0 with
 fencing off, ? for a value netlock did not write, - for read leases and
 semaphores, which have none), TTL (what is left of the key's TTL, or of the
 last lease's deadline; none: no TTL), HELD (1 for a mutex or writer; the
-live read leases; the permits out of the semaphore's size), and NODE when
-more than one node is listed. The holder's identity (host, process) is not
-recorded by netlock, so there is no column for it.
+live read leases; the permits out of the semaphore's size), NODE when
+more than one node is listed, and HOLDER: who holds it, the identity the
+holder wrote with its hold (netlock.WithHolderInfo, by default
+"<hostname>/<pid>" of its process; - for none), the identities of the
+live leases for read leases and semaphores, comma-separated.
 
 --json prints one JSON array of objects with "node", "name", "kind",
 "token" (null where there is none), "foreign", "ttl_ms" (-1: no TTL),
 "leases" (read leases, or processes holding permits), "permits" and "size"
-(a semaphore's permits out and size; 0 otherwise).
+(a semaphore's permits out and size; 0 otherwise), and "holders" (the
+holders' identities: one for a mutex or writer, one per live lease that
+wrote one; none for a value netlock did not write).
 
 Exit status: 0 listed, 1 --limit reached (the list is incomplete), 64 bad
 usage, 69 a node could not be listed (not reachable, not answering, not a
@@ -79,15 +83,16 @@ var kindOrder = []string{kindMutex, kindRWWrite, kindRWRead, kindSem}
 
 // A listRow is one held lock on one node.
 type listRow struct {
-	Node    string  `json:"node"`
-	Name    string  `json:"name"`
-	Kind    string  `json:"kind"`
-	Token   *uint64 `json:"token"`   // null: the kind has none, or a value netlock did not write
-	Foreign bool    `json:"foreign"` // the key holds a value (or a type) netlock did not write
-	TTLMS   int64   `json:"ttl_ms"`  // -1: no TTL
-	Leases  int     `json:"leases"`  // rw-read: read leases; semaphore: processes holding permits
-	Permits int     `json:"permits"` // semaphore: permits out
-	Size    int     `json:"size"`    // semaphore: its size
+	Node    string   `json:"node"`
+	Name    string   `json:"name"`
+	Kind    string   `json:"kind"`
+	Token   *uint64  `json:"token"`   // null: the kind has none, or a value netlock did not write
+	Foreign bool     `json:"foreign"` // the key holds a value (or a type) netlock did not write
+	TTLMS   int64    `json:"ttl_ms"`  // -1: no TTL
+	Leases  int      `json:"leases"`  // rw-read: read leases; semaphore: processes holding permits
+	Permits int      `json:"permits"` // semaphore: permits out
+	Size    int      `json:"size"`    // semaphore: its size
+	Holders []string `json:"holders"` // the holders' identities (WithHolderInfo), [] for none
 }
 
 // A listPattern tells the keys of one kind apart: head + name + tail, the
@@ -215,6 +220,7 @@ func printList(w io.Writer, rows []listRow, nodes bool) {
 	if nodes {
 		header += "\tNODE"
 	}
+	header += "\tHOLDER"
 	fmt.Fprintln(tw, header)
 	for _, r := range rows {
 		token := "-"
@@ -242,7 +248,11 @@ func printList(w io.Writer, rows []listRow, nodes bool) {
 		if nodes {
 			line += "\t" + r.Node
 		}
-		fmt.Fprintln(tw, line)
+		holders := "-"
+		if len(r.Holders) > 0 {
+			holders = strings.Join(r.Holders, ",")
+		}
+		fmt.Fprintln(tw, line+"\t"+holders)
 	}
 	tw.Flush()
 }
@@ -429,8 +439,8 @@ func scanPage(ctx context.Context, conn redis.Conn, cursor, match string) (strin
 }
 
 // tokenValue matches a value netlock writes to a lock or writer key:
-// "<value>:<token>" (inspect.lua's pattern).
-var tokenValue = regexp.MustCompile(`^[^:]+:([0-9]+)$`)
+// "<value>:<token>:<holder>", or "<value>:<token>" (inspect.lua's patterns).
+var tokenValue = regexp.MustCompile(`^[^:]+:([0-9]+)(:[^:]*)?$`)
 
 // read reads the lock keys among keys in one pipeline: TIME, then for a
 // mutex or writer key GET and PTTL, for a read leases key its leases (the
@@ -493,7 +503,7 @@ func (l *lister) read(ctx context.Context, conn redis.Conn, n node, keys []strin
 	now := t[0]*1000 + t[1]/1000
 	next := func() reply { r := replies[0]; replies = replies[1:]; return r }
 	for _, it := range items {
-		row := listRow{Node: n.name, Name: it.name, Kind: it.kind, TTLMS: -1}
+		row := listRow{Node: n.name, Name: it.name, Kind: it.kind, TTLMS: -1, Holders: []string{}}
 		switch it.kind {
 		case kindMutex, kindRWWrite:
 			get, pttl := next(), next()
@@ -512,24 +522,27 @@ func (l *lister) read(ctx context.Context, conn redis.Conn, n node, keys []strin
 					if tok, err := strconv.ParseUint(m[1], 10, 64); err == nil {
 						row.Token, row.Foreign = &tok, false
 					}
+					if h := keyspace.HolderOf(v); h != "" && !row.Foreign {
+						row.Holders = append(row.Holders, h)
+					}
 				}
 			}
 		case kindRWRead:
 			z := next()
-			leases, last, ok := liveLeases(z.v, z.err, now)
+			leases, last, holders, ok := liveLeases(z.v, z.err, now)
 			if ok && leases == 0 {
 				continue
 			}
 			row.Foreign = !ok
-			row.Leases, row.TTLMS = leases, last
+			row.Leases, row.TTLMS, row.Holders = leases, last, holders
 		case kindSem:
 			z, h := next(), next()
-			leases, last, ok := liveLeases(z.v, z.err, now)
+			leases, last, holders, ok := liveLeases(z.v, z.err, now)
 			if ok && leases == 0 {
 				continue
 			}
 			row.Foreign = !ok
-			row.Leases, row.TTLMS = leases, last
+			row.Leases, row.TTLMS, row.Holders = leases, last, holders
 			if ok {
 				row.Permits, row.Size, row.Foreign = semPermits(z.v, h.v, h.err, now)
 			}
@@ -540,24 +553,30 @@ func (l *lister) read(ctx context.Context, conn redis.Conn, n node, keys []strin
 }
 
 // liveLeases reads a sorted set of leases (member: value, score: deadline
-// in server ms) as of now: how many are live, and the time left to the
-// last deadline. ok is false if it is not a sorted set of deadlines.
-func liveLeases(v any, err error, now int64) (live int, lastMS int64, ok bool) {
+// in server ms) as of now: how many are live, the time left to the last
+// deadline, and the identities their holders wrote (at the end of each
+// value: keyspace.LeaseHolder), in the set's order. ok is false if it is
+// not a sorted set of deadlines.
+func liveLeases(v any, err error, now int64) (live int, lastMS int64, holders []string, ok bool) {
 	m, err := redis.Strings(v, err)
+	holders = []string{}
 	if err != nil || len(m)%2 != 0 {
-		return 0, -1, false
+		return 0, -1, holders, false
 	}
 	for i := 1; i < len(m); i += 2 {
 		dl, err := strconv.ParseFloat(m[i], 64)
 		if err != nil {
-			return 0, -1, false
+			return 0, -1, []string{}, false
 		}
 		if int64(dl) > now {
 			live++
 			lastMS = max(lastMS, int64(dl)-now)
+			if h := keyspace.LeaseHolder(m[i-1]); h != "" {
+				holders = append(holders, h)
+			}
 		}
 	}
-	return live, lastMS, true
+	return live, lastMS, holders, true
 }
 
 // semPermits counts, as sem_inspect.lua does, the permits out of a

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -62,15 +64,22 @@ func tokenOf(r listRow) string {
 }
 
 // TestListHeld holds one lock of every kind through the library on a real
-// Redis and lists them: each appears once with its kind, token, TTL and
-// count; queues, tombstones and fence counters do not; released ones go.
+// Redis and lists them: each appears once with its kind, token, TTL, count
+// and holders; queues, tombstones and fence counters do not; released ones
+// go.
 func TestListHeld(t *testing.T) {
 	s := redistest.Start(t)
 	a := s.Addr()
 	ctx := t.Context()
 	opts := []netlock.Option{netlock.WithExpiry(30 * time.Second)}
+	as := func(holder string) []netlock.Option {
+		return append(opts[:len(opts):len(opts)], netlock.WithHolderInfo(holder))
+	}
+	host, _ := os.Hostname()
+	self := host + "/" + strconv.Itoa(os.Getpid()) // the default
 
-	m, err := netlock.New("orders", listBackends(t, a), opts...)
+	// Each byte the keys' values are split on, in the identity.
+	m, err := netlock.New("orders", listBackends(t, a), as("web:1 +#%/x")...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,8 +94,8 @@ func TestListHeld(t *testing.T) {
 		t.Fatal(err)
 	}
 	var readers []*netlock.NetRWMutex
-	for range 2 { // two objects, two processes' leases
-		r, err := netlock.NewRW("prices", listBackends(t, a), opts...)
+	for i := range 2 { // two objects, two processes' leases
+		r, err := netlock.NewRW("prices", listBackends(t, a), as(fmt.Sprintf("reader-%d", i))...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -96,8 +105,8 @@ func TestListHeld(t *testing.T) {
 		readers = append(readers, r)
 	}
 	var sems []*netlock.Semaphore
-	for range 2 { // one permit each, from two processes
-		sem, err := netlock.NewSemaphore("payments", 3, listBackends(t, a), opts...)
+	for i := range 2 { // one permit each, from two processes
+		sem, err := netlock.NewSemaphore("payments", 3, listBackends(t, a), as(fmt.Sprintf("pay-%d", i))...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -116,11 +125,12 @@ func TestListHeld(t *testing.T) {
 	want := []struct {
 		key, token      string
 		leases, permits int
+		holders         []string
 	}{
-		{"orders mutex", strconv.FormatUint(m.Token(), 10), 0, 0},
-		{"catalog rw-write", strconv.FormatUint(w.Token(), 10), 0, 0},
-		{"prices rw-read", "null", 2, 0},
-		{"payments semaphore", "null", 2, 2},
+		{"orders mutex", strconv.FormatUint(m.Token(), 10), 0, 0, []string{"web:1 +#%/x"}},
+		{"catalog rw-write", strconv.FormatUint(w.Token(), 10), 0, 0, []string{self}},
+		{"prices rw-read", "null", 2, 0, []string{"reader-0", "reader-1"}},
+		{"payments semaphore", "null", 2, 2, []string{"pay-0", "pay-1"}},
 	}
 	if len(rows) != len(want) {
 		t.Errorf("%d rows, want %d: %+v", len(rows), len(want), rows)
@@ -134,6 +144,8 @@ func TestListHeld(t *testing.T) {
 			t.Errorf("%s: %+v token %s; want token %s, leases %d, permits %d on %s", w.key, r, tokenOf(r), w.token, w.leases, w.permits, a)
 		case r.TTLMS <= 0 || r.TTLMS > 30000:
 			t.Errorf("%s: ttl_ms %d, want 1 to 30000", w.key, r.TTLMS)
+		case !slices.Equal(sorted(r.Holders), w.holders):
+			t.Errorf("%s: holders %q, want %q", w.key, r.Holders, w.holders)
 		}
 	}
 	if r := got["payments semaphore"]; r.Size != 3 {
@@ -152,11 +164,11 @@ func TestListHeld(t *testing.T) {
 
 	code, stdout, stderr := runCmd(t, ctx, "list", "--redis", a)
 	table := []string{
-		`NAME +KIND +TOKEN +TTL +HELD`,
-		`catalog +rw-write +` + strconv.FormatUint(w.Token(), 10) + ` +[0-9][0-9.ms]* +1`,
-		`orders +mutex +` + strconv.FormatUint(m.Token(), 10) + ` +[0-9][0-9.ms]* +1`,
-		`payments +semaphore +- +[0-9][0-9.ms]* +2/3 permits`,
-		`prices +rw-read +- +[0-9][0-9.ms]* +2 leases`,
+		`NAME +KIND +TOKEN +TTL +HELD +HOLDER`,
+		`catalog +rw-write +` + strconv.FormatUint(w.Token(), 10) + ` +[0-9][0-9.ms]* +1 +` + regexp.QuoteMeta(self),
+		`orders +mutex +` + strconv.FormatUint(m.Token(), 10) + ` +[0-9][0-9.ms]* +1 +` + regexp.QuoteMeta("web:1 +#%/x"),
+		`payments +semaphore +- +[0-9][0-9.ms]* +2/3 permits +(pay-0,pay-1|pay-1,pay-0)`,
+		`prices +rw-read +- +[0-9][0-9.ms]* +2 leases +(reader-0,reader-1|reader-1,reader-0)`,
 	}
 	if want := regexp.MustCompile(`^` + strings.Join(table, "\n") + "\n$"); code != exitOK || !want.MatchString(stdout) || stderr != "" {
 		t.Errorf("table: exit %d, stderr %q, stdout does not match %v:\n%s", code, stderr, want, stdout)
@@ -179,11 +191,11 @@ func TestListHeld(t *testing.T) {
 	if _, ok := got["orders mutex"]; ok {
 		t.Errorf("orders still listed after Unlock")
 	}
-	if r := got["prices rw-read"]; r.Leases != 1 {
-		t.Errorf("prices after one RUnlock: %+v, want 1 lease", r)
+	if r := got["prices rw-read"]; r.Leases != 1 || !slices.Equal(r.Holders, []string{"reader-1"}) {
+		t.Errorf("prices after one RUnlock: %+v, want 1 lease, of reader-1", r)
 	}
-	if r := got["payments semaphore"]; r.Permits != 1 || r.Leases != 1 {
-		t.Errorf("payments after one Release: %+v, want 1 permit out", r)
+	if r := got["payments semaphore"]; r.Permits != 1 || r.Leases != 1 || !slices.Equal(r.Holders, []string{"pay-1"}) {
+		t.Errorf("payments after one Release: %+v, want 1 permit out, to pay-1", r)
 	}
 	if err := w.UnlockCtx(ctx); err != nil {
 		t.Fatal(err)
@@ -198,9 +210,16 @@ func TestListHeld(t *testing.T) {
 		t.Errorf("after every release: %+v, want none", rows)
 	}
 	code, stdout, _ = runCmd(t, ctx, "list", "--redis", a)
-	if code != exitOK || stdout != "NAME  KIND  TOKEN  TTL  HELD\n" {
+	if code != exitOK || stdout != "NAME  KIND  TOKEN  TTL  HELD  HOLDER\n" {
 		t.Errorf("empty table: exit %d, stdout %q", code, stdout)
 	}
+}
+
+// sorted returns a sorted copy of s.
+func sorted(s []string) []string {
+	s = slices.Clone(s)
+	slices.Sort(s)
+	return s
 }
 
 // TestListForeign: a lock key netlock did not write (another value, or
@@ -221,7 +240,7 @@ func TestListForeign(t *testing.T) {
 		t.Errorf("plain: %+v, want token 0 and a TTL", r)
 	}
 	code, stdout, _ := runCmd(t, t.Context(), "list", "--redis", s.Addr())
-	if !regexp.MustCompile(`(?m)^list +mutex +\? +none +1$`).MatchString(stdout) || code != exitOK {
+	if !regexp.MustCompile(`(?m)^list +mutex +\? +none +1 +-$`).MatchString(stdout) || code != exitOK {
 		t.Errorf("exit %d; no row for list with token ? and TTL none:\n%s", code, stdout)
 	}
 }
@@ -310,7 +329,7 @@ func TestListBadInput(t *testing.T) {
 	t.Run("unreachable", func(t *testing.T) {
 		code, stdout, stderr := runCmd(t, t.Context(), "list", "--redis", unused)
 		want := "netlock list: Redis at " + unused + " not answering: dial tcp " + unused + ": connect: connection refused\n"
-		if code != exitUnavailable || stderr != want || stdout != "NAME  KIND  TOKEN  TTL  HELD\n" {
+		if code != exitUnavailable || stderr != want || stdout != "NAME  KIND  TOKEN  TTL  HELD  HOLDER\n" {
 			t.Errorf("exit %d, stdout %q, stderr %q; want %d, an empty table and %q", code, stdout, stderr, exitUnavailable, want)
 		}
 		if rows := listJSON(t, exitUnavailable, "--redis", unused); len(rows) != 0 {
@@ -330,7 +349,7 @@ func TestListBadInput(t *testing.T) {
 		s := redistest.Start(t)
 		redisDo(t, s, "SET", lockKey("job"), "v:3", "PX", "60000")
 		code, stdout, stderr := runCmd(t, t.Context(), "list", "--redis", s.Addr(), "--redis", unused)
-		if code != exitUnavailable || !regexp.MustCompile(`(?m)^job +mutex +3 +[0-9][0-9.ms]* +1 +`+regexp.QuoteMeta(s.Addr())+`$`).MatchString(stdout) ||
+		if code != exitUnavailable || !regexp.MustCompile(`(?m)^job +mutex +3 +[0-9][0-9.ms]* +1 +`+regexp.QuoteMeta(s.Addr())+` +-$`).MatchString(stdout) ||
 			!strings.Contains(stderr, "Redis at "+unused+" not answering") {
 			t.Errorf("exit %d, stdout %q, stderr %q; want %d, job listed on %s with a NODE column, and %s named", code, stdout, stderr, exitUnavailable, s.Addr(), unused)
 		}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -17,9 +18,11 @@ import (
 const statusHelp = `Usage: netlock status [flags] NAME
 
 Shows whether the lock NAME is held, on each Redis node: the remaining TTL
-of its key, the holder's fencing token, the clients queued for it, and the
+of its key, the holder's fencing token, the clients queued for it, the
 node's fence counter (the highest token it has granted in the key's hash
-slot). It changes nothing in Redis.
+slot), and who holds it: the identity the holder wrote with its hold
+(netlock.WithHolderInfo, by default "<hostname>/<pid>" of its process; -
+for none). It changes nothing in Redis.
 
 The lock is held when a majority of the nodes (one of one) hold its key with
 one holder's value; a key on fewer nodes is left over from an acquire that
@@ -31,10 +34,12 @@ allkeys-*) can drop the lock's key under its holder: status warns about it
 on stderr. netlock needs maxmemory-policy noeviction.
 
 --json prints the same as one JSON object: "state" (held, free or unknown),
-"token", "ttl_ms" (-1: no TTL), "holder", and "nodes", each with "addr",
-"state" (held, free or error), "token", "foreign" (a value netlock did not
-write), "ttl_ms", "holder", "waiters", "fence_counter", "maxmemory_policy",
-"maxmemory" (bytes, 0: no limit, -1: unknown), "evicts" and "error".
+"token", "ttl_ms" (-1: no TTL), "holder" (12 hex digits that tell holds
+apart), "holder_info" (the holder's identity), and "nodes", each with
+"addr", "state" (held, free or error), "token", "foreign" (a value netlock
+did not write), "ttl_ms", "holder", "holder_info", "waiters",
+"fence_counter", "maxmemory_policy", "maxmemory" (bytes, 0: no limit, -1:
+unknown), "evicts" and "error".
 
 Exit status: 0 free, 1 held, 64 bad usage, 69 too few nodes answered to tell
 (not reachable, not answering, not a Redis server, or answering with an
@@ -87,7 +92,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	} else {
 		fmt.Fprintf(stdout, "lock %q: %s\n", name, summary(c, info, err))
 		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "NODE\tSTATE\tTTL\tTOKEN\tWAITERS\tFENCE COUNTER")
+		fmt.Fprintln(tw, "NODE\tSTATE\tTTL\tTOKEN\tWAITERS\tFENCE COUNTER\tHOLDER")
 		for i, n := range info.Nodes {
 			fmt.Fprintf(tw, "%s\t%s\n", c.nodes[i].name, row(n))
 		}
@@ -139,7 +144,8 @@ func summary(c *conn, info netlock.Info, err error) string {
 }
 
 // holdText describes the hold Inspect found, for a message: "fencing token
-// 7, TTL 9.5s", with " on 2 of 3 nodes" over several.
+// 7, TTL 9.5s", with " on 2 of 3 nodes" over several, and `, holder
+// "web-1/4242"` where the holder wrote its identity.
 func holdText(info netlock.Info) string {
 	var s string
 	switch {
@@ -159,7 +165,11 @@ func holdText(info netlock.Info) string {
 		}
 		s += fmt.Sprintf(" on %d of %d nodes", on, n)
 	}
-	return s + ", " + ttlText(info.TTL)
+	s += ", " + ttlText(info.TTL)
+	if info.HolderInfo != "" {
+		s += ", holder " + strconv.Quote(info.HolderInfo)
+	}
+	return s
 }
 
 // anyForeign reports whether the hold's nodes hold a value netlock did not
@@ -189,15 +199,16 @@ func row(n netlock.NodeInfo) string {
 	if n.Foreign {
 		token = "?"
 	}
+	holder := cmp.Or(n.HolderInfo, "-")
 	switch {
 	case n.Err != nil:
-		return "error\t-\t-\t-\t-"
+		return "error\t-\t-\t-\t-\t-"
 	case !n.Held:
-		return "free\t-\t-\t" + waiters + "\t" + counter
+		return "free\t-\t-\t" + waiters + "\t" + counter + "\t-"
 	case n.TTL < 0:
-		return "held\tnone\t" + token + "\t" + waiters + "\t" + counter
+		return "held\tnone\t" + token + "\t" + waiters + "\t" + counter + "\t" + holder
 	}
-	return "held\t" + n.TTL.String() + "\t" + token + "\t" + waiters + "\t" + counter
+	return "held\t" + n.TTL.String() + "\t" + token + "\t" + waiters + "\t" + counter + "\t" + holder
 }
 
 // nodeErrorText is node i's error without the "netlock: node i: " the
@@ -221,13 +232,15 @@ func maxmemoryText(maxmemory int64) string {
 // jsonStatus is status --json's output: netlock.Info, flattened for
 // machines.
 type jsonStatus struct {
-	Name   string     `json:"name"`
-	State  string     `json:"state"` // held, free, unknown
-	Token  uint64     `json:"token"`
-	TTLMS  int64      `json:"ttl_ms"` // -1: no TTL; 0 when not held
-	Holder string     `json:"holder,omitempty"`
-	Error  string     `json:"error,omitempty"`
-	Nodes  []jsonNode `json:"nodes"`
+	Name   string `json:"name"`
+	State  string `json:"state"` // held, free, unknown
+	Token  uint64 `json:"token"`
+	TTLMS  int64  `json:"ttl_ms"` // -1: no TTL; 0 when not held
+	Holder string `json:"holder,omitempty"`
+	// HolderInfo is the holder's identity (WithHolderInfo).
+	HolderInfo string     `json:"holder_info,omitempty"`
+	Error      string     `json:"error,omitempty"`
+	Nodes      []jsonNode `json:"nodes"`
 }
 
 type jsonNode struct {
@@ -237,6 +250,7 @@ type jsonNode struct {
 	Foreign         bool   `json:"foreign"`
 	TTLMS           int64  `json:"ttl_ms"`
 	Holder          string `json:"holder,omitempty"`
+	HolderInfo      string `json:"holder_info,omitempty"`
 	Waiters         int    `json:"waiters"`
 	FenceCounter    uint64 `json:"fence_counter"`
 	MaxMemoryPolicy string `json:"maxmemory_policy,omitempty"`
@@ -246,7 +260,7 @@ type jsonNode struct {
 }
 
 func statusJSON(name string, c *conn, info netlock.Info, err error) jsonStatus {
-	s := jsonStatus{Name: name, State: "free", Token: info.Token, TTLMS: ttlMS(info.TTL), Holder: info.Holder, Nodes: []jsonNode{}}
+	s := jsonStatus{Name: name, State: "free", Token: info.Token, TTLMS: ttlMS(info.TTL), Holder: info.Holder, HolderInfo: info.HolderInfo, Nodes: []jsonNode{}}
 	switch {
 	case err != nil:
 		s.State, s.Error = "unknown", oneLine(err)
@@ -255,7 +269,7 @@ func statusJSON(name string, c *conn, info netlock.Info, err error) jsonStatus {
 	}
 	for i, n := range info.Nodes {
 		j := jsonNode{
-			Addr: c.nodes[i].name, State: "free", Token: n.Token, Foreign: n.Foreign, TTLMS: ttlMS(n.TTL), Holder: n.Holder,
+			Addr: c.nodes[i].name, State: "free", Token: n.Token, Foreign: n.Foreign, TTLMS: ttlMS(n.TTL), Holder: n.Holder, HolderInfo: n.HolderInfo,
 			Waiters: n.Waiters, FenceCounter: n.FenceCounter, MaxMemoryPolicy: n.MaxMemoryPolicy, MaxMemory: n.MaxMemory, Evicts: n.Evicts(),
 		}
 		switch {

@@ -2,7 +2,9 @@ package main
 
 import (
 	"encoding/json"
+	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -10,9 +12,10 @@ import (
 	"github.com/netlock-go/netlock/internal/redistest"
 )
 
-// statusRow matches the table row of the node at addr.
-func statusRow(addr, state, ttl, token, waiters, counter string) *regexp.Regexp {
-	return regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(addr) + `\s+` + state + `\s+` + ttl + `\s+` + token + `\s+` + waiters + `\s+` + counter + `$`)
+// statusRow matches the table row of the node at addr; holder is a
+// pattern of the HOLDER column.
+func statusRow(addr, state, ttl, token, waiters, counter, holder string) *regexp.Regexp {
+	return regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(addr) + `\s+` + state + `\s+` + ttl + `\s+` + token + `\s+` + waiters + `\s+` + counter + `\s+` + holder + `$`)
 }
 
 func TestStatusOneNode(t *testing.T) {
@@ -28,7 +31,7 @@ func TestStatusOneNode(t *testing.T) {
 		if code != exitFree {
 			t.Errorf("exit %d, want %d", code, exitFree)
 		}
-		if !strings.HasPrefix(stdout, "lock \"job\": free\nNODE ") || !statusRow(a, "free", "-", "-", "0", "0").MatchString(stdout) {
+		if !strings.HasPrefix(stdout, "lock \"job\": free\nNODE ") || !statusRow(a, "free", "-", "-", "0", "0", "-").MatchString(stdout) {
 			t.Errorf("stdout does not show job free with fence counter 0:\n%s", stdout)
 		}
 		if stderr != "" {
@@ -45,7 +48,7 @@ func TestStatusOneNode(t *testing.T) {
 			t.Errorf("exit %d, want %d", code, exitHeld)
 		}
 		ttl := `[1-5]?[0-9](\.[0-9]+)?s`
-		if !regexp.MustCompile(`^lock "job": held, fencing token 7, TTL `+ttl+"\n").MatchString(stdout) || !statusRow(a, "held", ttl, "7", "2", "9").MatchString(stdout) {
+		if !regexp.MustCompile(`^lock "job": held, fencing token 7, TTL `+ttl+"\n").MatchString(stdout) || !statusRow(a, "held", ttl, "7", "2", "9", "-").MatchString(stdout) {
 			t.Errorf("stdout does not show job held with token 7, a TTL up to 50s, 2 waiters and fence counter 9:\n%s", stdout)
 		}
 		if strings.Contains(stdout, "r4nd0m") {
@@ -53,10 +56,21 @@ func TestStatusOneNode(t *testing.T) {
 		}
 	})
 
+	// The holder's identity, as the library escapes it (keyspace.HolderEncode).
+	redisDo(t, s, "SET", lockKey("job"), "r4nd0m:7:"+keyspace.HolderEncode("web:1 pid 42"), "PX", "50000")
+	t.Run("held with the holder's identity", func(t *testing.T) {
+		code, stdout, _ := status(t)
+		ttl := `[1-5]?[0-9](\.[0-9]+)?s`
+		if code != exitHeld || !regexp.MustCompile(`^lock "job": held, fencing token 7, TTL `+ttl+`, holder "web:1 pid 42"\n`).MatchString(stdout) || !statusRow(a, "held", ttl, "7", "2", "9", "web:1 pid 42").MatchString(stdout) {
+			t.Errorf("exit %d, want %d, and job held by web:1 pid 42 in the summary and the row:\n%s", code, exitHeld, stdout)
+		}
+	})
+
+	redisDo(t, s, "SET", lockKey("job"), "r4nd0m:7")
 	redisDo(t, s, "PERSIST", lockKey("job"))
 	t.Run("held without TTL", func(t *testing.T) {
 		code, stdout, _ := status(t)
-		if code != exitHeld || !strings.HasPrefix(stdout, `lock "job": held, fencing token 7, no TTL`+"\n") || !statusRow(a, "held", "none", "7", "2", "9").MatchString(stdout) {
+		if code != exitHeld || !strings.HasPrefix(stdout, `lock "job": held, fencing token 7, no TTL`+"\n") || !statusRow(a, "held", "none", "7", "2", "9", "-").MatchString(stdout) {
 			t.Errorf("exit %d, want %d, and a row with TTL none:\n%s", code, exitHeld, stdout)
 		}
 	})
@@ -64,7 +78,7 @@ func TestStatusOneNode(t *testing.T) {
 	redisDo(t, s, "SET", lockKey("job"), "not netlock's")
 	t.Run("foreign value", func(t *testing.T) {
 		code, stdout, _ := status(t)
-		if code != exitHeld || !strings.HasPrefix(stdout, `lock "job": held, by a key netlock did not write, no TTL`+"\n") || !statusRow(a, "held", "none", `\?`, "2", "9").MatchString(stdout) {
+		if code != exitHeld || !strings.HasPrefix(stdout, `lock "job": held, by a key netlock did not write, no TTL`+"\n") || !statusRow(a, "held", "none", `\?`, "2", "9", "-").MatchString(stdout) {
 			t.Errorf("exit %d, want %d, and a row with token ?:\n%s", code, exitHeld, stdout)
 		}
 	})
@@ -76,7 +90,7 @@ func TestStatusOneNode(t *testing.T) {
 		if code != exitUnavailable {
 			t.Errorf("exit %d, want %d", code, exitUnavailable)
 		}
-		if !strings.HasPrefix(stdout, `lock "job": unknown: Redis at `+a+` answered with an error: a key of this lock holds a value of another type, nothing was changed: WRONGTYPE`) || !statusRow(a, "error", "-", "-", "-", "-").MatchString(stdout) {
+		if !strings.HasPrefix(stdout, `lock "job": unknown: Redis at `+a+` answered with an error: a key of this lock holds a value of another type, nothing was changed: WRONGTYPE`) || !statusRow(a, "error", "-", "-", "-", "-", "-").MatchString(stdout) {
 			t.Errorf("stdout does not show the node's error:\n%s", stdout)
 		}
 		if !strings.HasPrefix(stderr, "netlock status: "+a+": a key of this lock holds a value of another type") || !strings.Contains(stderr, "WRONGTYPE") {
@@ -86,22 +100,32 @@ func TestStatusOneNode(t *testing.T) {
 }
 
 // TestStatusInsideRun runs netlock status as the program of a netlock run:
-// it sees the lock held, with the token the program got.
+// it sees the lock held, with the token the program got, by the run's
+// process ("<hostname>/<pid>", the pid the program's parent).
 func TestStatusInsideRun(t *testing.T) {
 	s := redistest.Start(t)
-	script := `"$1" status --redis "$2" --prefix app: "$NETLOCK_NAME"; echo "status $? token $NETLOCK_TOKEN"`
+	script := `"$1" status --redis "$2" --prefix app: "$NETLOCK_NAME"; echo "status $? token $NETLOCK_TOKEN"; echo "run $PPID"`
 	code, stdout, _ := runNetlock(t, nil, "run", "--redis", s.Addr(), "--prefix", "app:", "--expiry", "30s", "job", "--", "sh", "-c", script, "sh", netlockBin, s.Addr())
 	if code != 0 {
 		t.Fatalf("exit %d, want 0", code)
 	}
-	if !strings.HasPrefix(stdout, "lock \"job\": held, fencing token 1, TTL ") || !strings.HasSuffix(stdout, "status 1 token 1\n") {
-		t.Errorf("status inside the run does not show the lock held by token 1, exit 1:\n%s", stdout)
+	host, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
 	}
-	if !statusRow(s.Addr(), "held", `(30|[12][0-9](\.[0-9]+)?)s`, "1", "0", "1").MatchString(stdout) {
-		t.Errorf("no row with the lock held, a TTL up to 30s and fence counter 1:\n%s", stdout)
+	m := regexp.MustCompile(`(?m)^run ([0-9]+)$`).FindStringSubmatch(stdout)
+	if m == nil {
+		t.Fatalf("no pid of the run in:\n%s", stdout)
+	}
+	holder := host + "/" + m[1]
+	if !regexp.MustCompile(`^lock "job": held, fencing token 1, TTL [0-9.]+s, holder `+regexp.QuoteMeta(strconv.Quote(holder))+"\n").MatchString(stdout) || !strings.Contains(stdout, "status 1 token 1\n") {
+		t.Errorf("status inside the run does not show the lock held by %s, token 1, exit 1:\n%s", holder, stdout)
+	}
+	if !statusRow(s.Addr(), "held", `(30|[12][0-9](\.[0-9]+)?)s`, "1", "0", "1", regexp.QuoteMeta(holder)).MatchString(stdout) {
+		t.Errorf("no row with the lock held, a TTL up to 30s, fence counter 1 and holder %s:\n%s", holder, stdout)
 	}
 	code, stdout, _ = runCmd(t, t.Context(), "status", "--redis", s.Addr(), "--prefix", "app:", "job")
-	if code != exitFree || !statusRow(s.Addr(), "free", "-", "-", "0", "1").MatchString(stdout) {
+	if code != exitFree || !statusRow(s.Addr(), "free", "-", "-", "0", "1", "-").MatchString(stdout) {
 		t.Errorf("after the run: exit %d, want %d, and the node free with fence counter 1:\n%s", code, exitFree, stdout)
 	}
 }
@@ -237,6 +261,16 @@ func TestStatusJSON(t *testing.T) {
 		n.MaxMemoryPolicy != "noeviction" || n.MaxMemory != 0 || n.Evicts || n.Error != "" {
 		t.Errorf("held: node %+v; want the node's detail", n)
 	}
+
+	if got.HolderInfo != "" || n.HolderInfo != "" {
+		t.Errorf("held by a value without a holder's identity: holder_info %q, node's %q; want none", got.HolderInfo, n.HolderInfo)
+	}
+	redisDo(t, servers[0], "SET", lockKey("job"), "r4nd0m:7:"+keyspace.HolderEncode("web-1/42"), "PX", "50000")
+	_, got = status(t, servers[0])
+	if got.HolderInfo != "web-1/42" || got.Nodes[0].HolderInfo != "web-1/42" {
+		t.Errorf("holder_info %q, node's %q; want web-1/42", got.HolderInfo, got.Nodes[0].HolderInfo)
+	}
+	redisDo(t, servers[0], "SET", lockKey("job"), "r4nd0m:7", "PX", "50000")
 
 	code, got = status(t, servers[1])
 	if code != exitFree || got.State != "free" || got.Token != 0 || got.TTLMS != 0 || got.Holder != "" || got.Nodes[0].State != "free" {

@@ -4,7 +4,7 @@
 //
 // For lock name with prefix p:
 //
-//	p{name}               the lock key; it holds "<value>:<token>"
+//	p{name}               the lock key; it holds "<value>:<token>:<holder>" (see HolderOf)
 //	p{name}:released      the release channel (a waiter listens on
 //	                      p{name}:released:<waiter id>)
 //	p{name}:waiters       the waiters' queue, a sorted set of waiter ids
@@ -48,7 +48,7 @@ func New(prefix, name string, fencing bool) Keys {
 
 // RWKeys are the Redis names of one NetRWMutex.
 type RWKeys struct {
-	Writer  string // p{name}:rw, "<value>:<token>" while a writer holds
+	Writer  string // p{name}:rw, "<value>:<token>:<holder>" while a writer holds
 	Writers string // p{name}:rw:writers, waiting writers by arrival
 	Readers string // p{name}:rw:readers, waiting readers by arrival
 	Leases  string // p{name}:rw:leases, read leases and waiters' deadlines
