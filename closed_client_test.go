@@ -230,21 +230,31 @@ func TestClosedClientWaiterFailsAtItsAttempt(t *testing.T) {
 	})
 }
 
+// closedLocks makes the holder and the two waiters of a closedWait, each
+// by newLock on a Backend of its own: waiter 1's on a client that close1
+// closes; c1 and c2 count the waiters' calls.
+func closedLocks[L any](t *testing.T, e *env, newLock func(Backend) (L, error)) (holder, w1, w2 L, b1 Backend, c1, c2 *countingBackend, close1 func()) {
+	t.Helper()
+	mk := func(b Backend) L {
+		l, err := newLock(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	holder = mk(e.backend(t))
+	b1, close1 = closableBackend(t, e.client, e.addr)
+	b1, c1 = countedBackend(b1)
+	b2, c2 := countedBackend(e.backend(t))
+	return holder, mk(b1), mk(b2), b1, c1, c2, close1
+}
+
 func TestClosedClientRWWaiterFails(t *testing.T) {
 	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
 		const name = "closedrw"
-		newRW := func(b Backend) *NetRWMutex {
-			rw, err := NewRW(name, []Backend{b})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return rw
-		}
-		holder := newRW(e.backend(t))
-		b1, close1 := closableBackend(t, e.client, e.addr)
-		b1, c1 := countedBackend(b1)
-		b2, c2 := countedBackend(e.backend(t))
-		w1, w2 := newRW(b1), newRW(b2)
+		holder, w1, w2, b1, c1, c2, close1 := closedLocks(t, e, func(b Backend) (*NetRWMutex, error) {
+			return NewRW(name, []Backend{b})
+		})
 		if err := holder.LockCtx(context.Background()); err != nil {
 			t.Fatal(err)
 		}
@@ -334,4 +344,66 @@ func BenchmarkClosedProbe(b *testing.B) {
 			}
 		})
 	}
+}
+
+// TestClosedClientSemWaiterFails: a Semaphore's waiter on a redigo pool or
+// rueidis client (listening on a dedicated connection) closed while it
+// waits fails with an error matching ErrQuorum, and the permits a release
+// granted it go on to the next waiter. (Where its Listener closes with its
+// client, go-redis and rueidis on RESP3, the waiter fails as the Listener
+// does; a release's grant to it, which nobody hears, waits for its place
+// to lapse: a Semaphore's release does not count its waiters' listeners.)
+func TestClosedClientSemWaiterFails(t *testing.T) {
+	forEachEnv(t, allEnvs, func(t *testing.T, e *env) { closedSemWait(t, e, "closedsem", false) })
+}
+
+// TestClosedClientSemWaiterFailsAtItsAttempt: the waiter on the closed
+// client fails at its next attempt (when the holder's lease would end),
+// leaving its place over a connection that outlives the client, before the
+// holder's release.
+func TestClosedClientSemWaiterFailsAtItsAttempt(t *testing.T) {
+	forEachEnv(t, realOnly, func(t *testing.T, e *env) { closedSemWait(t, e, "closedsemattempt", true) })
+}
+
+// closedSemWait plays closedWait with Semaphores of one permit.
+func closedSemWait(t *testing.T, e *env, name string, attemptFirst bool) {
+	t.Helper()
+	if !listenerOutlivesClient(e.backend(t)) {
+		t.Skipf("%s: its Listener fails with its client, and a release's grant to the waiter waits for its place to lapse", e.client)
+	}
+	opt := WithExpiry(closedWaitExpiry)
+	if attemptFirst {
+		opt = WithExpiry(closedAttemptExpiry)
+	}
+	holder, w1, w2, b1, c1, c2, close1 := closedLocks(t, e, func(b Backend) (*Semaphore, error) {
+		return NewSemaphore(name, 1, []Backend{b}, opt)
+	})
+	if err := holder.Acquire(context.Background(), 1); err != nil {
+		t.Fatal(err)
+	}
+	closedWait{
+		e: e, backend1: b1, queue: "netlock:{" + name + "}:sem:queue", channel: w1.m.waitChan,
+		lock1:  func(ctx context.Context) error { return w1.Acquire(ctx, 1) },
+		lock2:  func(ctx context.Context) error { return w2.Acquire(ctx, 1) },
+		calls1: func() int { return c1.count(semAcquireScript.Name()) },
+		calls2: func() int { return c2.count(semAcquireScript.Name()) },
+		unlock: func() error { return holder.ReleaseCtx(context.Background(), 1) },
+		close1: close1, attemptFirst: attemptFirst,
+	}.run(t)
+	if err := w2.ReleaseCtx(context.Background(), 1); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// listenerOutlivesClient reports whether b's Listener outlives the Close of
+// b's client (see closable): a redigo pool's; a rueidis client's where it
+// listens on a dedicated connection (not on RESP3, see pushable).
+func listenerOutlivesClient(b Backend) bool {
+	switch b := b.(type) {
+	case *rueidisBackend:
+		return !pushable(context.Background(), b.client, &b.push)
+	case closable:
+		return true
+	}
+	return false
 }

@@ -1,14 +1,17 @@
 package netlock
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // The engine (a NetMutex's hold and watchdog, its per-call waiter, the
 // quorum fan-out, the reaper, the in-process queue) runs a kind of lock; a
 // kind says what differs between kinds: its keys and scripts, how a reply
 // becomes an outcome, and what its waiters ask for. Each kind's code is in
 // the file of its primitive: mutexKind in mutex.go, rwSide (a NetRWMutex's
-// read lease or write lock) in rwmutex.go, semLease (a Semaphore's lease) in
-// semaphore.go.
+// read lease or write lock) in rwmutex.go, semLease (a Semaphore's lease) and
+// semAcquirer (how its waiter takes it) in semaphore.go.
 
 // A leaseKind is what a hold needs of its kind: how to extend it, and how
 // observers and logs name it.
@@ -99,4 +102,41 @@ func readAcquire(vals []int64) acquireReply {
 		r.rejoin = len(vals) > 3 && vals[3] == 1
 	}
 	return r
+}
+
+// An acquirer is how one waiting call (see waiter) takes a lock of its
+// kind: the rounds it makes, the grants a release's message makes it, and
+// how it leaves the waiters' queue. The waiter runs it the same for every
+// kind: quorumAcquirer for the kinds a quorum round takes (mutexKind,
+// rwSide, multiKind, electionKind), semAcquirer for a Semaphore's lease.
+type acquirer interface {
+	// flags returns the acquire script's flags for a waiting call that is
+	// listening or not, whose turn came, and that may be queued already
+	// ("" for a call that neither joins nor may be queued).
+	flags(listening, turn, queued bool) string
+	// ordered reports whether a waiter's place is its arrival time (see
+	// ask.arrival).
+	ordered() bool
+	// round makes one attempt as the waiters' queue member q.
+	round(ctx context.Context, q ask) outcome
+	// messageGrant reads a release's message on our channel: the grant it
+	// makes us, if any (start set), for take.
+	messageGrant(ctx context.Context, w *waiter, payload string) (grant, bool)
+	// take makes g, acquired by a round or granted by message, the
+	// caller's, if the caller's client can keep it (see waiter.keeps).
+	// Nodes that did not grant (unqueue) may keep w in their waiters'
+	// queues. It reports false, with a nil error, when a grant by message
+	// is not taken after all: the next round finds it.
+	take(ctx context.Context, w *waiter, g grant, unqueue []bool) (bool, error)
+	// leave takes member off the waiters' queues (on the nodes targets
+	// selects; all when nil) after a wait that failed, and reports whether
+	// the caller holds after all: a hold handed to it meanwhile by a
+	// goroutine of its process.
+	leave(ctx context.Context, member string, targets []bool) (held bool)
+	// leaveCall returns the script, keys and arguments of leave, to run
+	// over a connection that outlives a closed client (see closable).
+	leaveCall(member string) (*Script, []string, []string)
+	// passOnCall returns the script, keys and arguments that give back g,
+	// a grant a closed client cannot keep, to the next waiter.
+	passOnCall(g grant) (*Script, []string, []string)
 }

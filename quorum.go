@@ -20,7 +20,9 @@ type grant struct {
 	start, until time.Time // when the round began; the hold's local deadline
 	// writerWaits, for a NetRWMutex's read lease: a node said a writer
 	// waits (see lua/rw_acquire.lua).
-	writerWaits bool
+	writerWaits bool // nonce, for a Semaphore's grant by message: the waiting call's join
+	// it answers (see lua/sem_wake.lua).
+	nonce string
 }
 
 // nodeReply is one node's answer to one script call.
@@ -301,6 +303,89 @@ func (m *NetMutex) acquireRound(ctx context.Context, q ask) outcome {
 	o := m.lostRound(ctx, &v, took)
 	o.start = start
 	return o
+}
+
+// quorumAcquirer is the acquirer of every kind a quorum round takes (see
+// acquireRound): its flags and reply are the kind's (m.kind), and a hold
+// taken is m's.
+type quorumAcquirer struct {
+	m *NetMutex
+}
+
+func (a quorumAcquirer) flags(listening, turn, queued bool) string {
+	return a.m.kind.waitFlags(listening, turn, queued)
+}
+
+func (a quorumAcquirer) ordered() bool { return a.m.kind.ordered() }
+
+func (a quorumAcquirer) round(ctx context.Context, q ask) outcome { return a.m.acquireRound(ctx, q) }
+
+// take makes g m's hold, if m's client can keep it (see keeps). Nodes that
+// did not grant (unqueue) may keep us in their waiters' queues: we leave
+// them.
+func (a quorumAcquirer) take(ctx context.Context, w *waiter, g grant, unqueue []bool) (bool, error) {
+	if err := w.keeps(ctx, g); err != nil {
+		return false, err
+	}
+	if w.queued && unqueue != nil {
+		a.m.leave(ctx, w.ask().member, unqueue)
+	}
+	a.m.setHold(newHold(a.m, g))
+	return true, nil
+}
+
+func (a quorumAcquirer) leave(ctx context.Context, member string, targets []bool) bool {
+	a.m.leave(ctx, member, targets)
+	return false
+}
+
+func (a quorumAcquirer) leaveCall(member string) (*Script, []string, []string) {
+	return a.m.kind.leaveCall(member)
+}
+
+func (a quorumAcquirer) passOnCall(g grant) (*Script, []string, []string) {
+	return a.m.kind.releaseCall(g.value, a.m.tomb(g.value, ""))
+}
+
+// messageGrant returns the hold a release granted w, from its message
+// "g:<nonce>:<n>:<token>". Its key's TTL started when the release ran, after
+// our member was added under this nonce, so after the first round that
+// could add it began (w.joined): the local deadline is the validity counted
+// from then. A member is added once per nonce (lua/acquire.lua), so a late
+// message of a grant since lost cannot name the current join. A message
+// that leaves less than an extend interval, which the watchdog could not
+// keep, is not taken as a grant: the next attempt adopts the key, renewing
+// its TTL from a start of its own. A grant naming a nonce a waiter of m
+// gave up (a join of an earlier call, left behind by a leave that failed,
+// or one we were told to leave) is released at once, so that the lock goes
+// on; one naming the nonce of a waiter that succeeded is (or was) m's
+// hold, its message late: left alone.
+func (a quorumAcquirer) messageGrant(ctx context.Context, w *waiter, payload string) (grant, bool) {
+	nonce, n, token, ok := parseGrant(payload)
+	if !ok {
+		return grant{}, false
+	}
+	m := w.m
+	value := m.grantValue(nonce, n)
+	if nonce != w.nonce {
+		if m.gaveUpOn(nonce) {
+			m.release(detached(ctx), value, "", nil, true) // granted: held on the node
+		}
+		return grant{}, false
+	}
+	until := w.joined.Add(m.cfg.expiry - m.driftTerm)
+	if w.joined.IsZero() || m.clk.Until(until) < m.cfg.expiry/extendsPerExpiry {
+		return grant{}, false
+	}
+	if w.deadWatch() {
+		// The connection the message came on has failed since, maybe
+		// with its client, closed (see Listener): not taken here, as the
+		// client may not keep it. The next attempt adopts it if it can.
+		return grant{}, false
+	}
+	g := grant{value: value, token: token, start: w.joined, until: until}
+	m.kind.messageGrant(&g)
+	return g, true
 }
 
 // votes is what the nodes answered one acquire round.

@@ -16,16 +16,28 @@ import (
 // tombstone it leaves, if it arrives first) keeps the key from being
 // stranded until its TTL runs out.
 //
-// Its goroutine runs only while releases are pending and ends when every
-// one has been answered, its client was closed, or it is older than the
-// tombstone TTL (after that, a delivery would no longer stop a late
-// acquire).
+// It also sends a Semaphore lease's count again after a call's reply was
+// lost (see Semaphore.resend): each thing pending is a redelivery, which
+// knows what to send and when it is over.
+//
+// Its goroutine runs only while redeliveries are pending and ends when
+// every one is over: a release is over once answered, its client was
+// closed, or it is older than the tombstone TTL (after that, a delivery
+// would no longer stop a late acquire).
 type reaper struct {
 	mu      sync.Mutex
-	pending []pendingRelease
+	pending []redelivery
 	running bool
 }
 
+// A redelivery is one thing the reaper sends again until it is over.
+type redelivery interface {
+	// deliver sends it once more, and reports whether it is over; if not,
+	// the reaper sends it again after a pause.
+	deliver(m *NetMutex) bool
+}
+
+// A pendingRelease is a release of value on one node.
 type pendingRelease struct {
 	node   int
 	value  string
@@ -42,9 +54,26 @@ func (m *NetMutex) reapLater(value string, replies []nodeReply, targets []bool, 
 	defer r.mu.Unlock()
 	for i, rep := range replies {
 		if (targets == nil || targets[i]) && rep.err != nil && !finalErr(m.nodes[i], rep.err) {
-			r.pending = append(r.pending, pendingRelease{node: i, value: value, giveUp: m.clk.Now().Add(tombstoneExpiries * m.cfg.expiry), err: rep.err, held: held})
+			r.pending = append(r.pending, &pendingRelease{node: i, value: value, giveUp: m.clk.Now().Add(tombstoneExpiries * m.cfg.expiry), err: rep.err, held: held})
 		}
 	}
+	m.reapLocked()
+}
+
+// reapAgain queues d, and starts the reaper's goroutine if it is not
+// running.
+func (m *NetMutex) reapAgain(d redelivery) {
+	r := &m.reaper
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.pending = append(r.pending, d)
+	m.reapLocked()
+}
+
+// reapLocked starts the reaper's goroutine if redeliveries are pending and
+// it is not running. The caller holds m.reaper.mu.
+func (m *NetMutex) reapLocked() {
+	r := &m.reaper
 	if len(r.pending) > 0 && !r.running {
 		r.running = true
 		go m.reap()
@@ -59,8 +88,8 @@ const (
 	reapMaxPause   = 250 * time.Millisecond
 )
 
-// reap retries the pending releases, with a growing pause between passes,
-// until none is left.
+// reap retries the pending redeliveries, with a growing pause between
+// passes, until none is left.
 func (m *NetMutex) reap() {
 	r := &m.reaper
 	pause := reapFirstPause
@@ -73,22 +102,9 @@ func (m *NetMutex) reap() {
 		r.pending = nil
 		r.mu.Unlock()
 
-		var left []pendingRelease
+		var left []redelivery
 		for _, p := range batch {
-			if m.clk.Now().After(p.giveUp) {
-				m.reapGaveUp(p, "the tombstone's lifetime ended: a late acquire can no longer take the key", p.err)
-				continue
-			}
-			sent, cancel := m.bound(context.Background())
-			s, keys, args := m.kind.releaseCall(p.value, m.tomb(p.value, ""))
-			rep := m.call(context.Background(), sent, p.node, s, keys, args)
-			unbound(sent, cancel)
-			switch {
-			case rep.err == nil:
-			case finalErr(m.nodes[p.node], rep.err):
-				m.reapGaveUp(p, "the node answered with an error, refused the connection, or its client is closed", rep.err)
-			default:
-				p.err = rep.err
+			if !p.deliver(m) {
 				left = append(left, p)
 			}
 		}
@@ -104,6 +120,27 @@ func (m *NetMutex) reap() {
 		pause = min(2*pause, reapMaxPause)
 		t.Reset(pause)
 	}
+}
+
+// deliver sends the release once more (see redelivery).
+func (p *pendingRelease) deliver(m *NetMutex) bool {
+	if m.clk.Now().After(p.giveUp) {
+		m.reapGaveUp(*p, "the tombstone's lifetime ended: a late acquire can no longer take the key", p.err)
+		return true
+	}
+	sent, cancel := m.bound(context.Background())
+	s, keys, args := m.kind.releaseCall(p.value, m.tomb(p.value, ""))
+	rep := m.call(context.Background(), sent, p.node, s, keys, args)
+	unbound(sent, cancel)
+	switch {
+	case rep.err == nil:
+		return true
+	case finalErr(m.nodes[p.node], rep.err):
+		m.reapGaveUp(*p, "the node answered with an error, refused the connection, or its client is closed", rep.err)
+		return true
+	}
+	p.err = rep.err
+	return false
 }
 
 // permanentErr reports whether err, from a call to b, is an answer that

@@ -64,7 +64,6 @@ type Semaphore struct {
 	size    int64
 	keys    []string // see lua/sem_acquire.lua
 	placeMS string   // how long a waiter's place lasts: placeExpiries
-	channel string   // where we are told to look again: p{name}:sem:wake:<waiter id>
 
 	// op orders this process's calls that change its lease in Redis: each
 	// sends the lease's whole count (not a difference), so that a call whose
@@ -88,9 +87,10 @@ type Semaphore struct {
 	// gives them back here, without a round trip.
 	stale int64
 	// dirty: a call's reply was lost, so Redis may hold for value a count
-	// other than held; the next call, or fix, sends it again.
+	// other than held; the next call, or the reaper (see resend), sends
+	// it again.
 	dirty  bool
-	fixing bool // fix runs
+	fixing bool // a resend is queued in the reaper
 	// seq numbers the calls that set the lease's count, so that one that
 	// reaches Redis after a later one changes nothing (see
 	// lua/sem_acquire.lua). Under op.
@@ -146,8 +146,10 @@ type semWaiter struct {
 	granted bool
 	// poke tells the first waiter that a second one arrived: its entry in
 	// Redis must say so, or a release's grants could pass the second over
-	// (see lua/sem_wake.lua); or that a release handed it its permits.
-	poke chan struct{}
+	// (see lua/sem_wake.lua); or that a release handed it its permits. It
+	// is the wake channel of the first waiter's waiter (see waiter.wake):
+	// a poke is a wake-up that is no grant, and makes it attempt.
+	poke chan string
 }
 
 // ErrSizeMismatch means the processes using a Semaphore's name disagree on
@@ -184,14 +186,16 @@ func NewSemaphore(name string, size int64, backends []Backend, opts ...Option) (
 	m.kind, m.leaseKind = nil, lease
 	m.grants = false
 	handoffs := m.cfg.handoffs
-	m.cfg.handoffs = 0 // the engine's NetMutex hands nothing off: the Semaphore hands on
-	return &Semaphore{m: m, size: size, keys: lease.keys, placeMS: lease.placeMS, channel: k.Leases + ":wake:" + m.waiterID,
+	m.cfg.handoffs = 0                            // the engine's NetMutex hands nothing off: the Semaphore hands on
+	m.waitChan = k.Leases + ":wake:" + m.waiterID // where our waiter is told to look again, or granted
+	return &Semaphore{m: m, size: size, keys: lease.keys, placeMS: lease.placeMS,
 		grants: m.hubs[0] != nil && m.cfg.replicas == 0, handoffs: handoffs}, nil
 }
 
 // semLease is the kind of a Semaphore's lease, the hold of its process's
-// permits: the engine extends it (lua/sem_extend.lua); the Semaphore
-// acquires and releases its permits by calls of its own.
+// permits: the engine extends it (lua/sem_extend.lua), and the engine's
+// waiter acquires it, running a semAcquirer; the Semaphore counts the
+// permits on it and releases them by calls of its own.
 type semLease struct {
 	keys              []string // see lua/sem_acquire.lua
 	expiryMS, placeMS string
@@ -263,7 +267,7 @@ func (s *Semaphore) Acquire(ctx context.Context, n int64) (err error) {
 	if done != nil {
 		defer func() { done(err == nil, contended, false, err) }()
 	}
-	w := &semWaiter{n: n, arrival: s.m.clk.Now().UnixMicro(), turn: make(chan struct{}), poke: make(chan struct{}, 1)}
+	w := &semWaiter{n: n, arrival: s.m.clk.Now().UnixMicro(), turn: make(chan struct{}), poke: make(chan string, 1)}
 	if !s.enqueue(w) {
 		contended = true
 		if over, err := s.awaitTurn(ctx, w); over {
@@ -299,7 +303,7 @@ func (s *Semaphore) enqueue(w *semWaiter) (first bool) {
 // its entry in Redis must say so. The caller holds s.mu.
 func (s *Semaphore) pokeFirstLocked() {
 	select {
-	case s.queue[0].poke <- struct{}{}:
+	case s.queue[0].poke <- "":
 	default:
 	}
 }
@@ -415,72 +419,23 @@ func (s *Semaphore) TryAcquireCtx(ctx context.Context, n int64) (ok bool, err er
 	}
 }
 
-// wait is Acquire for w, the first of the local queue: it attempts, and
-// while refused keeps its place in Redis and waits to be told to look again
-// (or for the first lease to end, or, without pub/sub, a retry delay). It
-// reports whether it was refused at least once.
+// wait is Acquire for w, the first of the local queue: the engine's waiter
+// runs a semAcquirer for it, which attempts, and while refused keeps w's
+// place in Redis; the waiter waits to be told to look again (or for the
+// first lease to end, or, without pub/sub, a retry delay), and rides out
+// outages. It reports whether it was refused at least once.
 func (s *Semaphore) wait(ctx context.Context, w *semWaiter) (contended bool, err error) {
-	sw := semWait{s: s, w: w, bo: backoff{min: s.m.cfg.minRetryDelay, max: s.m.cfg.maxRetryDelay}}
-	defer sw.stop()
-	for {
-		if s.handedOn(w) {
-			// A release handed w its permits (see handOnLocked): known
-			// without waiting for s.op, which another waiter's call may hold.
-			return contended, sw.holding(ctx)
-		}
-		r := s.attempt(ctx, w, false)
-		var look, leeway time.Duration
-		var at time.Time // when to look again, or as late as leeway after
-		switch r.kind {
-		case semGranted:
-			return contended, sw.holding(ctx)
-		case semRetry:
-			continue
-		case semRefused:
-			contended, sw.down, sw.downErr = true, time.Time{}, nil
-			var again bool
-			if look, again = sw.refused(ctx, r.look); again {
-				continue // a wake-up sent before we listened is not lost: look again now
-			}
-			// look counts from the attempt's end, not from now; the
-			// attempt's duration is leeway (see waiter.await).
-			at, leeway = r.start.Add(look), r.took
-		case semFailed:
-			var done bool
-			if look, done, err = sw.failed(ctx, r); done {
-				return contended, err
-			}
-			at = s.m.clk.Now().Add(look)
-		}
-		if granted, err := sw.sleep(ctx, at, leeway); granted || err != nil {
-			return contended, err
-		}
+	m := s.m
+	ew := waiter{m: m, a: &semAcquirer{s: s, w: w}, wait: true, wake: w.poke,
+		delay: backoff{min: m.cfg.minRetryDelay, max: m.cfg.maxRetryDelay}}
+	ok, err := ew.run(ctx)
+	if ew.done(ctx, ok) {
+		ok = true // a release handed w its permits as it gave up
 	}
-}
-
-// semWait is the state of one Semaphore.wait: its watch of the process's
-// wake channel, and its retries while Redis does not answer.
-type semWait struct {
-	s       *Semaphore
-	w       *semWaiter
-	wake    chan string
-	wt      *watch
-	down    time.Time // when Redis stopped answering, zero while it answers
-	downErr error     // the last attempt's error while Redis does not answer
-	bo      backoff
-}
-
-func (sw *semWait) stop() {
-	if sw.wt != nil {
-		sw.wt.stop()
+	if ok {
+		err = s.holding(ctx, w)
 	}
-}
-
-// leave takes the waiter, which has made a call, off the local queue and
-// its place in Redis back, and reports whether a release handed the waiter
-// its permits meanwhile: it holds them (see holding).
-func (sw *semWait) leave(ctx context.Context) (handed bool) {
-	return sw.s.leave(ctx, false, sw.w)
+	return ew.busy, err
 }
 
 // handedOn reports whether a release handed w its permits (see
@@ -493,96 +448,101 @@ func (s *Semaphore) handedOn(w *semWaiter) bool {
 
 // holding ends a wait whose permits were granted: a caller whose ctx has
 // ended never holds.
-func (sw *semWait) holding(ctx context.Context) error {
+func (s *Semaphore) holding(ctx context.Context, w *semWaiter) error {
 	if ctx.Err() != nil {
-		sw.s.ReleaseCtx(context.WithoutCancel(ctx), sw.w.n)
+		s.ReleaseCtx(context.WithoutCancel(ctx), w.n)
 		return notObtained(context.Cause(ctx))
 	}
 	return nil
 }
 
-// refused returns how long to wait after a refused attempt whose reply
-// said to look again by look: listening for wake-ups where the Backend has
-// a Hub (again: a watch was just made, so attempt at once), polling where
-// not.
-func (sw *semWait) refused(ctx context.Context, look time.Duration) (time.Duration, bool) {
-	m := sw.s.m
-	if sw.wt != nil && sw.wt.dead() {
-		// Its connection failed: listen again (a new one).
-		sw.wt.stop()
-		sw.wt = nil
-	}
-	if sw.wt == nil && m.hubs[0] != nil {
-		sw.wake = make(chan string, 1)
-		if sw.wt = m.hubs[0].join(sw.s.channel, sw.wake); sw.wt == nil {
-			sw.wt = m.watchChannel(ctx, 0, sw.s.channel, sw.wake)
-		}
-		if sw.wt != nil {
-			return 0, true
-		}
-	}
-	if sw.wt == nil {
-		look = min(look, sw.bo.next(look)) // poll
-	}
-	return look, false
+// semAcquirer is the acquirer of a Semaphore's first local waiter w (see
+// waiter): its rounds are attempts (see attempt), which count the permits
+// granted on the lease themselves; a grant by message is adopted; its
+// leave is the process's (see leave).
+type semAcquirer struct {
+	s *Semaphore
+	w *semWaiter
 }
 
-// failed returns how long to wait after an attempt Redis did not answer,
-// or ends the wait (done, with wait's result): at ctx's end, at an answer
-// that retrying cannot change, once the outage window passed, or when a
-// release handed the waiter its permits meanwhile.
-func (sw *semWait) failed(ctx context.Context, r semResult) (look time.Duration, done bool, err error) {
-	if cause := ctxEnded(ctx); cause != nil {
-		return 0, true, sw.end(ctx, unreachable(cause, r.err))
+// flags: a waiting call always asks for a place (lua/sem_acquire.lua's
+// flags are the call's own: see prepare).
+func (*semAcquirer) flags(bool, bool, bool) string { return "j" }
+
+func (*semAcquirer) ordered() bool { return false }
+
+// round attempts until an attempt grants w's permits, refuses them, or
+// fails; a lease found lost, or a late call, is attempted again at once.
+// A release that handed w its permits meanwhile is a grant too.
+func (a *semAcquirer) round(ctx context.Context, _ ask) outcome {
+	for {
+		if a.s.handedOn(a.w) {
+			// Known without waiting for s.op, which another waiter's
+			// call may hold.
+			return outcome{kind: acquired}
+		}
+		r := a.s.attempt(ctx, a.w, false)
+		switch r.kind {
+		case semGranted:
+			return outcome{kind: acquired}
+		case semRetry:
+			continue
+		case semRefused:
+			return outcome{kind: busy, ttl: r.look, start: r.start, took: r.took}
+		}
+		if cause := ctxEnded(ctx); cause != nil {
+			return outcome{kind: ended, err: cause, down: r.err}
+		}
+		if r.permanent {
+			return outcome{kind: failed, err: r.err}
+		}
+		return outcome{kind: down, err: r.err}
 	}
-	sw.downErr = r.err
-	if r.permanent {
-		return 0, true, sw.end(ctx, r.err)
-	}
-	now := sw.s.m.clk.Now()
-	if sw.down.IsZero() {
-		sw.down = now
-	}
-	if now.Sub(sw.down) >= sw.s.m.cfg.outage {
-		return 0, true, sw.end(ctx, r.err)
-	}
-	return sw.bo.next(-1), false, nil
 }
 
-// end ends a wait that did not get in with err, leaving its place; or, if a
-// release handed the waiter its permits meanwhile, as holding does.
-func (sw *semWait) end(ctx context.Context, err error) error {
-	if sw.leave(ctx) {
-		return sw.holding(ctx)
+// messageGrant reads a grant "g:<nonce>:<value>" (see lua/sem_wake.lua).
+func (a *semAcquirer) messageGrant(_ context.Context, _ *waiter, payload string) (grant, bool) {
+	rest, ok := strings.CutPrefix(payload, "g:")
+	if !ok {
+		return grant{}, false
 	}
-	return err
+	nonce, value, _ := strings.Cut(rest, ":")
+	if nonce == "" || value == "" {
+		return grant{}, false
+	}
+	return grant{value: value, nonce: nonce, start: a.s.m.clk.Now()}, true
 }
 
-// sleep waits until at, or as late as leeway after (a clock moved by a
-// test, see internal/clock, ends it at at), for a wake-up (a grant it
-// takes in: granted), a poke (another waiter of ours came), or ctx's end.
-func (sw *semWait) sleep(ctx context.Context, at time.Time, leeway time.Duration) (granted bool, err error) {
-	clk := sw.s.m.clk
-	timer := clk.NewTimerAt(at, leeway)
-	defer clk.Stop(timer)
-	select {
-	case p := <-sw.wake:
-		if sw.s.adopt(sw.w, p) {
-			return true, sw.holding(ctx)
-		}
-	case <-sw.w.poke: // another waiter of ours came, or a release handed w its permits
-	case <-timer.C:
-	case <-ctx.Done():
-		err := notObtained(context.Cause(ctx))
-		if sw.downErr != nil {
-			// Redis did not answer the last attempt: not a semaphore
-			// found full.
-			err = unreachable(context.Cause(ctx), sw.downErr)
-		}
-		err = sw.end(ctx, err)
-		return err == nil, err
+// take: a round's grant is counted on the lease already (see granted); a
+// grant by message is adopted, if the client can keep it.
+func (a *semAcquirer) take(ctx context.Context, w *waiter, g grant, _ []bool) (bool, error) {
+	if g.nonce == "" {
+		return true, nil
 	}
-	return false, nil
+	if err := w.keeps(ctx, g); err != nil {
+		return false, err
+	}
+	return a.s.adopt(a.w, g.nonce, g.value), nil
+}
+
+func (a *semAcquirer) leave(ctx context.Context, _ string, _ []bool) bool {
+	return a.s.leave(ctx, false, a.w)
+}
+
+// leaveCall leaves the process's place, with the grant made under the
+// nonce of its waiting call, if any.
+func (a *semAcquirer) leaveCall(string) (*Script, []string, []string) {
+	s := a.s
+	s.mu.Lock()
+	value, nonce := s.value, s.nonce
+	s.mu.Unlock()
+	return s.leaveCall(value, nonce)
+}
+
+// passOnCall leaves the process's place with g, which a release granted
+// it under g's nonce: the next waiters that fit are granted instead.
+func (a *semAcquirer) passOnCall(g grant) (*Script, []string, []string) {
+	return a.s.leaveCall(g.value, g.nonce)
 }
 
 // leave takes our waiter off the queue in Redis, and takes back a grant
@@ -646,23 +606,25 @@ func (s *Semaphore) leaveLocked(ctx context.Context) {
 	if nonce == "" {
 		value = ""
 	}
-	m.fanout(context.WithoutCancel(ctx), semLeaveScript, s.keys, []string{m.waiterID + ":" + value + ":" + nonce + ":" + m.expiryMS}, nil)
+	sc, keys, args := s.leaveCall(value, nonce)
+	m.fanout(context.WithoutCancel(ctx), sc, keys, args, nil)
 }
 
-// adopt takes in the permits a release granted w, from its message
-// "g:<nonce>:<value>", and reports whether it did. The grant was made after
+// leaveCall returns lua/sem_leave.lua's call for the process's place, with
+// the grant made to its lease value under nonce ("" and "": none).
+func (s *Semaphore) leaveCall(value, nonce string) (*Script, []string, []string) {
+	return semLeaveScript, s.keys, []string{s.m.waiterID + ":" + value + ":" + nonce + ":" + s.m.expiryMS}
+}
+
+// adopt takes in the permits a release granted w, by its message, under
+// nonce on the lease value, and reports whether it did. The grant was made after
 // w's first attempt under the nonce began (s.joined), so a new lease is
 // valid from then. It is not taken in (the next attempt finds it in Redis,
 // under the nonce, and takes it with a deadline of its own) when the
 // process's lease is no longer the one the grant went to, when Redis may
 // hold a count we do not know (dirty), or when a new lease would leave
 // less than an extend interval.
-func (s *Semaphore) adopt(w *semWaiter, payload string) bool {
-	rest, ok := strings.CutPrefix(payload, "g:")
-	if !ok {
-		return false
-	}
-	nonce, value, _ := strings.Cut(rest, ":")
+func (s *Semaphore) adopt(w *semWaiter, nonce, value string) bool {
 	m := s.m
 	s.op.Lock()
 	defer s.op.Unlock()
@@ -1110,7 +1072,7 @@ func (s *Semaphore) handOnLocked(n int64) (rest int64, leave bool) {
 		}
 		s.nonce, s.entry = "", ""
 		select {
-		case w.poke <- struct{}{}: // it looks at granted under s.mu
+		case w.poke <- "": // it looks at granted under s.mu
 		default:
 		}
 	}
@@ -1177,7 +1139,7 @@ func (s *Semaphore) send(ctx context.Context, value string, total int64, lease *
 		// lease keeps expires with it).
 		if s.value == value && !r.unsent {
 			if finalErr(m.nodes[0], r.err) {
-				s.dirty = false // nothing will take it: fix stops
+				s.dirty = false // nothing will take it: resend stops
 			} else {
 				s.dirty = true
 				s.fixLaterLocked()
@@ -1208,46 +1170,47 @@ func (s *Semaphore) send(ctx context.Context, value string, total int64, lease *
 	return nil
 }
 
-// fixLaterLocked starts fix unless it runs. The caller holds s.mu.
+// fixLaterLocked queues a resend of the lease's count in the reaper,
+// unless one is queued. The caller holds s.mu.
 func (s *Semaphore) fixLaterLocked() {
 	if !s.fixing {
 		s.fixing = true
-		go s.fix()
+		s.m.reapAgain(&semResend{s: s, giveUp: s.m.clk.Now().Add(tombstoneExpiries * s.m.cfg.expiry)})
 	}
 }
 
-// fix sends the lease's count again while a call's reply was lost (dirty),
-// with the retry delay between tries, until Redis answers, the lease ends,
-// an error says it never will (a closed client), or ten expiries have
-// passed (a lease held all that time whose count Redis could not be told
-// keeps a few permits too many out until it ends).
-func (s *Semaphore) fix() {
-	m := s.m
-	// The retry delay of a failed extend: often enough that a lease's
-	// extends are not what keeps the count right.
-	bo := backoff{min: time.Millisecond, max: max(m.cfg.expiry/extendsPerExpiry/failedExtendRetries, time.Millisecond)}
-	giveUp := m.clk.Now().Add(tombstoneExpiries * m.cfg.expiry)
-	for first := true; ; first = false {
-		if !first {
-			time.Sleep(bo.next(-1))
-		}
-		s.op.Lock()
-		s.mu.Lock()
-		s.retireLostLocked()
-		if !s.dirty || s.value == "" || m.clk.Now().After(giveUp) {
-			s.dirty, s.fixing = false, false
-			s.mu.Unlock()
-			s.op.Unlock()
-			return
-		}
-		value, total, lease := s.value, s.held, s.lease
+// A semResend is the reaper's redelivery of a Semaphore lease's count
+// while a call's reply was lost (see resend).
+type semResend struct {
+	s      *Semaphore
+	giveUp time.Time
+}
+
+func (r *semResend) deliver(*NetMutex) bool { return r.s.resend(r.giveUp) }
+
+// resend sends the lease's count again if a call's reply was lost
+// (dirty), and reports whether it is over: Redis answered (and no reply
+// was lost since), the lease ended, an error said it never will (a closed
+// client), or giveUp, ten expiries after the loss, has passed (a lease
+// held all that time whose count Redis could not be told keeps a few
+// permits too many out until it ends).
+func (s *Semaphore) resend(giveUp time.Time) bool {
+	s.op.Lock()
+	defer s.op.Unlock()
+	s.mu.Lock()
+	s.retireLostLocked()
+	if !s.dirty || s.value == "" || s.m.clk.Now().After(giveUp) {
+		s.dirty, s.fixing = false, false
 		s.mu.Unlock()
-		if lease == nil {
-			total = 0
-		}
-		s.send(context.Background(), value, total, lease)
-		s.op.Unlock()
+		return true
 	}
+	value, total, lease := s.value, s.held, s.lease
+	s.mu.Unlock()
+	if lease == nil {
+		total = 0
+	}
+	s.send(context.Background(), value, total, lease)
+	return false
 }
 
 // Lost returns a channel closed when this process's lease ends without its

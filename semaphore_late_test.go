@@ -15,13 +15,13 @@ import (
 )
 
 // Tests of a Semaphore's calls whose reply was lost: the count is sent
-// again in the background (fix) until Redis takes it or never will, and a
-// call still on its way that reaches Redis after a later one changes
-// nothing.
+// again in the background (the reaper's resend) until Redis takes it or
+// never will, and a call still on its way that reaches Redis after a later
+// one changes nothing.
 
-// fix, which sends a lease's count again after a call's reply was lost,
-// stops when an error says Redis will never take it (a closed client),
-// not when it gives up, ten expiries later.
+// The resend of a lease's count after a call's reply was lost stops when
+// an error says Redis will never take it (a closed client), not when it
+// gives up, ten expiries later.
 func TestSemaphoreFixStopsOnClosedClient(t *testing.T) {
 	s := redistest.Start(t)
 	p := redistest.StartProxy(t, s.Addr())
@@ -35,27 +35,27 @@ func TestSemaphoreFixStopsOnClosedClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustAcquire(t, sem, 1)
-	p.SetReplyDelay(500 * time.Millisecond) // the release's reply is lost: fix starts
+	p.SetReplyDelay(500 * time.Millisecond) // the release's reply is lost: a resend is queued
 	if err := sem.ReleaseCtx(context.Background(), 1); !errors.Is(err, ErrQuorum) {
 		t.Fatalf("ReleaseCtx with its reply delayed past the node timeout: got %v, want ErrQuorum", err)
 	}
 	if !fixRuns(sem) {
-		t.Fatal("no fix goroutine after a release whose reply was lost")
+		t.Fatal("no resend queued after a release whose reply was lost")
 	}
 	pool.Close()
 	// A second is a few retry delays; giving up would take ten expiries.
-	eventually(t, time.Second, "fix stopped after the client was closed", func() bool { return !fixRuns(sem) })
+	eventually(t, time.Second, "resend stopped after the client was closed", func() bool { return !fixRuns(sem) })
 }
 
-// fixRuns reports whether sem's fix runs.
+// fixRuns reports whether a resend of sem's count is queued in its reaper.
 func fixRuns(sem *Semaphore) bool {
 	sem.mu.Lock()
 	defer sem.mu.Unlock()
 	return sem.fixing
 }
 
-// A Release whose reply was lost is sent again in the background (fix);
-// once every call gets a final error (the client closed), fix stops at
+// A Release whose reply was lost is sent again in the background (resend);
+// once every call gets a final error (the client closed), it stops at
 // once rather than for ten expiries, and does not outlive the clients it
 // sends on.
 func TestSemaphoreFixStopsOnFinalError(t *testing.T) {
@@ -69,7 +69,7 @@ func TestSemaphoreFixStopsOnFinalError(t *testing.T) {
 		t.Fatalf("ReleaseCtx with its reply lost: %v, want ErrQuorum", err)
 	}
 	// Not when the lease ends, or after ten expiries.
-	eventually(t, 3*time.Second, "fix stopped after every call got a final error", func() bool { return !fixRuns(s) })
+	eventually(t, 3*time.Second, "resend stopped after every call got a final error", func() bool { return !fixRuns(s) })
 	s.mu.Lock()
 	lease := s.lease
 	s.mu.Unlock()
@@ -84,7 +84,7 @@ func TestSemaphoreFixStopsOnFinalError(t *testing.T) {
 // on, a stalled process's bytes delivered late), and the next call goes on
 // another connection: it can arrive after a later one, and must then
 // change nothing. Here a Release(2) whose reply is lost (its "V:0", and
-// fix's resends of it, held back), then an Acquire(2), which reuses the
+// the reaper's resends of it, held back), then an Acquire(2), which reuses the
 // value V (its count was uncertain) and is granted, then the held-back
 // releases arrive: they must not delete the lease that holds the two
 // permits, or another process would take them.
@@ -94,7 +94,7 @@ func TestSemaphoreLateCallAfterGrant(t *testing.T) {
 	if err := a.ReleaseCtx(context.Background(), 2); !errors.Is(err, ErrQuorum) {
 		t.Fatalf("ReleaseCtx with its reply lost: got %v, want ErrQuorum", err)
 	}
-	eventually(t, 5*time.Second, "fix sending the release again, held back too", func() bool { return late.heldBack.Load() >= 2 })
+	eventually(t, 5*time.Second, "the reaper sending the release again, held back too", func() bool { return late.heldBack.Load() >= 2 })
 	mustAcquire(t, a, 2)
 	late.deliver() // the held-back calls arrive
 	if b.TryAcquire(1) {
@@ -113,7 +113,7 @@ func TestSemaphoreLateReleaseAfterGrow(t *testing.T) {
 	if err := a.ReleaseCtx(context.Background(), 1); !errors.Is(err, ErrQuorum) {
 		t.Fatalf("ReleaseCtx with its reply lost: got %v, want ErrQuorum", err)
 	}
-	eventually(t, 5*time.Second, "fix sending the release again, held back too", func() bool { return late.heldBack.Load() >= 2 })
+	eventually(t, 5*time.Second, "the reaper sending the release again, held back too", func() bool { return late.heldBack.Load() >= 2 })
 	mustAcquire(t, a, 1)
 	late.deliver() // the held-back calls arrive
 	if b.TryAcquire(1) {
@@ -302,9 +302,9 @@ func TestSemaphoreCancelledAttemptLeavesNoPlace(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- w.Acquire(ctx, 1) }()
 	eventually(t, 10*time.Second, "the waiter queued", func() bool { return semQueued(t, srv, "late") == 1 })
-	eventually(t, 10*time.Second, "the waiter listening for its wake-up", func() bool { return listening(srv, w.channel) })
+	eventually(t, 10*time.Second, "the waiter listening for its wake-up", func() bool { return listening(srv, w.m.waitChan) })
 	b.late.Store(true)
-	srv.Publish(w.channel, "w") // it looks again
+	srv.Publish(w.m.waitChan, "w") // it looks again
 	<-b.entered
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {

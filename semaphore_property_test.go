@@ -284,7 +284,7 @@ func (mc *semMachine) close() {
 				break
 			}
 			if time.Now().After(deadline) {
-				mc.rt.Fatalf("process %d (dead %v): reaper running %v, fix running %v after 10s (dirty %v, value %q, held %d)", p.id, p.dead.Load(), running, fixing, p.s.dirty, p.s.value, p.s.held)
+				mc.rt.Fatalf("process %d (dead %v): reaper running %v, resend queued %v after 10s (dirty %v, value %q, held %d)", p.id, p.dead.Load(), running, fixing, p.s.dirty, p.s.value, p.s.held)
 			}
 			time.Sleep(time.Millisecond) // between looks
 		}
@@ -1047,7 +1047,7 @@ func (mc *semMachine) advance(d time.Duration) {
 		}
 		for _, p := range mc.ps {
 			if len(p.ops) > 0 {
-				mc.node.srv.Publish(p.s.channel, "w")
+				mc.node.srv.Publish(p.s.m.waitChan, "w")
 			}
 		}
 		// Each waiter looks again, renewing its place if half its time

@@ -13,7 +13,8 @@ import (
 	"time"
 )
 
-// A waiter is one acquire call (LockCtx, TryLockCtx) talking to Redis, with
+// A waiter is one acquire call (LockCtx, TryLockCtx, a Semaphore's Acquire)
+// talking to Redis, as its acquirer has it take its kind of lock, with
 // everything its wait needs: the watches of its release channel, its place
 // in the waiters' queues, its timer and its backoff. It is never shared
 // between calls and ends with its call.
@@ -44,14 +45,18 @@ import (
 // delays for at most the outage window (WithOutageWindow).
 type waiter struct {
 	m    *NetMutex
-	wait bool // LockCtx; TryLockCtx makes one attempt
-	busy bool // an attempt found the lock held
+	a    acquirer // how the call's kind acquires
+	wait bool     // LockCtx; TryLockCtx makes one attempt
+	busy bool     // an attempt found the lock held
 
-	wake    chan string // capacity 1: a message on our channel, or "" for a connection failed
-	watches []*watch    // per node; nil where not watching
-	failed  []int       // per node: watches that failed since the nodes last answered
-	queued  bool        // some node's waiters' queue may hold our member
-	turn    bool        // a release named us: an attempt that loses goes back to the head
+	// wake, capacity 1: a message on our channel, or "" for a connection
+	// failed (or, from a Semaphore's waiters, see semWaiter.poke, a reason
+	// to look again). Made by init unless given.
+	wake    chan string
+	watches []*watch // per node; nil where not watching
+	failed  []int    // per node: watches that failed since the nodes last answered
+	queued  bool     // some node's waiters' queue may hold our member
+	turn    bool     // a release named us: an attempt that loses goes back to the head
 	// nonce names one join of the queue, when a release may grant us the
 	// lock (m.grants): fresh for each, so that a grant's message names the
 	// join it answers. joined is when the first round that could add it
@@ -99,7 +104,7 @@ const maxSplits = 3
 // the lock held. The caller owns m.
 func (m *NetMutex) acquire(ctx context.Context, wait bool) (ok, busy bool, err error) {
 	m.checkServers(ctx)
-	w := waiter{m: m, wait: wait, delay: backoff{min: m.cfg.minRetryDelay, max: m.cfg.maxRetryDelay}}
+	w := waiter{m: m, a: quorumAcquirer{m}, wait: wait, delay: backoff{min: m.cfg.minRetryDelay, max: m.cfg.maxRetryDelay}}
 	ok, err = w.run(ctx)
 	w.done(ctx, ok)
 	return ok, w.busy, err
@@ -124,7 +129,7 @@ func (w *waiter) run(ctx context.Context) (bool, error) {
 		if q.nonce != "" && strings.Contains(q.flags, "j") && w.joined.IsZero() {
 			w.joined = m.clk.Now()
 		}
-		o := m.acquireRound(ctx, q)
+		o := w.a.round(ctx, q)
 		if o.rejoin {
 			// Our member is gone from the queue: join again, at once,
 			// under a fresh nonce.
@@ -136,8 +141,7 @@ func (w *waiter) run(ctx context.Context) (bool, error) {
 		}
 		switch o.kind {
 		case acquired:
-			err := w.acquired(ctx, o.grant, o.unqueue)
-			return err == nil, err
+			return w.acquired(ctx, o.grant, o.unqueue)
 		case ended:
 			if o.down != nil {
 				w.downErr = o.down
@@ -197,26 +201,20 @@ func (w *waiter) refused(ctx context.Context, o outcome) (bool, error) {
 	default:
 		var g grant
 		if g, err = w.await(ctx, o); err == nil && !g.start.IsZero() {
-			err = w.acquired(ctx, g, nil)
-			return err == nil, err
+			return w.acquired(ctx, g, nil)
 		}
 	}
 	return false, err
 }
 
-// acquired makes g m's hold, if m's client can keep it (see keeps). Nodes
-// that did not grant (unqueue) may keep us in their waiters' queues: we
-// leave them.
-func (w *waiter) acquired(ctx context.Context, g grant, unqueue []bool) error {
-	if err := w.keeps(ctx, g); err != nil {
-		return err
+// acquired makes g the caller's, as its kind takes it (see acquirer.take),
+// and reports whether it did.
+func (w *waiter) acquired(ctx context.Context, g grant, unqueue []bool) (bool, error) {
+	ok, err := w.a.take(ctx, w, g, unqueue)
+	if ok {
+		w.queued = false
 	}
-	if w.queued && unqueue != nil {
-		w.m.leave(ctx, w.ask().member, unqueue)
-	}
-	w.queued = false
-	w.m.setHold(newHold(w.m, g))
-	return nil
+	return ok, err
 }
 
 // An ask is how an acquire round presents a waiter (see lua/acquire.lua):
@@ -242,7 +240,7 @@ func (w *waiter) ask() ask {
 		return q
 	}
 	q.member = w.m.waiterID
-	if w.m.kind.ordered() {
+	if w.a.ordered() {
 		if w.arrival == 0 {
 			w.arrival = w.m.clk.Now().UnixMicro()
 		}
@@ -266,7 +264,7 @@ func (w *waiter) flags() string {
 	if !w.wait {
 		return ""
 	}
-	return w.m.kind.waitFlags(w.listening(), w.turn, w.queued)
+	return w.a.flags(w.listening(), w.turn, w.queued)
 }
 
 // await sleeps, after round o found the lock held, until the waiter's
@@ -299,7 +297,7 @@ func (w *waiter) await(ctx context.Context, o outcome) (grant, error) {
 	if !woken || err != nil {
 		return grant{}, err
 	}
-	if g, ok := w.granted(ctx, payload); ok {
+	if g, ok := w.a.messageGrant(ctx, w, payload); ok {
 		return g, nil
 	}
 	// Our turn: a release named us (a grant for another call of this
@@ -307,47 +305,6 @@ func (w *waiter) await(ctx context.Context, o outcome) (grant, error) {
 	// look).
 	w.turn = payload == w.m.waiterID && !w.deadWatch()
 	return grant{}, nil
-}
-
-// granted returns the hold a release granted us, from its message
-// "g:<nonce>:<n>:<token>". Its key's TTL started when the release ran, after
-// our member was added under this nonce, so after the first round that
-// could add it began (w.joined): the local deadline is the validity counted
-// from then. A member is added once per nonce (lua/acquire.lua), so a late
-// message of a grant since lost cannot name the current join. A message
-// that leaves less than an extend interval, which the watchdog could not
-// keep, is not taken as a grant: the next attempt adopts the key, renewing
-// its TTL from a start of its own. A grant naming a nonce a waiter of m
-// gave up (a join of an earlier call, left behind by a leave that failed,
-// or one we were told to leave) is released at once, so that the lock goes
-// on; one naming the nonce of a waiter that succeeded is (or was) m's
-// hold, its message late: left alone.
-func (w *waiter) granted(ctx context.Context, payload string) (grant, bool) {
-	nonce, n, token, ok := parseGrant(payload)
-	if !ok {
-		return grant{}, false
-	}
-	m := w.m
-	value := m.grantValue(nonce, n)
-	if nonce != w.nonce {
-		if m.gaveUpOn(nonce) {
-			m.release(detached(ctx), value, "", nil, true) // granted: held on the node
-		}
-		return grant{}, false
-	}
-	until := w.joined.Add(m.cfg.expiry - m.driftTerm)
-	if w.joined.IsZero() || m.clk.Until(until) < m.cfg.expiry/extendsPerExpiry {
-		return grant{}, false
-	}
-	if w.deadWatch() {
-		// The connection the message came on has failed since, maybe
-		// with its client, closed (see Listener): not taken here, as the
-		// client may not keep it. The next attempt adopts it if it can.
-		return grant{}, false
-	}
-	g := grant{value: value, token: token, start: w.joined, until: until}
-	m.kind.messageGrant(&g)
-	return g, true
 }
 
 // A closable is a Backend whose client may be closed while its Hub's
@@ -409,7 +366,7 @@ func (w *waiter) keeps(ctx context.Context, g grant) error {
 	if err == nil {
 		return nil
 	}
-	s, keys, args := m.kind.releaseCall(g.value, m.tomb(g.value, ""))
+	s, keys, args := w.a.passOnCall(g)
 	if _, rerr := c.evalClosed(bound, m.waitChan, m.script(0, s), keys, args); rerr != nil {
 		m.warnClosed(ctx, 0, rerr)
 	}
@@ -441,7 +398,7 @@ func (w *waiter) leaveClosed(ctx context.Context) {
 		bound, cancel := context.WithTimeout(detached(ctx), m.cfg.nodeTimeout)
 		if err := c.closed(bound); err != nil {
 			if w.queued {
-				s, keys, args := m.kind.leaveCall(w.ask().member)
+				s, keys, args := w.a.leaveCall(w.ask().member)
 				// Not listening, the waiter is one a release skips.
 				if _, lerr := c.evalClosed(bound, m.waitChan, m.script(i, s), keys, args); lerr != nil && !errors.Is(lerr, errNotListening) {
 					m.warnClosed(ctx, i, lerr)
@@ -738,9 +695,11 @@ func (m *NetMutex) joinAll(h *Hub, wake chan<- string) *watch {
 }
 
 func (w *waiter) init() {
-	if w.wake == nil {
+	if w.watches == nil {
 		n := len(w.m.nodes)
-		w.wake = make(chan string, 1)
+		if w.wake == nil {
+			w.wake = make(chan string, 1)
+		}
 		w.watches = make([]*watch, n)
 		w.failed = make([]int, n)
 	}
@@ -768,7 +727,8 @@ func (w *waiter) deadWatch() bool {
 
 // done ends the waiter: its watches stop, and if the call failed, it leaves
 // the waiters' queues it may be in, passing on a turn that came too late.
-func (w *waiter) done(ctx context.Context, ok bool) {
+// It reports whether the caller holds after all (see acquirer.leave).
+func (w *waiter) done(ctx context.Context, ok bool) (held bool) {
 	if !ok && w.nonce != "" {
 		w.m.mu.Lock()
 		w.m.gaveUpLocked(w.nonce)
@@ -782,9 +742,7 @@ func (w *waiter) done(ctx context.Context, ok bool) {
 	if w.timer != nil {
 		w.m.clk.Stop(w.timer)
 	}
-	if !ok && w.queued {
-		w.m.leave(ctx, w.ask().member, nil)
-	}
+	return !ok && w.queued && w.a.leave(ctx, w.ask().member, nil)
 }
 
 // backoff is the retry delay of a waiter that polls or rides out an outage.
