@@ -22,9 +22,9 @@ func TestScripts(t *testing.T) {
 	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
 		b := e.backend(t)
 		k := newKeys("netlock:", "s", true)
-		// waiter is "<id>:<flags>" (see lua/acquire.lua).
+		// waiter is "<id>:<flags>"; no holder identity (see lua/acquire.lua).
 		acquireAs := func(waiter, value, proposal string) []int64 {
-			return evalOK(t, b, acquireScript, []string{k.lock, k.tomb(value), k.waiters, k.fence}, []string{value, "8000", proposal + ":" + waiter + ":80000"})
+			return evalOK(t, b, acquireScript, []string{k.lock, k.tomb(value), k.waiters, k.fence}, []string{value, "8000", proposal + ":" + waiter + ":80000:"})
 		}
 		acquire := func(value, proposal string) []int64 { return acquireAs(":", value, proposal) }
 		release := func(value string) []int64 {
@@ -75,7 +75,7 @@ func TestScripts(t *testing.T) {
 		if other.fence != k.fence {
 			t.Fatalf("fence keys differ: %q, %q", other.fence, k.fence)
 		}
-		evalOK(t, b, acquireScript, []string{other.lock, other.tomb("o"), other.waiters, other.fence}, []string{"o", "8000", "0:::80000"})
+		evalOK(t, b, acquireScript, []string{other.lock, other.tomb("o"), other.waiters, other.fence}, []string{"o", "8000", "0:::80000:"})
 		check("acquire retry of our own request", acquire("v1", "0"), 1, 1, 0)
 		// Held: the counter is told to ballots only (a quorum's).
 		got := acquire("v2", "0")
@@ -144,17 +144,17 @@ func TestScripts(t *testing.T) {
 			t.Errorf("waiters' queue after w8 took the lock: got %v, want empty", q)
 		}
 
-		// Grants: a member "<id>+<expiry>+<nonce>" is given the lock by the
+		// Grants: a member "<id>+<expiry>+<nonce>+<holder>" is given the lock by the
 		// release itself, with the next token, and told so; one nobody
 		// listens for is skipped, its grant undone.
-		acquireAs("g1+5000+N1:j", "s", "0")
-		acquireAs("g2+6000+N2:j", "s", "0")
-		acquireAs("g3+7000+N3:j", "s", "0")
+		acquireAs("g1+5000+N1+h1:j", "s", "0")
+		acquireAs("g2+6000+N2+h2:j", "s", "0")
+		acquireAs("g3+7000+N3+h3:j", "s", "0")
 		listen("g2")
 		listen("g3")
 		check("release granting, one dead waiter ahead", release("r"), 1, 1, 1, 1)
-		if v, _ := redis.String(e.do(t, "GET", k.lock), nil); v != "N2.10:10" {
-			t.Errorf("lock key after the grant: got %q, want N2.10:10 (nonce.token:token)", v)
+		if v, _ := redis.String(e.do(t, "GET", k.lock), nil); v != "N2.10:10:h2" {
+			t.Errorf("lock key after the grant: got %q, want N2.10:10:h2 (nonce.token:token:holder)", v)
 		}
 		if ttl, _ := redis.Int(e.do(t, "PTTL", k.lock), nil); ttl <= 5000 || ttl > 6000 {
 			t.Errorf("granted key's TTL: got %dms, want the grantee's expiry, (5000, 6000]", ttl)
@@ -164,23 +164,23 @@ func TestScripts(t *testing.T) {
 		}
 		// g1, skipped and gone from the queue, is not added again under its
 		// nonce: it is told to join again under a fresh one.
-		if got := acquireAs("g1+5000+N1:jq", "s", "0"); len(got) != 4 || got[0] != acquireBusy || got[3] != 1 {
+		if got := acquireAs("g1+5000+N1+h1:jq", "s", "0"); len(got) != 4 || got[0] != acquireBusy || got[3] != 1 {
 			t.Errorf("acquire by a member gone from the queue: got %v, want [-1 0 pttl 1]", got)
 		}
-		if q := queue(); !slices.Equal(q, []string{"g3+7000+N3"}) {
-			t.Errorf("waiters' queue after g1 was told to join again: got %v, want [g3+7000+N3]", q)
+		if q := queue(); !slices.Equal(q, []string{"g3+7000+N3+h3"}) {
+			t.Errorf("waiters' queue after g1 was told to join again: got %v, want [g3+7000+N3+h3]", q)
 		}
 		// The grantee's own attempt, before or without the message, adopts
 		// the grant: its TTL refreshed, the token and n returned.
-		check("acquire by the grantee", acquireAs("g2+6000+N2:jq", "fresh", "0"), 1, 10, 10)
+		check("acquire by the grantee", acquireAs("g2+6000+N2+h2:jq", "fresh", "0"), 1, 10, 10)
 		// Another waiter's attempt finds the lock held.
-		if got := acquireAs("g3+7000+N3:jq", "s", "0"); got[0] != acquireBusy {
+		if got := acquireAs("g3+7000+N3+h3:jq", "s", "0"); got[0] != acquireBusy {
 			t.Errorf("acquire by another waiter after the grant: got %v, want held", got)
 		}
 		// The grantee gives up: leave releases its grant and grants the next.
-		check("leave by the grantee", leave("g2+6000+N2"), 0, 1, 1, 0)
-		if v, _ := redis.String(e.do(t, "GET", k.lock), nil); v != "N3.11:11" {
-			t.Errorf("lock key after the grantee left: got %q, want N3.11:11", v)
+		check("leave by the grantee", leave("g2+6000+N2+h2"), 0, 1, 1, 0)
+		if v, _ := redis.String(e.do(t, "GET", k.lock), nil); v != "N3.11:11:h3" {
+			t.Errorf("lock key after the grantee left: got %q, want N3.11:11:h3", v)
 		}
 		check("release the last grant", release("N3.11"), 1, 0, 0, 0)
 	})
