@@ -215,9 +215,9 @@ func (m *NetMutex) handOffLocked(h *hold) bool {
 }
 
 // handLocked hands h to w, if it is in line for m (a Semaphore's waiter):
-// it holds on h without a call of its own, and is out of line. Its turn tells it;
-// if it owned m, it waits in Redis and its wake channel does, and
-// ownership goes on to the next waiter. The caller holds m.mu, and sees
+// it holds on h without a call of its own, and is out of line. Its turn
+// tells it; if it owned m, it waits in Redis and its wake channel does,
+// and ownership goes on to the next waiter. The caller holds m.mu, and sees
 // that w has no call in flight.
 func (m *NetMutex) handLocked(w *localWaiter, h *hold) {
 	if m.owned && m.first == w {

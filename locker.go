@@ -110,11 +110,11 @@ type NetMutex struct {
 	// not owned. Only the owner talks to Redis to acquire.
 	owned   bool
 	waiters []*localWaiter // FIFO
-	// first is the owner's waiter while it owns m from the line (queueLocked,
-	// passOwnershipLocked); nil otherwise, and while a NetMutex's owner
-	// holds. A Semaphore's first waiter owns m this way: it talks to Redis
-	// for the process's waiters, and a release may hand it permits (see
-	// semLease.admitLocked).
+	// first is the owner's waiter when it came to own m from the line
+	// (queueLocked, passOwnershipLocked); nil when the owner has none (own,
+	// tryOwn) or was handed a hold (handOffLocked). A Semaphore's first
+	// waiter owns m this way: it talks to Redis for the process's waiters,
+	// and a release may hand it permits (see semLease.admitLocked).
 	first    *localWaiter
 	hold     *hold     // set by a successful acquire or a hand-off, cleared by UnlockCtx
 	since    time.Time // when the holding goroutine's LockCtx or TryLockCtx returned
