@@ -33,6 +33,7 @@ func TestMultiCluster(t *testing.T) {
 	t.Run("SlotsCancel", func(t *testing.T) { testMultiSlotsCancel(t, cluster) })
 	t.Run("SlotsWaitingCost", func(t *testing.T) { testMultiSlotsWaitingCost(t, cluster) })
 	t.Run("SlotsNodeDown", func(t *testing.T) { testMultiSlotsNodeDown(t, cluster) })
+	t.Run("SlotsOutageIsNotBusy", func(t *testing.T) { testMultiSlotsOutageIsNotBusy(t, cluster) })
 	t.Run("SlotsLost", func(t *testing.T) { testMultiSlotsLost(t, cluster) })
 }
 
@@ -512,6 +513,101 @@ func testMultiSlotsNodeDown(t *testing.T, cluster *redistest.Cluster) {
 		t.Fatalf("TryLockCtx once the master answers: got %v, %v; want true, nil", ok, err)
 	}
 	mm.Unlock()
+}
+
+// boundedRueidis returns a rueidis cluster client of its own whose dials
+// and writes to a stopped master are bounded (see testMultiSlotsNodeDown).
+func boundedRueidis(t *testing.T, cluster *redistest.Cluster) Backend {
+	t.Helper()
+	c, err := rueidis.NewClient(rueidis.ClientOption{
+		InitAddress:      cluster.Addrs(),
+		DisableCache:     true,
+		Dialer:           net.Dialer{Timeout: 300 * time.Millisecond},
+		ConnWriteTimeout: 300 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return NewRueidis(c)
+}
+
+// A MultiMutex over several slots tells an outage from a busy name as a
+// NetMutex does (TestOutageIsNotBusy), by what its last attempt met: a
+// LockCtx whose ctx ends while a name is held elsewhere matches
+// ErrNotObtained, not ErrQuorum, also after an outage it rode out; one
+// whose ctx ends while a slot's master does not answer matches ErrQuorum,
+// not ErrNotObtained, also when it had found a name held before; and
+// TryLockCtx with a master down matches ErrQuorum.
+func testMultiSlotsOutageIsNotBusy(t *testing.T, cluster *redistest.Cluster) {
+	names := slotNames(t, cluster, "outage")
+	b := boundedRueidis(t, cluster)
+	mm := newSlotsMulti(t, names, b, WithExpiry(3*time.Second), WithNodeTimeout(200*time.Millisecond))
+	groups := groupsOf(mm)
+	master := func(name string) *redistest.Server { return serverOf(t, cluster, "netlock:{"+name+"}") }
+	busy := groups[len(groups)-1][0] // held by a NetMutex
+	var down *redistest.Server       // a master that does not serve busy
+	for _, g := range groups {
+		if s := master(g[0]); s != master(busy) {
+			down = s
+		}
+	}
+	holder := newTestMutex(t, busy, clusterBackend(t, "rueidis", cluster), WithExpiry(30*time.Second))
+	lockFor := func(d time.Duration) error {
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		defer cancel()
+		return mm.LockCtx(ctx)
+	}
+	paused := false
+	pause := func() { down.Pause(); paused = true }
+	resume := func() { down.Resume(); paused = false }
+	t.Cleanup(func() {
+		if paused {
+			down.Resume()
+		}
+	})
+
+	mustLock(t, holder)
+	wantErrs(t, "held elsewhere", lockFor(300*time.Millisecond), []error{ErrNotObtained, context.DeadlineExceeded}, []error{ErrQuorum})
+	mustUnlock(t, holder)
+
+	pause()
+	wantErrs(t, "a master down", lockFor(2*time.Second), []error{ErrQuorum, context.DeadlineExceeded}, []error{ErrNotObtained})
+	ok, err := mm.TryLockCtx(context.Background())
+	if ok {
+		t.Fatal("TryLockCtx with a master down: got true")
+	}
+	wantErrs(t, "TryLockCtx, a master down", err, []error{ErrQuorum}, []error{ErrNotObtained})
+	resume()
+
+	// Held, then the master down: the last attempt met the outage.
+	mustLock(t, holder)
+	done := make(chan error, 1)
+	go func() { done <- lockFor(2500 * time.Millisecond) }()
+	eventually(t, 5*time.Second, "the MultiMutex queued for "+busy, func() bool { return queuedOn(t, cluster, busy) == 1 })
+	pause()
+	mustUnlock(t, holder)
+	wantErrs(t, "held elsewhere, then a master down", <-done, []error{ErrQuorum, context.DeadlineExceeded}, []error{ErrNotObtained})
+	resume()
+
+	// The master down, then back while a name is held: the last attempt
+	// met the holder.
+	pause()
+	go func() { done <- lockFor(3 * time.Second) }()
+	time.Sleep(800 * time.Millisecond) // the outage's length, not an ordering
+	mustLock(t, holder)
+	resume()
+	wantErrs(t, "a master down, then back with a name held elsewhere", <-done, []error{ErrNotObtained, context.DeadlineExceeded}, []error{ErrQuorum})
+	mustUnlock(t, holder)
+
+	eventually(t, 10*time.Second, "no name held or queued for", func() bool {
+		for _, n := range names {
+			if heldKey(t, cluster, n) || queuedOn(t, cluster, n) != 0 {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // One watchdog extends every slot's names; when one slot's master stops

@@ -50,6 +50,9 @@ type contender struct {
 	// connections to every address (one address: a plain lock; several: a
 	// quorum).
 	connect func(addrs []string) (client, error)
+	// connectCluster, if set, makes one client of a Redis Cluster whose
+	// masters are addrs, as one process would have: a cluster client.
+	connectCluster func(addrs []string) (client, error)
 }
 
 type role int
@@ -158,6 +161,10 @@ func contenders() []contender {
 				}
 				return c, nil
 			},
+			connectCluster: func(addrs []string) (client, error) {
+				r := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: addrs, PoolSize: poolSize, ContextTimeoutEnabled: true})
+				return &netlockClient{backends: []netlock.Backend{netlockgoredis.New(r)}, closers: []func(){func() { r.Close() }}}, nil
+			},
 		},
 		{
 			name: "netlock/rueidis", role: roleNetlock, module: "github.com/netlock-go/netlock",
@@ -176,6 +183,13 @@ func contenders() []contender {
 					c.closers = append(c.closers, r.Close)
 				}
 				return c, nil
+			},
+			connectCluster: func(addrs []string) (client, error) {
+				r, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: addrs})
+				if err != nil {
+					return nil, err
+				}
+				return &netlockClient{backends: []netlock.Backend{netlock.NewRueidis(r)}, closers: []func(){r.Close}}, nil
 			},
 		},
 		redsyncContender("redsync/redigo", "defaults (32 tries, 50–250 ms between)", nil, redsyncRedigoPool),

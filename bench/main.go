@@ -64,7 +64,7 @@ func main() {
 	flag.DurationVar(&f.holdFor, "holdfor", time.Minute, fmt.Sprintf("how long each row of the holds scenario holds its %d locks", manyHolds))
 	flag.DurationVar(&rwSection, "rwsection", rwSection, fmt.Sprintf("critical section of the rwread scenario: a busy wait below %v, a sleep from it", rwSleepFrom))
 	flag.StringVar(&f.out, "out", "RESULTS.md", "Markdown report to write (- for standard output)")
-	flag.StringVar(&only, "only", "", "run only rows whose \"scenario/contender\" matches this regexp (scenarios: floor, uncontended, clients8, shared8, keys8, keys64, quorum5, waiting40, holds10k, rwread, rwwaiting40, sem4, semwaiting40, multi2, multi4, elect8)")
+	flag.StringVar(&only, "only", "", "run only rows whose \"scenario/contender\" matches this regexp (scenarios: floor, uncontended, clients8, shared8, keys8, keys64, quorum5, waiting40, holds10k, rwread, rwwaiting40, sem4, semwaiting40, multi2, multi4, multi2slots, multi4slots, elect8)")
 	flag.StringVar(&f.note, "note", "", "a line to put at the top of the report")
 	flag.StringVar(&f.profile, "cpuprofile", "", "write a CPU profile of the whole run to this file (narrow it with -only)")
 	flag.Parse()
@@ -107,6 +107,7 @@ func run(f flags) error {
 		for _, s := range servers {
 			s.stop()
 		}
+		stopCluster()
 	}()
 	for range quorumServers {
 		s, err := startServer()

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gomodule/redigo/redis"
+
 	"github.com/netlock-go/netlock"
 )
 
@@ -24,6 +26,10 @@ const (
 var multiSizes = []int{2, 4}
 
 func multiID(k int) string { return fmt.Sprintf("multi%d", k) }
+
+// multiSlotsID names the scenario of k names in several slots of a Redis
+// Cluster.
+func multiSlotsID(k int) string { return fmt.Sprintf("multi%dslots", k) }
 
 // multiScenarios returns the multi2 and multi4 scenarios, without rows.
 func multiScenarios() []scenario {
@@ -42,6 +48,78 @@ func multiScenarios() []scenario {
 		})
 	}
 	return scs
+}
+
+// multiSlotsScenarios returns the multi2slots and multi4slots scenarios,
+// without rows: multi2 and multi4 on a Redis Cluster, where the names are
+// in several hash slots.
+func multiSlotsScenarios() []scenario {
+	var scs []scenario
+	for i, k := range multiSizes {
+		scs = append(scs, scenario{
+			id: multiSlotsID(k), title: fmt.Sprintf("13%c. MultiMutex of %d names in several slots of a Redis Cluster: %d processes on a ring of %d names, against %d NetMutexes in sorted order", 'c'+i, k, multiProcesses, multiNames, k),
+			what: fmt.Sprintf("As scenario 13%c, on a Redis Cluster of %d masters (started by bench, slots spread evenly by redis-cli --cluster create), each process a cluster client of its own (rueidis, go-redis ClusterClient; redigo has none). "+
+				"The names have no hash tag, so a set's %d names are in %d slots (at random among the masters): a MultiMutex takes them one slot at a time, in slot order, and waits for a busy slot holding none (docs/multi.md, \"Names in several slots\"). "+
+				"Commands and scripts per set: summed over the masters.",
+				'a'+i, clusterMasters, k, k),
+			shape:  shapeMulti,
+			strict: true,
+		})
+	}
+	return scs
+}
+
+// A multiOn is where a multi row runs: how it connects its processes, and
+// the measuring connections to every server.
+type multiOn struct {
+	id   string // the scenario's
+	open func(c *contender, n int) (probes []redis.Conn, cls []client, cleanup func(), err error)
+}
+
+// onServer runs scenario id's rows on the server at addr.
+func onServer(id, addr string) multiOn {
+	return multiOn{id: id, open: func(c *contender, n int) ([]redis.Conn, []client, func(), error) {
+		probe, cls, cleanup, err := probeAndConnect(c, addr, n)
+		return []redis.Conn{probe}, cls, cleanup, err
+	}}
+}
+
+// onCluster runs scenario id's rows on the Redis Cluster (clusterAddrs),
+// each process a cluster client.
+func onCluster(id string) multiOn {
+	return multiOn{id: id, open: func(c *contender, n int) ([]redis.Conn, []client, func(), error) {
+		addrs, err := clusterAddrs()
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		var probes []redis.Conn
+		var cls []client
+		cleanup := func() {
+			for _, cl := range cls {
+				cl.close()
+			}
+			for _, p := range probes {
+				p.Close()
+			}
+		}
+		for _, a := range addrs {
+			p, err := dialProbe(a)
+			if err != nil {
+				cleanup()
+				return nil, nil, nil, err
+			}
+			probes = append(probes, p)
+		}
+		for range n {
+			cl, err := c.connectCluster(addrs)
+			if err != nil {
+				cleanup()
+				return nil, nil, nil, err
+			}
+			cls = append(cls, cl)
+		}
+		return probes, cls, cleanup, nil
+	}}
 }
 
 // A multiSet is what one process of a multi scenario takes and gives back.
@@ -95,14 +173,14 @@ func multiRing(p, k int) []int {
 
 // multiRows are the rows of the multi scenario of k names for one netlock
 // contender.
-func multiRows(c *contender, addr string, k int) []*row {
+func multiRows(c *contender, on multiOn, k int) []*row {
 	return []*row{
-		multiRow(c, addr, k, "MultiMutex", fmt.Sprintf("one *MultiMutex of %d names per process", k),
+		multiRow(c, on, k, "MultiMutex", fmt.Sprintf("one *MultiMutex of %d names per process", k),
 			func(names []string, b []netlock.Backend) (multiSet, error) {
 				m, err := netlock.NewMulti(names, b)
 				return multiMutexSet{m}, err
 			}),
-		multiRow(c, addr, k, fmt.Sprintf("NetMutex×%d", k), fmt.Sprintf("%d *NetMutex per process, locked in sorted order", k),
+		multiRow(c, on, k, fmt.Sprintf("NetMutex×%d", k), fmt.Sprintf("%d *NetMutex per process, locked in sorted order", k),
 			func(names []string, b []netlock.Backend) (multiSet, error) {
 				names = slices.Sorted(slices.Values(names))
 				ms := make(sortedMutexes, len(names))
@@ -117,11 +195,11 @@ func multiRows(c *contender, addr string, k int) []*row {
 	}
 }
 
-func multiRow(c *contender, addr string, k int, kind, note string, newSet func(names []string, b []netlock.Backend) (multiSet, error)) *row {
+func multiRow(c *contender, on multiOn, k int, kind, note string, newSet func(names []string, b []netlock.Backend) (multiSet, error)) *row {
 	name := rwRowName(kind, c.name)
-	id := multiID(k)
+	id := on.id
 	return &row{name: name, c: c, note: note, setup: func() (func(context.Context, time.Duration, int) result, func(), error) {
-		probe, cls, cleanup, err := probeAndConnect(c, addr, multiProcesses)
+		probes, cls, cleanup, err := on.open(c, multiProcesses)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -143,20 +221,24 @@ func multiRow(c *contender, addr string, k int, kind, note string, newSet func(n
 					return res
 				}
 			}
-			before, err := readCommandStats(probe)
-			if err != nil {
-				res.addErr(err)
-				return res
+			before := make([]commandStats, len(probes))
+			for i, probe := range probes {
+				if before[i], err = readCommandStats(probe); err != nil {
+					res.addErr(err)
+					return res
+				}
 			}
 			res = runMulti(ctx, dur, k, sets)
-			after, err := readCommandStats(probe)
-			if err != nil {
-				res.addErr(err)
-			} else {
-				n, _ := after.since(before)
-				delta := func(cmd string) int64 { return after.calls[cmd] - before.calls[cmd] }
-				res.sem.commands = n - delta("ping")
-				res.sem.scripts = delta("evalsha") + delta("eval")
+			for i, probe := range probes {
+				after, err := readCommandStats(probe)
+				if err != nil {
+					res.addErr(err)
+					continue
+				}
+				n, _ := after.since(before[i])
+				delta := func(cmd string) int64 { return after.calls[cmd] - before[i].calls[cmd] }
+				res.sem.commands += n - delta("ping")
+				res.sem.scripts += delta("evalsha") + delta("eval")
 			}
 			if res.overlaps > 0 {
 				res.addErr(fmt.Errorf("EXCLUSION VIOLATED: %d sections found another holder of one of their names inside", res.overlaps))

@@ -206,6 +206,7 @@ func buildScenarios(cs []contender, addrs []string) []*scenario {
 	}
 
 	multis := multiScenarios()
+	multiSlots := multiSlotsScenarios()
 	elect := electScenario()
 	for i := range cs {
 		c := &cs[i]
@@ -236,7 +237,12 @@ func buildScenarios(cs []contender, addrs []string) []*scenario {
 			sem.rows = append(sem.rows, semRows(c, one[0])...)
 			semwaiting.rows = append(semwaiting.rows, semWaitingRow(c, one[0]))
 			for k := range multis {
-				multis[k].rows = append(multis[k].rows, multiRows(c, one[0], multiSizes[k])...)
+				multis[k].rows = append(multis[k].rows, multiRows(c, onServer(multis[k].id, one[0]), multiSizes[k])...)
+			}
+			for k := range multiSlots {
+				if c.connectCluster != nil {
+					multiSlots[k].rows = append(multiSlots[k].rows, multiRows(c, onCluster(multiSlots[k].id), multiSizes[k])...)
+				}
 			}
 			elect.rows = append(elect.rows, electRows(c, one[0])...)
 		}
@@ -248,6 +254,9 @@ func buildScenarios(cs []contender, addrs []string) []*scenario {
 	out = append(out, &quorum, &waiting, &holds, &rwread, &rwwaiting, &sem, &semwaiting)
 	for k := range multis {
 		out = append(out, &multis[k])
+	}
+	for k := range multiSlots {
+		out = append(out, &multiSlots[k])
 	}
 	return append(out, &elect)
 }

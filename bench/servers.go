@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -32,11 +33,11 @@ const (
 
 // startServer starts one redis-server. It retries on another port if the
 // chosen one was taken between probing it and the server binding it.
-func startServer() (*server, error) {
+func startServer(args ...string) (*server, error) {
 	var err error
 	for range serverAttempts {
 		var s *server
-		if s, err = tryStartServer(); err == nil {
+		if s, err = tryStartServer(args); err == nil {
 			return s, nil
 		}
 		if !errors.Is(err, errAddrInUse) {
@@ -48,8 +49,11 @@ func startServer() (*server, error) {
 
 var errAddrInUse = errors.New("address already in use")
 
-func tryStartServer() (*server, error) {
+func tryStartServer(args []string) (*server, error) {
 	port, err := freePort()
+	for err == nil && slices.Contains(args, "--cluster-enabled") && !busPortFree(port) {
+		port, err = freePort() // a Cluster node listens on port+10000 too
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -66,6 +70,7 @@ func tryStartServer() (*server, error) {
 		"--dir", dir,
 		"--logfile", logFile,
 	)
+	cmd.Args = append(cmd.Args, args...)
 	// Own process group (a terminal's ^C reaches only us, and we stop the
 	// server ourselves) and, on Linux, killed if this process dies.
 	cmd.SysProcAttr = serverSysProcAttr()
@@ -164,4 +169,18 @@ func tail(b []byte, n int) []byte {
 		return b[len(b)-n:]
 	}
 	return b
+}
+
+// busPortFree reports whether port's cluster bus port, port+10000, exists
+// and is free now.
+func busPortFree(port int) bool {
+	if port+clusterBusOffset > 65535 {
+		return false
+	}
+	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port+clusterBusOffset)))
+	if err != nil {
+		return false
+	}
+	l.Close()
+	return true
 }

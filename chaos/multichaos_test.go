@@ -3,7 +3,6 @@ package chaos
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"maps"
 	"math/rand/v2"
 	"slices"
@@ -77,33 +76,7 @@ func (b *deadlineBound) deadline() time.Time {
 // which a MultiMutex of the same names excludes.
 func multiLocks(t *testing.T, backends []netlock.Backend) []multiLock {
 	t.Helper()
-	opts := func(b *deadlineBound) []netlock.Option {
-		return []netlock.Option{netlock.WithExpiry(chaosExpiry), netlock.WithNodeTimeout(100 * time.Millisecond),
-			netlock.WithDriftFactor(chaosDrift), netlock.WithRetryDelay(time.Millisecond, 20*time.Millisecond),
-			netlock.WithObserver(b.observer()), netlock.WithLogger(slog.New(slog.DiscardHandler))}
-	}
-	bound := func() *deadlineBound {
-		return &deadlineBound{expiry: chaosExpiry - time.Duration(float64(chaosExpiry)*chaosDrift) - 2*time.Millisecond}
-	}
-	var locks []multiLock
-	for _, names := range [][]string{{"{m}a", "{m}b"}, {"{m}c", "{m}b", "{m}a"}, {"{m}c", "{m}b"}, {"{m}a", "{m}c"}} {
-		b := bound()
-		mm, err := netlock.NewMulti(names, backends, opts(b)...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		locks = append(locks, multiLock{names: names, lock: mm.LockCtx, unlock: mm.UnlockCtx, lost: mm.Lost, tokens: mm.Tokens, bound: b})
-	}
-	for _, name := range []string{"{m}b", "{m}a"} {
-		b := bound()
-		m, err := netlock.New(name, backends, opts(b)...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		locks = append(locks, multiLock{names: []string{name}, lock: m.LockCtx, unlock: m.UnlockCtx, lost: m.Lost,
-			tokens: func() []uint64 { return []uint64{m.Token()} }, bound: b})
-	}
-	return locks
+	return namedLocks(t, backends, [][]string{{"{m}a", "{m}b"}, {"{m}c", "{m}b", "{m}a"}, {"{m}c", "{m}b"}, {"{m}a", "{m}c"}}, []string{"{m}b", "{m}a"})
 }
 
 // TestChaosMulti runs TestChaos's faults (a minority of three servers)
@@ -157,6 +130,7 @@ type multiHistory struct {
 	holds     map[string][]holdRecord
 	resources map[string]*fencedResource
 	errs      map[string]int
+	sections  int // acquisitions of a lock object
 }
 
 func newMultiHistory(names []string) *multiHistory {
@@ -200,6 +174,7 @@ func (h *multiHistory) section(i int, l multiLock, rng *rand.Rand, stall func() 
 	}()
 	ids := make([]int, len(l.names))
 	h.mu.Lock()
+	h.sections++
 	for k, n := range l.names {
 		ids[k] = len(h.holds[n])
 		h.holds[n] = append(h.holds[n], holdRecord{}) // filled in below
@@ -239,7 +214,7 @@ func (h *multiHistory) section(i int, l multiLock, rng *rand.Rand, stall func() 
 func runChaosLocks(t *testing.T, ls locksSetup, s chaosSetup) {
 	duration := chaosDuration(t)
 	t.Cleanup(func() { waitNetlockDone(t, 5*time.Second) })
-	servers := startServers(t, s.nodes, "--appendonly", "yes", "--appendfsync", "always")
+	servers := deploy(t, s)
 	x := toxi.New(t)
 	links := make([][]*toxi.Proxy, chaosClients) // [client][node]
 	for i := range links {
@@ -249,11 +224,7 @@ func runChaosLocks(t *testing.T, ls locksSetup, s chaosSetup) {
 	}
 	locks := make([][]multiLock, chaosClients)
 	for i := range locks {
-		backends := make([]netlock.Backend, s.nodes)
-		for k := range servers {
-			backends[k] = newBackend(t, chaosClient(i), links[i][k].Addr())
-		}
-		locks[i] = ls.locks(t, backends)
+		locks[i] = ls.locks(t, clientBackends(t, s, i, servers, links[i]))
 	}
 
 	hist := newMultiHistory(ls.names)
@@ -312,8 +283,12 @@ func runChaosLocks(t *testing.T, ls locksSetup, s chaosSetup) {
 			violations = append(violations, fmt.Sprintf("%d times %s", hist.errs[e], e))
 		}
 	}
-	redistest.Report(t, "%v, %d clients on %d servers, %s: %d holds of a name (%d lost, %d stale writes rejected), latest Lost() %v after its deadline's bound (longest process stall %v); faults %v, client stalls %d; errors %v; violations %d",
-		elapsed.Round(time.Second), chaosClients, s.nodes, ls.what, held, lost, stale, late.Round(time.Millisecond),
+	on := fmt.Sprintf("%d servers", s.nodes)
+	if s.cluster {
+		on = fmt.Sprintf("a Redis Cluster of %d masters", s.nodes)
+	}
+	redistest.Report(t, "%v, %d clients on %s, %s: %d acquisitions, %d holds of a name (%d lost, %d stale writes rejected), latest Lost() %v after its deadline's bound (longest process stall %v); faults %v, client stalls %d; errors %v; violations %d",
+		elapsed.Round(time.Second), chaosClients, on, ls.what, hist.sections, held, lost, stale, late.Round(time.Millisecond),
 		probe.longest(start, time.Now()).Round(time.Millisecond), faults, stalls.Load(), hist.errs, len(violations))
 	for i, v := range violations {
 		if i == 20 {
