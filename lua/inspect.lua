@@ -10,7 +10,8 @@
 -- Reply, an array of nine integers and the holder's identity:
 --   { state, token, pttl, holder, waiters, counter, policy, maxmemory, n, ... }
 --   state      0 free; 1 held, the key holds netlock's "<value>:<token>" or
---              "<value>:<token>:<holder>" (see acquire.lua); 2 held by a
+--              "<value>:<token>:<holder>", the latter maybe followed by
+--              '+' (see acquire.lua); 2 held by a
 --              value netlock did not write
 --   token      the holder's fencing token (0 when free, by a foreign value, or
 --              with fencing off)
@@ -37,6 +38,11 @@
 local cur = redis.call('GET', KEYS[1])
 local state, token, pttl, holder, who = 0, 0, -2, 0, ''
 if cur then
+  -- Without the '+' that says the waiters' queue may exist (see
+  -- acquire.lua): nodes held by one acquisition differ in it.
+  if string.find(cur, '^[^:]+:%d+:[^:]*%+$') then
+    cur = string.sub(cur, 1, -2)
+  end
   state, pttl = 2, redis.call('PTTL', KEYS[1])
   holder = tonumber(string.sub(redis.sha1hex(cur), 1, 12), 16)
   local t, h = string.match(cur, '^[^:]+:(%d+):([^:]*)$')
