@@ -1,5 +1,6 @@
 -- handon: not a script of its own. Its function is prepended to
--- release.lua and leave.lua (see backend.go), which both give a turn on.
+-- leave.lua and the multi_ scripts, and put in release.lua where it says
+-- so, after its common path, which needs none (see backend.go).
 -- Before it, backend.go puts the line that sets publish, the command that
 -- tells a waiter: 'PUBLISH', or 'SPUBLISH' where the Backend's waiters
 -- listen with sharded pub/sub (a Redis Cluster: the channel is in the lock
