@@ -120,8 +120,14 @@ var (
 	handOnLua string
 	//go:embed lua/inspect.lua
 	inspectLua string
-	// pack, which puts a string in a reply of integers, is shared by
-	// inspect and elect_read: one definition, prepended to both.
+	// readstate's functions, which read a lock key and the server's memory
+	// policy, are shared by inspect and rw_inspect: one definition,
+	// prepended to both.
+	//go:embed lua/readstate.lua
+	readStateLua string
+	// pack, which puts a string in a reply of integers, is shared by the
+	// scripts that read (inspect, rw_inspect, sem_inspect, elect_read):
+	// one definition, prepended to each.
 	//go:embed lua/pack.lua
 	packLua string
 
@@ -140,6 +146,8 @@ var (
 	rwLeaveLua string
 	//go:embed lua/rw_wake.lua
 	rwWakeLua string
+	//go:embed lua/rw_inspect.lua
+	rwInspectLua string
 
 	//go:embed lua/multi_acquire.lua
 	multiAcquireLua string
@@ -167,7 +175,7 @@ var (
 	releaseScript = newTelling("release", withHandOn(releaseLua))
 	extendScript  = newScript("extend", extendLua).withOp(opExtend)
 	leaveScript   = newTelling("leave", handOnLua+leaveLua)
-	inspectScript = newScript("inspect", packLua+inspectLua)
+	inspectScript = newScript("inspect", packLua+readStateLua+inspectLua)
 
 	// Election's (see election.go).
 	electProclaimScript = newTelling("elect_proclaim", electProclaimLua)
@@ -178,6 +186,7 @@ var (
 	rwReleaseScript = newTelling("rw_release", rwWakeLua+rwReleaseLua)
 	rwExtendScript  = newScript("rw_extend", rwExtendLua).withOp(opExtend)
 	rwLeaveScript   = newTelling("rw_leave", rwWakeLua+rwLeaveLua)
+	rwInspectScript = newScript("rw_inspect", packLua+readStateLua+rwInspectLua)
 
 	// MultiMutex's (see multi.go).
 	multiAcquireScript = newTelling("multi_acquire", handOnLua+multiAcquireLua).withOp(opAcquire)

@@ -112,7 +112,8 @@
 // logs with log/slog (WithLogger), tells an Observer of its acquires,
 // unlocks, extends and lost holds (WithObserver; netlock/otelnetlock turns
 // them into OpenTelemetry metrics and spans), and Inspect tells whether a
-// lock is held, by which token and for how long, without taking it.
+// lock is held, by whom, by which token and for how long, without taking
+// it (NetRWMutex.Inspect and Semaphore.Inspect, likewise).
 //
 // # Testing
 //

@@ -1,6 +1,7 @@
 package netlock
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -308,6 +309,7 @@ type inspectError struct {
 	nodes, answered, most, need int
 	errs                        []error // one per failed node, named by nodeError
 	cause                       error   // the caller's context's, if it ended
+	what                        string  // what the nodes hold: "the key" if ""
 }
 
 func (e *inspectError) Error() string {
@@ -315,8 +317,8 @@ func (e *inspectError) Error() string {
 		return e.errs[0].Error()
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "netlock: cannot tell whether the lock is held: %d of %d nodes answered, %d of them hold the key with one value, a quorum is %d",
-		e.answered, e.nodes, e.most, e.need)
+	fmt.Fprintf(&b, "netlock: cannot tell whether the lock is held: %d of %d nodes answered, %d of them hold %s with one value, a quorum is %d",
+		e.answered, e.nodes, e.most, cmp.Or(e.what, "the key"), e.need)
 	for _, err := range e.errs {
 		b.WriteString("; ")
 		b.WriteString(err.Error())

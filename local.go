@@ -14,11 +14,38 @@ import (
 // when a writer leaves, and the last of them to unlock passes it on. The
 // owner is then the group: m.shared counts its goroutines.
 
+// A Semaphore's goroutines queue here too, weighted: a waiter weighs the
+// permits it asks for. The owner is then its first waiter, which talks to
+// Redis for the process's waiters (its calls ask for those behind it too),
+// and keeps its place in line while it waits (m.first): a release hands
+// permits on to the waiters at the head of the line, the owner first, as
+// far as they go (handLocked, by its kind's rule: see semLease.admitLocked).
+//
+// Each kind's local admission rule says whom of the line a hold the process
+// has serves as well, without a round trip (DESIGN §9): a NetMutex's, one
+// owner (handOffLocked); a NetRWMutex's readers under the write lock,
+// sync.RWMutex's (admitSharedLocked); a Semaphore's, weights within the
+// permits given back (semLease.admitLocked). Each is bounded by
+// mayHandOffLocked, so that other processes get their turn.
+
 // A localWaiter is a goroutine queued for m. It is sent either a hold (a
 // hand-off: it now holds m) or nil (it now owns m and must acquire in Redis).
 type localWaiter struct {
 	turn   chan *hold // capacity 1: the sender never blocks
 	shared bool       // it shares the hold with the shared waiters next to it
+	// n is its weight: the permits a Semaphore's waiter asks for (see
+	// semLease.admitLocked); 1 for the others.
+	n int64
+	// arrival (µs, the client's clock) is a Semaphore's waiter's place among
+	// every process's waiters.
+	arrival int64
+	// handed: a hold was handed to it (see handLocked): it holds without a
+	// call of its own, and is out of line. Under m.mu.
+	handed bool
+	// wake is the wake channel of its waiter in Redis (see waiter.wake)
+	// while it owns m: a wake-up that is no grant makes it look again, at
+	// handed and at the waiters behind it.
+	wake chan string
 }
 
 // own makes the calling goroutine the owner of m, waiting in line behind
@@ -29,12 +56,11 @@ type localWaiter struct {
 func (m *NetMutex) own(ctx context.Context) (h *hold, waited bool, err error) {
 	m.mu.Lock()
 	if !m.owned {
-		m.owned = true
-		m.shared = 0
+		m.owned, m.shared, m.first = true, 0, nil
 		m.mu.Unlock()
 		return nil, false, nil
 	}
-	w := &localWaiter{turn: make(chan *hold, 1)}
+	w := &localWaiter{turn: make(chan *hold, 1), n: 1}
 	m.waiters = append(m.waiters, w)
 	m.mu.Unlock()
 	h, err = m.awaitTurn(ctx, w)
@@ -90,9 +116,43 @@ func (m *NetMutex) tryOwn() bool {
 	if m.owned {
 		return false
 	}
-	m.owned = true
-	m.shared = 0
+	m.owned, m.shared, m.first = true, 0, nil
 	return true
+}
+
+// queueLocked puts w in line for m, and reports whether it owns m at once:
+// no goroutine of this process did (w is then m.first). The caller holds
+// m.mu.
+func (m *NetMutex) queueLocked(w *localWaiter) (owner bool) {
+	if !m.owned {
+		m.owned, m.shared, m.first = true, 0, w
+		return true
+	}
+	m.waiters = append(m.waiters, w)
+	return false
+}
+
+// unqueueLocked takes w out of line: off the queue, or, if it owns m as
+// m.first, ownership goes on to the next waiter. It returns w's index in
+// the queue; -1 if it was the owner, or out of line already. The caller
+// holds m.mu.
+func (m *NetMutex) unqueueLocked(w *localWaiter) int {
+	if m.owned && m.first == w {
+		m.passOwnershipLocked()
+		return -1
+	}
+	i := slices.Index(m.waiters, w)
+	if i >= 0 {
+		m.waiters = slices.Delete(m.waiters, i, i+1)
+		m.drainedLocked()
+	}
+	return i
+}
+
+// inLineLocked reports whether w is in line for m: queued, or the owner as
+// m.first. The caller holds m.mu.
+func (m *NetMutex) inLineLocked(w *localWaiter) bool {
+	return (m.owned && m.first == w) || slices.Contains(m.waiters, w)
 }
 
 // passOwnership hands ownership of m, without a hold, to the first local
@@ -100,14 +160,21 @@ func (m *NetMutex) tryOwn() bool {
 func (m *NetMutex) passOwnership() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.passOwnershipLocked()
+}
+
+// passOwnershipLocked is passOwnership for a caller holding m.mu. The
+// waiter that owns m now is m.first.
+func (m *NetMutex) passOwnershipLocked() {
 	m.shared = 0
 	defer m.drainedLocked()
 	if len(m.waiters) == 0 {
-		m.owned = false
+		m.owned, m.first = false, nil
 		return
 	}
 	w := m.waiters[0]
 	m.waiters = slices.Delete(m.waiters, 0, 1)
+	m.first = w
 	if w.shared {
 		m.shared = 1 // the shared waiters behind it get in with its hold (setHold)
 	}
@@ -137,6 +204,7 @@ func (m *NetMutex) handOffLocked(h *hold) bool {
 	m.handoffs++
 	m.hold = h
 	m.shared = 0
+	m.first = nil // the owner holds: nothing is handed on to it
 	w.turn <- h
 	if w.shared {
 		m.shared = 1
@@ -144,6 +212,28 @@ func (m *NetMutex) handOffLocked(h *hold) bool {
 	}
 	m.drainedLocked()
 	return true
+}
+
+// handLocked hands h to w, if it is in line for m (a Semaphore's waiter):
+// it holds on h without a call of its own, and is out of line. Its turn
+// tells it; if it owned m, it waits in Redis and its wake channel does,
+// and ownership goes on to the next waiter. The caller holds m.mu, and sees
+// that w has no call in flight.
+func (m *NetMutex) handLocked(w *localWaiter, h *hold) {
+	if m.owned && m.first == w {
+		w.handed = true
+		m.passOwnershipLocked()
+		select {
+		case w.wake <- "": // it looks at handed under m.mu
+		default:
+		}
+		return
+	}
+	if i := slices.Index(m.waiters, w); i >= 0 {
+		w.handed = true
+		m.waiters = slices.Delete(m.waiters, i, i+1)
+		w.turn <- h
+	}
 }
 
 // admitSharedLocked hands h to the shared waiters at the head of the local
@@ -230,7 +320,7 @@ func (m *NetMutex) enterShared(queue, share bool) (h *hold, w *localWaiter, in b
 	if !queue {
 		return nil, nil, true, nil
 	}
-	w = &localWaiter{turn: make(chan *hold, 1), shared: true}
+	w = &localWaiter{turn: make(chan *hold, 1), shared: true, n: 1}
 	m.waiters = append(m.waiters, w)
 	return nil, w, true, nil
 }

@@ -108,11 +108,17 @@ type NetMutex struct {
 	// it finds m not owned, or is handed m from the queue, until UnlockCtx
 	// (or its failed acquire) hands m to the next local waiter or leaves it
 	// not owned. Only the owner talks to Redis to acquire.
-	owned    bool
-	waiters  []*localWaiter // FIFO
-	hold     *hold          // set by a successful acquire or a hand-off, cleared by UnlockCtx
-	since    time.Time      // when the holding goroutine's LockCtx or TryLockCtx returned
-	handoffs int            // hand-offs in a row of the current hold
+	owned   bool
+	waiters []*localWaiter // FIFO
+	// first is the owner's waiter when it came to own m from the line
+	// (queueLocked, passOwnershipLocked); nil when the owner has none (own,
+	// tryOwn) or was handed a hold (handOffLocked). A Semaphore's first
+	// waiter owns m this way: it talks to Redis for the process's waiters,
+	// and a release may hand it permits (see semLease.admitLocked).
+	first    *localWaiter
+	hold     *hold     // set by a successful acquire or a hand-off, cleared by UnlockCtx
+	since    time.Time // when the holding goroutine's LockCtx or TryLockCtx returned
+	handoffs int       // hand-offs in a row of the current hold
 	// shared counts the goroutines that own m together, when its owner is
 	// shared (see localWaiter); 0 when the owner is one goroutine or m is
 	// not owned.

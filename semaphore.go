@@ -60,7 +60,8 @@ import (
 // A Semaphore must be created with NewSemaphore and must not be copied
 // after first use.
 type Semaphore struct {
-	m       *NetMutex // the engine: the node, options, limiter, pub/sub, and the lease's watchdog
+	m       *NetMutex // the engine: the node, options, limiter, pub/sub, the local queue, and the lease's watchdog
+	kind    *semLease // m.leaseKind: its extend, and the local admission rule
 	size    int64
 	keys    []string // see lua/sem_acquire.lua
 	placeMS string   // how long a waiter's place lasts: placeExpiries
@@ -71,11 +72,12 @@ type Semaphore struct {
 	// Redis holds. It also orders a hand-on (see handOnLocked) with the
 	// first waiter's calls: while a release holds op, the first waiter has
 	// no call in flight (a release that needs no call of its own looks at
-	// calling instead: see handOnAllLocked). Lock order: op before mu; mu
-	// is never held across a call to Redis.
+	// calling instead: see handOnAllLocked). Lock order: op before m.mu,
+	// the engine's, which guards the fields below and the process's local
+	// queue (see local.go: a Semaphore's waiters queue on the engine,
+	// weighted); m.mu is never held across a call to Redis.
 	op sync.Mutex
 
-	mu sync.Mutex
 	// value is the lease's value; "" when the process has none in Redis.
 	value string
 	// lease is value's watchdog; nil when the process holds no permits
@@ -116,40 +118,34 @@ type Semaphore struct {
 	// entry is what our waiter's entry in Redis says, as its last refused
 	// attempt left it ("" when unknown). Under op.
 	entry string
-	// queue holds this process's waiting Acquire calls in order of
-	// arrival; the first one talks to Redis.
-	queue []*semWaiter
+	// The process's waiting Acquire calls are in line for m, in order of
+	// arrival, each weighing its permits: the first (the owner, m.first)
+	// talks to Redis (see local.go).
+	//
 	// calling is the waiter whose attempt is in a call to Redis, or nil
-	// (set and cleared under s.op and s.mu): a release hands nothing to it
+	// (set and cleared under s.op and m.mu): a release hands nothing to it
 	// without s.op (see handOnAllLocked).
-	calling *semWaiter
+	calling *localWaiter
 	// placed: the process may have a place in the queue in Redis (a
 	// waiter's call was sent, and no reply or leave has taken it off since).
-	// Set under op and mu.
+	// Set under op and m.mu.
 	placed bool
-	// handoffs bounds the hand-ons in a row (WithLocalHandoffs); handons
-	// counts those made since the process last got permits from Redis.
-	// Under mu.
-	handoffs, handons int
+	// The hand-ons in a row are m.handoffs, bounded by WithLocalHandoffs
+	// (m.cfg.handoffs), counted since the process last got permits from
+	// Redis.
 }
 
-type semWaiter struct {
-	n       int64
-	arrival int64         // µs, the client's clock: its place among every process's waiters
-	turn    chan struct{} // closed when it becomes the first of queue, or is granted
-	// granted: the waiter holds its permits without a call of its own: the
-	// first waiter's call took them too (see attempt; set, under s.mu,
-	// before turn is closed), or a release handed them on (see
-	// handOnLocked; set under s.mu while w has no call in flight, then poke
-	// is sent). A granted waiter is off the queue. The first waiter looks
-	// at it under s.mu before each call, adopt and leave.
-	granted bool
-	// poke tells the first waiter that a second one arrived: its entry in
-	// Redis must say so, or a release's grants could pass the second over
-	// (see lua/sem_wake.lua); or that a release handed it its permits. It
-	// is the wake channel of the first waiter's waiter (see waiter.wake):
-	// a poke is a wake-up that is no grant, and makes it attempt.
-	poke chan string
+// A Semaphore's waiter is a localWaiter of its engine (see local.go) that
+// weighs its permits. handed: it holds its permits without a call of its
+// own: the first waiter's call took them too (see granted), or a release
+// handed them on (see handOnLocked), while it had no call in flight. The
+// first waiter looks at handed under m.mu before each call, adopt and
+// leave. Its wake channel tells it that the waiter after it changed: its
+// entry in Redis must say so, or a release's grants could pass the second
+// over (see lua/sem_wake.lua); or that a release handed it its permits: a
+// wake-up that is no grant, and makes it attempt.
+func newSemWaiter(n int64, arrival int64) *localWaiter {
+	return &localWaiter{n: n, arrival: arrival, turn: make(chan *hold, 1), wake: make(chan string, 1)}
 }
 
 // ErrSizeMismatch means the processes using a Semaphore's name disagree on
@@ -185,11 +181,9 @@ func NewSemaphore(name string, size int64, backends []Backend, opts ...Option) (
 	lease.expiryMS = m.expiryMS
 	m.kind, m.leaseKind = nil, lease
 	m.grants = false
-	handoffs := m.cfg.handoffs
-	m.cfg.handoffs = 0                            // the engine's NetMutex hands nothing off: the Semaphore hands on
 	m.waitChan = k.Leases + ":wake:" + m.waiterID // where our waiter is told to look again, or granted
-	return &Semaphore{m: m, size: size, keys: lease.keys, placeMS: lease.placeMS,
-		grants: m.hubs[0] != nil && m.cfg.replicas == 0, handoffs: handoffs}, nil
+	return &Semaphore{m: m, kind: lease, size: size, keys: lease.keys, placeMS: lease.placeMS,
+		grants: m.hubs[0] != nil && m.cfg.replicas == 0}, nil
 }
 
 // semLease is the kind of a Semaphore's lease, the hold of its process's
@@ -208,6 +202,45 @@ func (l *semLease) extendCall(value string) (*Script, []string, []string) {
 }
 
 func (*semLease) extended(*hold, []nodeReply) {}
+
+// admitLocked is a Semaphore's local admission rule (DESIGN §9: weights
+// within the size): it hands h, the lease, on to the waiters at the head of
+// m's local line, the owner (m.first, waiting in Redis) first, in their
+// order, each while n (the permits a release gives back) covers its whole
+// weight, so that a heavier waiter at the head keeps the lighter ones
+// behind it waiting, and while h may serve one more (mayHandOffLocked: the
+// hand-ons in a row, since the process last got permits from Redis, within
+// WithLocalHandoffs, and h well within its validity). It returns what is
+// left of n, and how many it handed. The caller holds m.mu, and sees that
+// the owner has no call in flight (its reply could grant it as well).
+func (*semLease) admitLocked(m *NetMutex, h *hold, n int64) (rest int64, handed int) {
+	for h != nil && m.owned && m.first != nil && m.first.n <= n && m.mayHandOffLocked(h) {
+		w := m.first
+		m.handLocked(w, h)
+		m.handoffs++
+		n -= w.n
+		handed++
+	}
+	return n, handed
+}
+
+// fitsLocked returns how many waiters at the head of m's local line, the
+// owner first, n permits cover in their order (as admitLocked would hand
+// them on), and their weight. The caller holds m.mu.
+func (*semLease) fitsLocked(m *NetMutex, n int64) (k int, sum int64) {
+	if !m.owned || m.first == nil || m.first.n > n {
+		return 0, 0
+	}
+	k, sum = 1, m.first.n
+	for _, w := range m.waiters {
+		if sum+w.n > n {
+			break
+		}
+		sum += w.n
+		k++
+	}
+	return k, sum
+}
 
 // errZeroSemaphore is returned by a Semaphore not made by NewSemaphore.
 var errZeroSemaphore = errors.New("netlock: Semaphore not created by NewSemaphore (the zero value is not usable)")
@@ -267,7 +300,7 @@ func (s *Semaphore) Acquire(ctx context.Context, n int64) (err error) {
 	if done != nil {
 		defer func() { done(err == nil, contended, false, err) }()
 	}
-	w := &semWaiter{n: n, arrival: s.m.clk.Now().UnixMicro(), turn: make(chan struct{}), poke: make(chan string, 1)}
+	w := newSemWaiter(n, s.m.clk.Now().UnixMicro())
 	if !s.enqueue(w) {
 		contended = true
 		if over, err := s.awaitTurn(ctx, w); over {
@@ -276,10 +309,10 @@ func (s *Semaphore) Acquire(ctx context.Context, n int64) (err error) {
 	}
 	c, err := s.wait(ctx, w)
 	contended = contended || c
-	s.mu.Lock()
-	s.dequeueLocked(w)
-	owed := s.owed && len(s.queue) == 0
-	s.mu.Unlock()
+	s.m.mu.Lock()
+	s.m.unqueueLocked(w)
+	owed := s.owed && !s.m.owned
+	s.m.mu.Unlock()
 	if owed {
 		// A waiter of ours gave up while we were queued, without a
 		// leave: our place may be kept for it.
@@ -288,23 +321,28 @@ func (s *Semaphore) Acquire(ctx context.Context, n int64) (err error) {
 	return err
 }
 
-// enqueue adds w to the local queue, and reports whether it is first.
-func (s *Semaphore) enqueue(w *semWaiter) (first bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.queue = append(s.queue, w)
-	if len(s.queue) == 2 && s.grants {
+// enqueue puts w in the local line, and reports whether it is first.
+func (s *Semaphore) enqueue(w *localWaiter) (first bool) {
+	m := s.m
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.queueLocked(w) {
+		return true
+	}
+	if len(m.waiters) == 1 && s.grants {
 		s.pokeFirstLocked()
 	}
-	return len(s.queue) == 1
+	return false
 }
 
 // pokeFirstLocked tells the first waiter that the waiter after it changed:
-// its entry in Redis must say so. The caller holds s.mu.
+// its entry in Redis must say so. The caller holds m.mu.
 func (s *Semaphore) pokeFirstLocked() {
-	select {
-	case s.queue[0].poke <- "":
-	default:
+	if w := s.m.first; w != nil {
+		select {
+		case w.wake <- "":
+		default:
+		}
 	}
 }
 
@@ -312,17 +350,17 @@ func (s *Semaphore) pokeFirstLocked() {
 // is first (done false: it goes on to wait in Redis), or until the first
 // waiter's call took w's permits too, or ctx ends (done true, with
 // Acquire's result).
-func (s *Semaphore) awaitTurn(ctx context.Context, w *semWaiter) (done bool, err error) {
+func (s *Semaphore) awaitTurn(ctx context.Context, w *localWaiter) (done bool, err error) {
 	select {
 	case <-w.turn:
 	case <-ctx.Done():
 	}
-	s.mu.Lock()
-	granted := w.granted
+	m := s.m
+	m.mu.Lock()
+	granted := w.handed
 	if !granted && ctx.Err() != nil {
-		second := len(s.queue) > 1 && s.queue[1] == w
-		s.dequeueLocked(w)
-		idle := len(s.queue) == 0
+		second := m.unqueueLocked(w) == 0 // right behind the first
+		idle := !m.owned
 		if !idle {
 			s.owed = true // the last of ours leaves
 		}
@@ -333,7 +371,7 @@ func (s *Semaphore) awaitTurn(ctx context.Context, w *semWaiter) (done bool, err
 			// holdPlace), keeping every later waiter out.
 			s.pokeFirstLocked()
 		}
-		s.mu.Unlock()
+		m.mu.Unlock()
 		if idle {
 			// Our process's place may be kept for us (see
 			// lua/sem_wake.lua, holdPlace): given up.
@@ -341,7 +379,7 @@ func (s *Semaphore) awaitTurn(ctx context.Context, w *semWaiter) (done bool, err
 		}
 		return true, notObtained(context.Cause(ctx))
 	}
-	s.mu.Unlock()
+	m.mu.Unlock()
 	if !granted {
 		return false, nil
 	}
@@ -352,22 +390,6 @@ func (s *Semaphore) awaitTurn(ctx context.Context, w *semWaiter) (done bool, err
 		return true, notObtained(context.Cause(ctx))
 	}
 	return true, nil
-}
-
-// dequeueLocked takes w off the local queue, if it is there; the next
-// waiter, if w was first, gets its turn to talk to Redis. The caller holds
-// s.mu.
-func (s *Semaphore) dequeueLocked(w *semWaiter) {
-	for i, q := range s.queue {
-		if q != w {
-			continue
-		}
-		s.queue = append(s.queue[:i], s.queue[i+1:]...)
-		if i == 0 && len(s.queue) > 0 {
-			close(s.queue[0].turn)
-		}
-		return
-	}
 }
 
 // TryAcquire acquires n permits without waiting and reports whether it
@@ -399,14 +421,14 @@ func (s *Semaphore) TryAcquireCtx(ctx context.Context, n int64) (ok bool, err er
 	if done != nil {
 		defer func() { done(ok, !ok && err == nil, false, err) }()
 	}
-	s.mu.Lock()
-	waiting := len(s.queue) > 0
-	s.mu.Unlock()
+	s.m.mu.Lock()
+	waiting := s.m.owned
+	s.m.mu.Unlock()
 	if waiting {
 		return false, nil
 	}
 	for {
-		r := s.attempt(ctx, &semWaiter{n: n}, true)
+		r := s.attempt(ctx, &localWaiter{n: n}, true)
 		switch r.kind {
 		case semGranted:
 			return true, nil
@@ -424,9 +446,9 @@ func (s *Semaphore) TryAcquireCtx(ctx context.Context, n int64) (ok bool, err er
 // place in Redis; the waiter waits to be told to look again (or for the
 // first lease to end, or, without pub/sub, a retry delay), and rides out
 // outages. It reports whether it was refused at least once.
-func (s *Semaphore) wait(ctx context.Context, w *semWaiter) (contended bool, err error) {
+func (s *Semaphore) wait(ctx context.Context, w *localWaiter) (contended bool, err error) {
 	m := s.m
-	ew := waiter{m: m, a: &semAcquirer{s: s, w: w}, wait: true, wake: w.poke,
+	ew := waiter{m: m, a: &semAcquirer{s: s, w: w}, wait: true, wake: w.wake,
 		delay: backoff{min: m.cfg.minRetryDelay, max: m.cfg.maxRetryDelay}}
 	ok, err := ew.run(ctx)
 	if ew.done(ctx, ok) {
@@ -440,15 +462,15 @@ func (s *Semaphore) wait(ctx context.Context, w *semWaiter) (contended bool, err
 
 // handedOn reports whether a release handed w its permits (see
 // handOnLocked).
-func (s *Semaphore) handedOn(w *semWaiter) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return w.granted
+func (s *Semaphore) handedOn(w *localWaiter) bool {
+	s.m.mu.Lock()
+	defer s.m.mu.Unlock()
+	return w.handed
 }
 
 // holding ends a wait whose permits were granted: a caller whose ctx has
 // ended never holds.
-func (s *Semaphore) holding(ctx context.Context, w *semWaiter) error {
+func (s *Semaphore) holding(ctx context.Context, w *localWaiter) error {
 	if ctx.Err() != nil {
 		s.ReleaseCtx(context.WithoutCancel(ctx), w.n)
 		return notObtained(context.Cause(ctx))
@@ -462,7 +484,7 @@ func (s *Semaphore) holding(ctx context.Context, w *semWaiter) error {
 // leave is the process's (see leave).
 type semAcquirer struct {
 	s *Semaphore
-	w *semWaiter
+	w *localWaiter
 }
 
 // flags: a waiting call always asks for a place (lua/sem_acquire.lua's
@@ -533,9 +555,9 @@ func (a *semAcquirer) leave(ctx context.Context, _ string, _ []bool) bool {
 // nonce of its waiting call, if any.
 func (a *semAcquirer) leaveCall(string) (*Script, []string, []string) {
 	s := a.s
-	s.mu.Lock()
+	s.m.mu.Lock()
 	value, nonce := s.value, s.nonce
-	s.mu.Unlock()
+	s.m.mu.Unlock()
 	return s.leaveCall(value, nonce)
 }
 
@@ -557,25 +579,26 @@ func (a *semAcquirer) passOnCall(g grant) (*Script, []string, []string) {
 // off the local queue here, unless a release handed it its permits
 // meanwhile (see handOnLocked): then nothing is left (the release saw to
 // the place), and leave reports handed: w holds.
-func (s *Semaphore) leave(ctx context.Context, owed bool, w *semWaiter) (handed bool) {
+func (s *Semaphore) leave(ctx context.Context, owed bool, w *localWaiter) (handed bool) {
+	m := s.m
 	s.op.Lock()
 	defer s.op.Unlock()
-	s.mu.Lock()
+	m.mu.Lock()
 	if w != nil {
-		if w.granted {
-			s.mu.Unlock()
+		if w.handed {
+			m.mu.Unlock()
 			return true
 		}
-		// Off the queue under the s.mu of the look at granted: no release
+		// Out of line under the m.mu of the look at handed: no release
 		// hands w anything from here on (a waiter that gave up never
 		// holds, and no permits are handed to nobody).
-		s.dequeueLocked(w)
+		m.unqueueLocked(w)
 	}
-	if owed && (!s.owed || len(s.queue) > 0) {
-		s.mu.Unlock()
+	if owed && (!s.owed || m.owned) {
+		m.mu.Unlock()
 		return false
 	}
-	if len(s.queue) > 0 {
+	if m.owned {
 		// Another waiter of ours is first now: it keeps the place (its
 		// attempt drops the grant, if any). If it gives up too, the last
 		// of ours leaves, with our nonce.
@@ -583,26 +606,26 @@ func (s *Semaphore) leave(ctx context.Context, owed bool, w *semWaiter) (handed 
 			s.left = s.nonce
 		}
 		s.nonce, s.owed = "", true
-		s.mu.Unlock()
+		m.mu.Unlock()
 		return false
 	}
-	s.mu.Unlock()
+	m.mu.Unlock()
 	s.leaveLocked(ctx)
 	return false
 }
 
 // leaveLocked takes the process's place in Redis off the queue, with the
 // grant made under the nonce of its last waiting call, if any (see leave).
-// The caller holds s.op, not s.mu.
+// The caller holds s.op, not m.mu.
 func (s *Semaphore) leaveLocked(ctx context.Context) {
 	m := s.m
-	s.mu.Lock()
+	s.m.mu.Lock()
 	value, nonce := s.value, s.nonce
 	if nonce == "" {
 		nonce = s.left
 	}
 	s.nonce, s.entry, s.left, s.owed, s.placed = "", "", "", false, false
-	s.mu.Unlock()
+	s.m.mu.Unlock()
 	if nonce == "" {
 		value = ""
 	}
@@ -624,13 +647,13 @@ func (s *Semaphore) leaveCall(value, nonce string) (*Script, []string, []string)
 // process's lease is no longer the one the grant went to, when Redis may
 // hold a count we do not know (dirty), or when a new lease would leave
 // less than an extend interval.
-func (s *Semaphore) adopt(w *semWaiter, nonce, value string) bool {
+func (s *Semaphore) adopt(w *localWaiter, nonce, value string) bool {
 	m := s.m
 	s.op.Lock()
 	defer s.op.Unlock()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if w.granted {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if w.handed {
 		return true // handed its permits by a release (see handOnLocked): the grant is nobody's
 	}
 	s.entry = "" // a grant changed our entry (see lua/sem_wake.lua, holdPlace)
@@ -647,8 +670,8 @@ func (s *Semaphore) adopt(w *semWaiter, nonce, value string) bool {
 	}
 	s.held += w.n
 	s.fold, s.nonce = nonce, ""
-	s.handons = 0 // permits from Redis: the hand-ons start again
-	s.dequeueLocked(w)
+	m.handoffs = 0 // permits from Redis: the hand-ons start again
+	m.unqueueLocked(w)
 	return true
 }
 
@@ -680,7 +703,7 @@ const maxBatch = 8
 // local queue, which get in with it when they fit and came before every
 // other process's waiter. w is the first of the local queue, or, for
 // TryAcquire (try), a waiter of its own, not queued and without a place.
-func (s *Semaphore) attempt(ctx context.Context, w *semWaiter, try bool) semResult {
+func (s *Semaphore) attempt(ctx context.Context, w *localWaiter, try bool) semResult {
 	s.op.Lock()
 	defer s.op.Unlock()
 	c, ok := s.prepare(w, try)
@@ -706,7 +729,7 @@ func (s *Semaphore) attempt(ctx context.Context, w *semWaiter, try bool) semResu
 	if r.err != nil {
 		return s.callFailed(ctx, c.value, r)
 	}
-	s.mu.Lock()
+	s.m.mu.Lock()
 	s.calling = nil
 	s.dirty = false // the count Redis holds is one we sent
 	if r.vals[0] != semAcquireSize && s.fold == c.fold {
@@ -718,25 +741,25 @@ func (s *Semaphore) attempt(ctx context.Context, w *semWaiter, try bool) semResu
 	case semAcquireGone:
 		// Our lease expired in Redis: its permits are gone.
 		lease := s.lease
-		s.mu.Unlock()
+		s.m.mu.Unlock()
 		if lease != nil {
 			lease.lose()
-			s.mu.Lock()
+			s.m.mu.Lock()
 			s.retireLostLocked()
-			s.mu.Unlock()
+			s.m.mu.Unlock()
 		}
 		return semResult{kind: semRetry}
 	case semAcquireSize:
-		s.mu.Unlock()
+		s.m.mu.Unlock()
 		return semResult{kind: semFailed, permanent: true, err: &wrapError{
 			msg: fmt.Sprintf("netlock: semaphore %q: size %d here, but its holders and waiters in Redis use %d", s.m.name, s.size, r.vals[1]),
 			err: ErrSizeMismatch}}
 	case semAcquireLate: // a later call was applied: not this one's reply
-		s.mu.Unlock()
+		s.m.mu.Unlock()
 		return semResult{kind: semRetry}
 	}
 	s.entry = c.entry // written, or unchanged
-	s.mu.Unlock()
+	s.m.mu.Unlock()
 	look := time.Duration(r.vals[2]) * time.Millisecond
 	if look <= 0 || look > s.m.cfg.expiry {
 		look = s.m.cfg.expiry
@@ -752,9 +775,9 @@ type semCall struct {
 	seq   int64
 	// fold, nonce: see Semaphore.
 	fold, nonce string
-	try         bool         // TryAcquire: no member, no place
-	batch       []*semWaiter // w, then the local waiters after it that the call asks for
-	entry       string       // what the waiter's entry says after the call (see Semaphore.entry)
+	try         bool           // TryAcquire: no member, no place
+	batch       []*localWaiter // w, then the local waiters after it that the call asks for
+	entry       string         // what the waiter's entry says after the call (see Semaphore.entry)
 	flags       string
 	handed      bool // no call: a release handed w its permits (see handOnLocked)
 }
@@ -765,10 +788,10 @@ type semCall struct {
 // (TryAcquire fails while one waits), whose nonce the call would carry, so
 // that it could take the permits a release set aside for it. The caller
 // holds s.op.
-func (s *Semaphore) prepare(w *semWaiter, try bool) (semCall, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if w.granted {
+func (s *Semaphore) prepare(w *localWaiter, try bool) (semCall, bool) {
+	s.m.mu.Lock()
+	defer s.m.mu.Unlock()
+	if w.handed {
 		return semCall{handed: true}, true
 	}
 	if try && s.nonce != "" {
@@ -787,9 +810,10 @@ func (s *Semaphore) prepare(w *semWaiter, try bool) (semCall, bool) {
 	}
 	s.placed = s.placed || !try
 	c := semCall{value: s.value, grow: s.lease != nil, base: s.held, seq: s.seq, fold: s.fold, nonce: s.nonce, try: try}
-	c.batch = []*semWaiter{w}
+	c.batch = []*localWaiter{w}
 	if !try {
-		for _, q := range s.queue {
+		// w is the first, m.first: the waiters after it are m's queue.
+		for _, q := range s.m.waiters {
 			if len(c.batch) == maxBatch {
 				break
 			}
@@ -838,31 +862,31 @@ func (c *semCall) arg(s *Semaphore) string {
 // callFailed is what a call of the lease value that got no answer (r)
 // comes to. The caller holds s.op.
 func (s *Semaphore) callFailed(ctx context.Context, value string, r nodeReply) semResult {
-	s.mu.Lock()
+	s.m.mu.Lock()
 	s.calling = nil
 	s.entry = ""
-	s.mu.Unlock()
+	s.m.mu.Unlock()
 	switch {
 	case errors.Is(r.err, ErrNotReplicated):
 		// Granted on the node, not on enough of its replicas: undone
 		// at once (a new lease ended, a grown one back to its count).
-		s.mu.Lock()
+		s.m.mu.Lock()
 		lease, total := s.lease, s.held
-		s.mu.Unlock()
+		s.m.mu.Unlock()
 		s.send(ctx, value, total, lease)
 	case !r.unsent && !r.permanent && !finalErr(s.m.nodes[0], r.err):
-		s.mu.Lock()
+		s.m.mu.Lock()
 		s.dirty = true // it may have been granted
 		s.fixLaterLocked()
-		s.mu.Unlock()
+		s.m.mu.Unlock()
 	}
 	return semResult{kind: semFailed, err: &quorumError{nodes: 1, need: 1, errs: []error{r.err}}, permanent: r.permanent}
 }
 
 // granted takes in a call's grant of the permits of the first k waiters of
 // its batch, on the lease, whose local deadline is now until (the call
-// began at start). The caller holds s.op and s.mu; granted returns without
-// s.mu.
+// began at start). The caller holds s.op and m.mu; granted returns without
+// m.mu.
 func (s *Semaphore) granted(ctx context.Context, c semCall, k int64, start, until time.Time) semResult {
 	batch := c.batch[:min(int(k), len(c.batch))]
 	var sum int64
@@ -878,26 +902,24 @@ func (s *Semaphore) granted(ctx context.Context, c semCall, k int64, start, unti
 		// Lost here as the grant came back: the lease's permits, the new
 		// ones too, are given up (the lease is no longer extended).
 		s.retireLostLocked()
-		s.mu.Unlock()
+		s.m.mu.Unlock()
 		return semResult{kind: semRetry}
 	}
 	// The waiters after the first that the call took in: theirs, unless
 	// they gave up meanwhile; what they asked for is then given back.
 	var surplus int64
 	for _, q := range batch[1:] {
-		if s.queued(q) {
-			q.granted = true
-			s.dequeueLocked(q)
-			close(q.turn)
+		if s.m.inLineLocked(q) {
+			s.m.handLocked(q, lease)
 		} else {
 			surplus += q.n
 		}
 	}
 	s.held += sum - surplus
-	s.handons = 0 // permits from Redis: the hand-ons start again
+	s.m.handoffs = 0 // permits from Redis: the hand-ons start again
 	if !c.try {
 		s.nonce, s.entry = "", "" // the first waiter's call is over
-		s.dequeueLocked(c.batch[0])
+		s.m.unqueueLocked(c.batch[0])
 		if len(batch) == len(c.batch) {
 			// Our place is off the queue, and a grant under a nonce left
 			// behind was dropped (see lua/sem_acquire.lua, holdPlace).
@@ -905,21 +927,11 @@ func (s *Semaphore) granted(ctx context.Context, c semCall, k int64, start, unti
 		}
 	}
 	total := s.held
-	s.mu.Unlock()
+	s.m.mu.Unlock()
 	if surplus > 0 {
 		s.send(ctx, c.value, total, lease)
 	}
 	return semResult{kind: semGranted}
-}
-
-// queued reports whether q is in the local queue. The caller holds s.mu.
-func (s *Semaphore) queued(q *semWaiter) bool {
-	for _, x := range s.queue {
-		if x == q {
-			return true
-		}
-	}
-	return false
 }
 
 // Reply statuses of lua/sem_acquire.lua, read by attempt.
@@ -940,7 +952,7 @@ const (
 
 // retireLostLocked retires the lease if it was lost: its permits become
 // stale (given back by Release without a round trip), and the next acquire
-// takes a new lease. The caller holds s.mu.
+// takes a new lease. The caller holds m.mu.
 func (s *Semaphore) retireLostLocked() {
 	if s.lease == nil {
 		return
@@ -982,38 +994,38 @@ func (s *Semaphore) ReleaseCtx(ctx context.Context, n int64) error {
 	if err := s.check(n, "Release"); err != nil {
 		return err
 	}
-	s.mu.Lock()
+	s.m.mu.Lock()
 	handed := n > 0 && s.handOnAllLocked(n)
-	s.mu.Unlock()
+	s.m.mu.Unlock()
 	if handed {
 		return nil
 	}
 	s.op.Lock()
 	defer s.op.Unlock()
-	s.mu.Lock()
+	s.m.mu.Lock()
 	s.retireLostLocked()
 	if n > s.held+s.stale {
 		held := s.held + s.stale
-		s.mu.Unlock()
+		s.m.mu.Unlock()
 		return &wrapError{msg: fmt.Sprintf("netlock: semaphore %q: released %d permits, more than the %d held", s.m.name, n, held), err: ErrNotHeld}
 	}
 	if n == 0 {
-		s.mu.Unlock()
+		s.m.mu.Unlock()
 		return nil
 	}
 	fromStale := min(n, s.stale)
 	s.stale -= fromStale
 	n -= fromStale
 	if n == 0 {
-		s.mu.Unlock()
+		s.m.mu.Unlock()
 		return ErrLockLost
 	}
 	n, leave := s.handOnLocked(n)
 	var err error
 	if n > 0 {
-		err = s.giveBackLocked(ctx, n) // unlocks s.mu
+		err = s.giveBackLocked(ctx, n) // unlocks m.mu
 	} else {
-		s.mu.Unlock()
+		s.m.mu.Unlock()
 	}
 	if leave {
 		s.leaveLocked(ctx)
@@ -1025,58 +1037,49 @@ func (s *Semaphore) ReleaseCtx(ctx context.Context, n int64) error {
 }
 
 // giveBackLocked gives n permits of the lease back in Redis (the last ends
-// it). The caller holds s.op and s.mu; giveBackLocked returns without s.mu.
+// it). The caller holds s.op and m.mu; giveBackLocked returns without m.mu.
 func (s *Semaphore) giveBackLocked(ctx context.Context, n int64) error {
 	s.held -= n
 	value, total, lease := s.value, s.held, s.lease
 	if total == 0 {
 		s.lease = nil
 	}
-	s.mu.Unlock()
+	s.m.mu.Unlock()
 	if total == 0 && lease.end() {
 		// Lost just now: its permits came back in Redis as it expired.
-		s.mu.Lock()
+		s.m.mu.Lock()
 		if s.value == value {
 			s.value, s.dirty = "", false
 		}
-		s.mu.Unlock()
+		s.m.mu.Unlock()
 		return ErrLockLost
 	}
 	return s.send(ctx, value, total, lease)
 }
 
 // handOnLocked hands n permits a release gives back on to this process's
-// first waiters, in their order, each while they cover its whole request
-// (a later, smaller waiter never passes an earlier one) and the lease may
-// serve it (mayHandOnLocked): they stay on the lease, counted in held,
-// without a round trip. It returns the permits left to give back in Redis,
+// first waiters, by its kind's local rule (semLease.admitLocked): in
+// their order, each while they cover its whole request (a later, smaller
+// waiter never passes an earlier one) and the lease may serve it (the
+// hand-ons in a row within WithLocalHandoffs, the lease well within its
+// validity): they stay on the lease, counted in held, without a round trip. It returns the permits left to give back in Redis,
 // and whether the process's place in Redis must be left: the last of its
 // waiters got in by hand-on, so nobody of ours takes the place over. The
-// caller holds s.mu, and s.op (so that the first waiter has no call in
+// caller holds m.mu, and s.op (so that the first waiter has no call in
 // flight), or has seen that the first waiter has none (handOnAllLocked).
 func (s *Semaphore) handOnLocked(n int64) (rest int64, leave bool) {
-	handed := false
-	for len(s.queue) > 0 && s.queue[0].n <= n && s.mayHandOnLocked() {
-		w := s.queue[0]
-		w.granted = true
-		s.dequeueLocked(w)
-		n -= w.n
-		s.handons++
-		handed = true
-		// w's call is over, as when a first waiter gives up (see leave):
-		// a grant made under its nonce is nobody's (adopt refuses it, and
-		// the next call or leave drops it in Redis); the next waiter of
-		// ours, if any, takes the place over with its call.
+	n, handed := s.kind.admitLocked(s.m, s.lease, n)
+	if handed > 0 {
+		// The first waiter's call is over, as when it gives up (see
+		// leave): a grant made under its nonce is nobody's (adopt refuses
+		// it, and the next call or leave drops it in Redis); the next
+		// waiter of ours, if any, takes the place over with its call.
 		if s.nonce != "" {
 			s.left = s.nonce
 		}
 		s.nonce, s.entry = "", ""
-		select {
-		case w.poke <- "": // it looks at granted under s.mu
-		default:
-		}
 	}
-	if !handed || len(s.queue) > 0 {
+	if handed == 0 || s.m.owned {
 		// The next waiter, first now, takes the place over: it makes a
 		// call before it waits, or is handed on to, or leaves as it gives
 		// up (see awaitTurn).
@@ -1091,48 +1094,35 @@ func (s *Semaphore) handOnLocked(n int64) (rest int64, leave bool) {
 // Semaphore.calling), and the process's place needs no leave. It reports
 // whether it did. Without s.op: the permits stay on the lease, so the count
 // that calls under s.op send does not change, and a waiter looks at
-// granted under s.mu before each call, adopt and leave. The caller holds
-// s.mu.
+// handed under m.mu before each call, adopt and leave. The caller holds
+// m.mu.
 func (s *Semaphore) handOnAllLocked(n int64) bool {
+	m := s.m
 	s.retireLostLocked()
-	if s.stale > 0 || n > s.held || len(s.queue) == 0 || s.queue[0] == s.calling {
+	if s.stale > 0 || n > s.held || !m.owned || m.first == s.calling || s.lease == nil {
 		return false
 	}
-	var sum int64
-	k := 0
-	for k < len(s.queue) && sum+s.queue[k].n <= n {
-		sum += s.queue[k].n
-		k++
-	}
-	if sum != n || k == 0 || s.handons+k > s.handoffs || !s.mayHandOnLocked() ||
-		(k == len(s.queue) && (s.placed || s.owed || s.left != "")) {
+	k, sum := s.kind.fitsLocked(m, n)
+	if sum != n || k == 0 || m.handoffs+k > m.cfg.handoffs || !m.mayHandOffLocked(s.lease) ||
+		(k == 1+len(m.waiters) && (s.placed || s.owed || s.left != "")) {
 		return false
 	}
 	s.handOnLocked(n)
 	return true
 }
 
-// mayHandOnLocked reports whether the lease may serve another waiter of
-// this process without a round trip: the hand-ons since the process last
-// got permits from Redis have not reached their bound (WithLocalHandoffs),
-// so that other processes get their turn, and the lease is well within its
-// validity. The caller holds s.mu.
-func (s *Semaphore) mayHandOnLocked() bool {
-	return s.lease != nil && s.handons < s.handoffs && s.m.wellWithin(s.lease)
-}
-
 // send tells Redis that the lease value holds total permits now (0 ends
 // it). The caller holds s.op. lease is value's hold (ended when total is 0).
 func (s *Semaphore) send(ctx context.Context, value string, total int64, lease *hold) error {
 	m := s.m
-	s.mu.Lock()
+	s.m.mu.Lock()
 	s.seq++
 	seq, fold, nonce := s.seq, s.fold, s.nonce
-	s.mu.Unlock()
+	s.m.mu.Unlock()
 	arg := value + ":" + strconv.FormatInt(total, 10) + ":" + strconv.FormatInt(seq, 10) + ":" + fold + ":" + nonce + ":" + m.expiryMS
 	r := m.fanout(context.WithoutCancel(ctx), semReleaseScript, s.keys, []string{arg}, nil)[0]
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.m.mu.Lock()
+	defer s.m.mu.Unlock()
 	if r.err != nil {
 		// Sent again in the background, unless nothing could take it: a
 		// closed client, a server gone, an error reply (a count the
@@ -1160,9 +1150,9 @@ func (s *Semaphore) send(ctx context.Context, value string, total int64, lease *
 		// Gone: the lease expired in Redis. (semReleaseLate: a later call
 		// was applied, this one's reply is not news.)
 		if total > 0 {
-			s.mu.Unlock()
+			s.m.mu.Unlock()
 			lease.lose()
-			s.mu.Lock()
+			s.m.mu.Lock()
 			s.retireLostLocked()
 		}
 		return ErrLockLost
@@ -1171,7 +1161,7 @@ func (s *Semaphore) send(ctx context.Context, value string, total int64, lease *
 }
 
 // fixLaterLocked queues a resend of the lease's count in the reaper,
-// unless one is queued. The caller holds s.mu.
+// unless one is queued. The caller holds m.mu.
 func (s *Semaphore) fixLaterLocked() {
 	if !s.fixing {
 		s.fixing = true
@@ -1197,15 +1187,15 @@ func (r *semResend) deliver(*NetMutex) bool { return r.s.resend(r.giveUp) }
 func (s *Semaphore) resend(giveUp time.Time) bool {
 	s.op.Lock()
 	defer s.op.Unlock()
-	s.mu.Lock()
+	s.m.mu.Lock()
 	s.retireLostLocked()
 	if !s.dirty || s.value == "" || s.m.clk.Now().After(giveUp) {
 		s.dirty, s.fixing = false, false
-		s.mu.Unlock()
+		s.m.mu.Unlock()
 		return true
 	}
 	value, total, lease := s.value, s.held, s.lease
-	s.mu.Unlock()
+	s.m.mu.Unlock()
 	if lease == nil {
 		total = 0
 	}
@@ -1223,8 +1213,8 @@ func (s *Semaphore) Lost() <-chan struct{} {
 	if s == nil || s.m == nil {
 		return closedChan
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.m.mu.Lock()
+	defer s.m.mu.Unlock()
 	if s.lease == nil {
 		return closedChan
 	}
@@ -1237,8 +1227,8 @@ func (s *Semaphore) Held() int64 {
 	if s == nil || s.m == nil {
 		return 0
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.m.mu.Lock()
+	defer s.m.mu.Unlock()
 	s.retireLostLocked()
 	return s.held
 }

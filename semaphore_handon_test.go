@@ -3,6 +3,7 @@ package netlock
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -71,15 +72,15 @@ func newGateSem(t *testing.T, srv *miniredis.Miniredis, name string, size int64,
 // s's queue) and, if it is first, has attempted in Redis.
 func acquireLater(t *testing.T, ctx context.Context, srv *miniredis.Miniredis, s *Semaphore, n int64) <-chan error {
 	t.Helper()
-	s.mu.Lock()
-	pos := len(s.queue)
-	s.mu.Unlock()
+	s.m.mu.Lock()
+	pos := len(s.line())
+	s.m.mu.Unlock()
 	done := make(chan error, 1)
 	go func() { done <- s.Acquire(ctx, n) }()
 	eventually(t, 5*time.Second, "waiter queued in its process", func() bool {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return len(s.queue) == pos+1
+		s.m.mu.Lock()
+		defer s.m.mu.Unlock()
+		return len(s.line()) == pos+1
 	})
 	id, name := s.m.waiterID, s.Name()
 	switch pos {
@@ -88,9 +89,9 @@ func acquireLater(t *testing.T, ctx context.Context, srv *miniredis.Miniredis, s
 	case 1:
 		// The first waiter's entry names it as the next (see
 		// lua/sem_wake.lua): the first waiter's call for that is over.
-		s.mu.Lock()
-		arrival := s.queue[1].arrival
-		s.mu.Unlock()
+		s.m.mu.Lock()
+		arrival := s.line()[1].arrival
+		s.m.mu.Unlock()
 		eventually(t, 5*time.Second, "waiter named in Redis", func() bool { return semNext(srv, name, id) == arrival })
 	}
 	return done
@@ -251,9 +252,9 @@ func TestSemaphoreHandOnBound(t *testing.T) {
 	if err := received(t, ours[2], 5*time.Second, "our third waiter"); err != nil {
 		t.Fatal(err)
 	}
-	a.mu.Lock()
-	handons := a.handons
-	a.mu.Unlock()
+	a.m.mu.Lock()
+	handons := a.m.handoffs
+	a.m.mu.Unlock()
 	if handons != 0 {
 		t.Errorf("hand-ons in a row after a grant from Redis: got %d, want 0", handons)
 	}
@@ -354,13 +355,13 @@ func TestSemaphoreHandOnWaitsForCall(t *testing.T) {
 	second := make(chan error, 1)
 	go func() { second <- s.Acquire(ctx, 1) }()
 	eventually(t, 5*time.Second, "the first waiter in a call", func() bool {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return len(s.queue) == 2 && s.calling == s.queue[0]
+		s.m.mu.Lock()
+		defer s.m.mu.Unlock()
+		return len(s.line()) == 2 && s.calling == s.line()[0]
 	})
-	s.mu.Lock()
+	s.m.mu.Lock()
 	handed := s.handOnAllLocked(1)
-	s.mu.Unlock()
+	s.m.mu.Unlock()
 	if handed {
 		t.Fatal("permits handed on, without s.op, to a waiter in a call")
 	}
@@ -384,4 +385,15 @@ func TestSemaphoreHandOnWaitsForCall(t *testing.T) {
 		t.Errorf("Held: got %d, want 1", s.Held())
 	}
 	s.Release(1)
+}
+
+// line returns s's local line of waiters, in order: the first (the owner
+// of s.m, which talks to Redis), then those queued behind it. The caller
+// holds s.m.mu.
+func (s *Semaphore) line() []*localWaiter {
+	m := s.m
+	if !m.owned || m.first == nil {
+		return slices.Clone(m.waiters)
+	}
+	return append([]*localWaiter{m.first}, m.waiters...)
 }

@@ -49,8 +49,8 @@ func TestSemaphoreFixStopsOnClosedClient(t *testing.T) {
 
 // fixRuns reports whether a resend of sem's count is queued in its reaper.
 func fixRuns(sem *Semaphore) bool {
-	sem.mu.Lock()
-	defer sem.mu.Unlock()
+	sem.m.mu.Lock()
+	defer sem.m.mu.Unlock()
 	return sem.fixing
 }
 
@@ -70,9 +70,9 @@ func TestSemaphoreFixStopsOnFinalError(t *testing.T) {
 	}
 	// Not when the lease ends, or after ten expiries.
 	eventually(t, 3*time.Second, "resend stopped after every call got a final error", func() bool { return !fixRuns(s) })
-	s.mu.Lock()
+	s.m.mu.Lock()
 	lease := s.lease
-	s.mu.Unlock()
+	s.m.mu.Unlock()
 	if lease != nil {
 		lease.end()
 	}

@@ -128,7 +128,7 @@ func TestSemProperty(t *testing.T) {
 // semPropOp is an Acquire running on a goroutine of its process.
 type semPropOp struct {
 	n       int64
-	w       *semWaiter // the waiter in the process's local queue
+	w       *localWaiter // the waiter in the process's local queue
 	cancel  context.CancelFunc
 	done    chan error
 	started int // the order in which the model started it
@@ -261,9 +261,9 @@ func (mc *semMachine) close() {
 		if n := p.s.Held(); n > 0 {
 			p.s.ReleaseCtx(ctx, n)
 		}
-		p.s.mu.Lock()
+		p.s.m.mu.Lock()
 		lease := p.s.lease
-		p.s.mu.Unlock()
+		p.s.m.mu.Unlock()
 		if lease != nil {
 			lease.end()
 		}
@@ -277,9 +277,9 @@ func (mc *semMachine) close() {
 			p.s.m.reaper.mu.Lock()
 			running := p.s.m.reaper.running
 			p.s.m.reaper.mu.Unlock()
-			p.s.mu.Lock()
+			p.s.m.mu.Lock()
 			fixing := p.s.fixing
-			p.s.mu.Unlock()
+			p.s.m.mu.Unlock()
 			if !running && !fixing {
 				break
 			}
@@ -350,21 +350,21 @@ func (mc *semMachine) acquire(rt *rapid.T) {
 	op := &semPropOp{n: n, cancel: cancel, done: make(chan error, 1), started: mc.nextOp}
 	mc.nextOp++
 	s := p.s
-	s.mu.Lock()
-	before := slices.Clone(s.queue)
-	s.mu.Unlock()
+	s.m.mu.Lock()
+	before := s.line()
+	s.m.mu.Unlock()
 	go func() { op.done <- s.Acquire(actx, n) }()
 	// Wait for it in the local queue (its arrival is then set),
 	// or for its return.
 	deadline := time.Now().Add(semPropWait)
 	for op.w == nil {
-		s.mu.Lock()
-		for _, w := range s.queue {
+		s.m.mu.Lock()
+		for _, w := range s.line() {
 			if !slices.Contains(before, w) {
 				op.w = w
 			}
 		}
-		s.mu.Unlock()
+		s.m.mu.Unlock()
 		if op.w != nil {
 			break
 		}
@@ -375,7 +375,7 @@ func (mc *semMachine) acquire(rt *rapid.T) {
 			if err != nil {
 				rt.Fatalf("process %d Acquire(%d): %v", p.id, n, err)
 			}
-			op.w = &semWaiter{n: n, arrival: time.Now().UnixMicro()}
+			op.w = &localWaiter{n: n, arrival: time.Now().UnixMicro()}
 		default:
 		}
 		if time.Now().After(deadline) {
@@ -679,9 +679,9 @@ func (mc *semMachine) ghostsLive() []*semPropGone {
 func (mc *semMachine) modelDump() string {
 	var b strings.Builder
 	for _, p := range mc.ps {
-		p.s.mu.Lock()
-		fmt.Fprintf(&b, "process %d (member %s, lease %s held %d, Held %d, local queue %d): ", p.id, p.s.m.waiterID, p.s.value, p.held, p.s.held, len(p.s.queue))
-		p.s.mu.Unlock()
+		p.s.m.mu.Lock()
+		fmt.Fprintf(&b, "process %d (member %s, lease %s held %d, Held %d, local queue %d): ", p.id, p.s.m.waiterID, p.s.value, p.held, p.s.held, len(p.s.line()))
+		p.s.m.mu.Unlock()
 		for _, op := range p.ops {
 			fmt.Fprintf(&b, "#%d Acquire(%d) at %d; ", op.started, op.n, op.w.arrival)
 		}
@@ -770,13 +770,13 @@ func (mc *semMachine) grantedLive(p *semPropProc) bool {
 		return true
 	default:
 	}
-	p.s.mu.Lock()
+	p.s.m.mu.Lock()
 	value := p.s.value
-	p.s.mu.Unlock()
+	p.s.m.mu.Unlock()
 	gv := mc.node.srv.HGet(mc.keys[1], value+"#g")
-	p.s.mu.Lock()
+	p.s.m.mu.Lock()
 	sheld, fold := p.s.held, p.s.fold
-	p.s.mu.Unlock()
+	p.s.m.mu.Unlock()
 	return sheld > p.held || value != "" && gv != "" && !strings.HasPrefix(gv, fold+":")
 }
 
@@ -809,9 +809,9 @@ func (mc *semMachine) queuedOK() (bool, string) {
 		if len(p.ops) > 1 {
 			wantNext = p.ops[1].w.arrival
 		}
-		p.s.mu.Lock()
+		p.s.m.mu.Lock()
 		sv, sn := p.s.value, p.s.nonce
-		p.s.mu.Unlock()
+		p.s.m.mu.Unlock()
 		// (Its value and flag "g" may tell of a lease the process has
 		// given up since: a wake then tells it rather than grant it, and
 		// its next attempt writes them anew.)
@@ -1030,9 +1030,9 @@ func (mc *semMachine) advance(d time.Duration) {
 		d -= s
 		mc.node.advance(s)
 		for _, p := range mc.ps {
-			p.s.mu.Lock()
+			p.s.m.mu.Lock()
 			lease := p.s.lease
-			p.s.mu.Unlock()
+			p.s.m.mu.Unlock()
 			if p.held == 0 {
 				// (It may have got in by now: its timer, set to the
 				// first lease's end, fired after the clock moved.)
@@ -1087,9 +1087,9 @@ func (mc *semMachine) crash(i int) {
 		}
 	}
 	g := &semPropGone{id: p.id, permits: p.held}
-	p.s.mu.Lock()
+	p.s.m.mu.Lock()
 	value := p.s.value
-	p.s.mu.Unlock()
+	p.s.m.mu.Unlock()
 	if p.held > 0 {
 		dl, err := mc.node.srv.ZScore(mc.keys[0], value)
 		if err != nil {

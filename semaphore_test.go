@@ -396,7 +396,7 @@ func TestSemaphoreBatchInOrder(t *testing.T) {
 		acquire(other, 2, "other")
 		eventually(t, 10*time.Second, "other queued in Redis behind local", func() bool { n, _ := redis.Int(e.do(t, "ZCARD", queue), nil); return n == 2 })
 		acquire(local, 1, "local3") // after other
-		eventually(t, 10*time.Second, "local3 queued in its process", func() bool { local.mu.Lock(); defer local.mu.Unlock(); return len(local.queue) == 3 })
+		eventually(t, 10*time.Second, "local3 queued in its process", func() bool { local.m.mu.Lock(); defer local.m.mu.Unlock(); return len(local.line()) == 3 })
 
 		// Room for three: local1 and local2 (in one call); other needs 2,
 		// and local3, which would fit, came after it.

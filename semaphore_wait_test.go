@@ -121,10 +121,10 @@ func TestSemaphoreSecondLocalWaiterKeepsOrder(t *testing.T) {
 	go func() { aDone <- p.Acquire(ctx, 1) }()
 	eventually(t, 10*time.Second, "one process queued in Redis", func() bool { return semQueued(t, srv, "order") == 1 })
 	go func() { bDone <- p.Acquire(ctx, 2) }()
-	eventually(t, 10*time.Second, "p's second waiter queued in its process", func() bool { p.mu.Lock(); defer p.mu.Unlock(); return len(p.queue) == 2 })
-	p.mu.Lock()
-	pb.slow.Store(p.queue[1].arrival) // B's own attempts are slow
-	p.mu.Unlock()
+	eventually(t, 10*time.Second, "p's second waiter queued in its process", func() bool { p.m.mu.Lock(); defer p.m.mu.Unlock(); return len(p.line()) == 2 })
+	p.m.mu.Lock()
+	pb.slow.Store(p.line()[1].arrival) // B's own attempts are slow
+	p.m.mu.Unlock()
 	time.Sleep(time.Millisecond) // arrivals are the clock's µs: the next waiter's comes later
 	go func() { cDone <- q.Acquire(ctx, 1) }()
 	eventually(t, 10*time.Second, "two processes queued in Redis", func() bool { return semQueued(t, srv, "order") == 2 })
@@ -225,7 +225,7 @@ func TestSemaphorePlaceMovedBackWakes(t *testing.T) {
 	eventually(t, 10*time.Second, "two processes queued in Redis", func() bool { return semQueued(t, srv, "moved") == 2 })
 	time.Sleep(time.Millisecond) // arrivals are the clock's µs: the next waiter's comes later
 	go func() { cDone <- p.Acquire(ctx, 2) }()
-	eventually(t, 10*time.Second, "p's second waiter queued in its process", func() bool { p.mu.Lock(); defer p.mu.Unlock(); return len(p.queue) == 2 })
+	eventually(t, 10*time.Second, "p's second waiter queued in its process", func() bool { p.m.mu.Lock(); defer p.m.mu.Unlock(); return len(p.line()) == 2 })
 	eventually(t, 10*time.Second, "p's entry in Redis naming C", func() bool { return semNext(srv, "moved", p.m.waiterID) > 0 })
 	cancel() // A gives up; P's place moves back behind B, who fits
 	if err := <-aDone; !errors.Is(err, context.Canceled) {
@@ -269,9 +269,9 @@ func TestSemaphoreWaitersGiveUpTogether(t *testing.T) {
 			// its way when the waiters give up may reach Redis after their
 			// leave, which is another matter.
 			eventually(t, 10*time.Second, "both waiters queued, the second told to Redis", func() bool {
-				p.mu.Lock()
-				queued := len(p.queue)
-				p.mu.Unlock()
+				p.m.mu.Lock()
+				queued := len(p.line())
+				p.m.mu.Unlock()
 				w, _ := redis.String(e.do(t, "HGET", "netlock:{together}:sem:wants", p.m.waiterID), nil)
 				f := strings.Split(w, ":")
 				return queued == 2 && len(f) >= 5 && f[4] != "0"

@@ -11,6 +11,10 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/netlock-go/netlock"
 )
 
 // netlock's help and messages name a flag as --name (-v for a one-letter
@@ -177,6 +181,38 @@ func (v *choiceValue) Set(s string) error {
 func (v *choiceValue) want() string {
 	n := len(v.choices)
 	return strings.Join(v.choices[:n-1], ", ") + " or " + v.choices[n-1]
+}
+
+// A holderValue is a holder identity flag (netlock.WithHolderInfo's): at
+// most netlock.MaxHolderInfo bytes of printable UTF-8, "" for none, the
+// rule New applies (TestHolderFlagAgrees holds the two together).
+type holderValue struct {
+	p   *string
+	set bool
+}
+
+func (v *holderValue) String() string {
+	if v.p == nil {
+		return ""
+	}
+	return *v.p
+}
+
+func (v *holderValue) Set(s string) error {
+	want := fmt.Sprintf("want at most %d bytes of printable UTF-8 (no newline or tab)", netlock.MaxHolderInfo)
+	if len(s) > netlock.MaxHolderInfo {
+		return fmt.Errorf("%s; it is %d bytes", want, len(s))
+	}
+	for i, r := range s {
+		switch {
+		case r == utf8.RuneError && !strings.HasPrefix(s[i:], string(utf8.RuneError)):
+			return fmt.Errorf("%s; byte %d is not UTF-8", want, i)
+		case !unicode.IsPrint(r):
+			return fmt.Errorf("%s; %U at byte %d is not printable", want, r, i)
+		}
+	}
+	*v.p, v.set = s, true
+	return nil
 }
 
 // dashDashFirst reports whether fs.Parse(args) stopped at a "--" (which it

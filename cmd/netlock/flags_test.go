@@ -6,6 +6,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/gomodule/redigo/redis"
+
+	"github.com/netlock-go/netlock"
 )
 
 // TestBadFlagValues: every flag's bad value gets one message, naming the
@@ -32,6 +36,7 @@ func TestBadFlagValues(t *testing.T) {
 		wantBackend  = "want redigo, rueidis or goredis"
 		wantMissing  = "cannot read it: no such file or directory"
 		wantNotPEM   = "want a file of PEM certificates; it holds none"
+		wantHolder   = "want at most 256 bytes of printable UTF-8 (no newline or tab)"
 	)
 	type value struct{ value, want string }
 	for _, tc := range []struct {
@@ -49,6 +54,8 @@ func TestBadFlagValues(t *testing.T) {
 		{"run", "--prefix", []value{{"a{b", wantPrefix}, {"}", wantPrefix}}},
 		{"run", "--redis", []value{{"localhost", wantAddr}, {"127.0.0.1:99999", wantAddr}, {"", wantAddr}}},
 		{"run", "--tls-ca", []value{{missing, wantMissing}, {notPEM, wantNotPEM}}},
+		{"run", "--holder", []value{{"a\tb", wantHolder + "; U+0009 at byte 1 is not printable"}, {"web-1\n", wantHolder + "; U+000A at byte 5 is not printable"},
+			{strings.Repeat("h", 257), wantHolder + "; it is 257 bytes"}, {"h\xff", wantHolder + "; byte 1 is not UTF-8"}}},
 		{"status", "--json", []value{{"maybe", wantBool}}},
 		{"status", "--prefix", []value{{"a{", wantPrefix}}},
 		{"status", "--redis", []value{{"nope", wantAddr}}},
@@ -92,5 +99,25 @@ func TestBadFlagValues(t *testing.T) {
 	code, _, stderr := runCmd(t, t.Context(), "demo", "--workers", "2", "--procs", "4")
 	if want := `netlock demo: invalid value "4" for --procs: want a whole number from 1 to --workers (2)`; code != exitUsage || !strings.HasPrefix(stderr, want+"\n") {
 		t.Errorf("exit %d, stderr %q; want %d and %q", code, stderr, exitUsage, want)
+	}
+}
+
+// TestHolderFlagAgrees: --holder takes what netlock.WithHolderInfo takes,
+// and nothing else.
+func TestHolderFlagAgrees(t *testing.T) {
+	backends := []netlock.Backend{netlock.NewRedigo(&redis.Pool{})} // New does not dial
+	for _, s := range []string{
+		"", "web-1/4242", "ci job 42: deploy +#%", "ü ß 日本", "\uFFFD", strings.Repeat("h", netlock.MaxHolderInfo),
+		strings.Repeat("h", netlock.MaxHolderInfo+1), "a\tb", "a\nb", "\x00", "h\xff", "\u200b", "\u00a0", "a\u2028b",
+	} {
+		var got string
+		flagErr := (&holderValue{p: &got}).Set(s)
+		_, newErr := netlock.New("job", backends, netlock.WithHolderInfo(s))
+		if (flagErr == nil) != (newErr == nil) {
+			t.Errorf("%q: --holder says %v, netlock.New says %v", s, flagErr, newErr)
+		}
+		if flagErr == nil && got != s {
+			t.Errorf("%q: --holder set %q", s, got)
+		}
 	}
 }

@@ -22,8 +22,9 @@ import (
 
 const listHelp = `Usage: netlock list [flags]
 
-Lists the locks held under --prefix on each Redis node: NetMutex locks,
-NetRWMutex writers and read leases, and Semaphore leases, sorted by name.
+Lists the locks held under --prefix on each Redis node: NetMutex locks
+(MultiMutex names too), NetRWMutex writers and read leases, Semaphore
+leases, and Election leaders' holds, sorted by name.
 It changes nothing in Redis. Waiters' queues, tombstones of released
 values and fence counters are not locks and are not listed; a name whose
 only keys are those (waiters, but no holder) is not held.
@@ -38,11 +39,12 @@ master that serves slots, found with CLUSTER NODES, with the same
 credentials and TLS.
 
 Columns: NAME (the {name} of the keys), KIND (mutex, rw-write, rw-read,
-semaphore), TOKEN (the fencing token of a mutex or a writer: 0 with
-fencing off, ? for a value netlock did not write, - for read leases and
-semaphores, which have none), TTL (what is left of the key's TTL, or of the
-last lease's deadline; none: no TTL), HELD (1 for a mutex or writer; the
-live read leases; the permits out of the semaphore's size), NODE when
+semaphore, election), TOKEN (the fencing token of a mutex or a writer, the
+term of an election's leader: 0 with fencing off, ? for a value netlock
+did not write, - for read leases and semaphores, which have none), TTL
+(what is left of the key's TTL, or of the last lease's deadline; none: no
+TTL), HELD (1 for a mutex, writer or leader; the live read leases; the
+permits out of the semaphore's size), NODE when
 more than one node is listed, and HOLDER: who holds it, the identity the
 holder wrote with its hold (netlock.WithHolderInfo, by default
 "<hostname>/<pid>" of its process; - for none), the identities of the
@@ -52,7 +54,7 @@ live leases for read leases and semaphores, comma-separated.
 "token" (null where there is none), "foreign", "ttl_ms" (-1: no TTL),
 "leases" (read leases, or processes holding permits), "permits" and "size"
 (a semaphore's permits out and size; 0 otherwise), and "holders" (the
-holders' identities: one for a mutex or writer, one per live lease that
+holders' identities: one for a mutex, writer or leader, one per live lease that
 wrote one; none for a value netlock did not write).
 
 Exit status: 0 listed, 1 --limit reached (the list is incomplete), 64 bad
@@ -77,9 +79,10 @@ const (
 	kindRWWrite = "rw-write"
 	kindRWRead  = "rw-read"
 	kindSem     = "semaphore"
+	kindElect   = "election"
 )
 
-var kindOrder = []string{kindMutex, kindRWWrite, kindRWRead, kindSem}
+var kindOrder = []string{kindMutex, kindRWWrite, kindRWRead, kindSem, kindElect}
 
 // A listRow is one held lock on one node.
 type listRow struct {
@@ -114,9 +117,10 @@ func listPatterns(prefix string) (head string, pats []listPattern) {
 	_, writerTail := split(keyspace.RW(prefix, marker, false).Writer)
 	_, leasesTail := split(keyspace.RW(prefix, marker, false).Leases)
 	_, semTail := split(keyspace.Sem(prefix, marker).Leases)
+	_, electTail := split(keyspace.Election(prefix, marker).Lock)
 	// Longest tails first: "}:rw:leases" before "}:rw" (no tail ends
 	// another, but the order keeps it so if one ever does).
-	pats = []listPattern{{kindRWRead, leasesTail}, {kindRWWrite, writerTail}, {kindSem, semTail}, {kindMutex, mutexTail}}
+	pats = []listPattern{{kindRWRead, leasesTail}, {kindRWWrite, writerTail}, {kindSem, semTail}, {kindElect, electTail}, {kindMutex, mutexTail}}
 	slices.SortStableFunc(pats, func(a, b listPattern) int { return len(b.tail) - len(a.tail) })
 	return head, pats
 }
@@ -459,7 +463,7 @@ func (l *lister) read(ctx context.Context, conn redis.Conn, n node, keys []strin
 		}
 		items = append(items, item{kind: kind, name: name})
 		switch kind {
-		case kindMutex, kindRWWrite:
+		case kindMutex, kindRWWrite, kindElect:
 			conn.Send("GET", k)
 			conn.Send("PTTL", k)
 		case kindRWRead:
@@ -505,7 +509,7 @@ func (l *lister) read(ctx context.Context, conn redis.Conn, n node, keys []strin
 	for _, it := range items {
 		row := listRow{Node: n.name, Name: it.name, Kind: it.kind, TTLMS: -1, Holders: []string{}}
 		switch it.kind {
-		case kindMutex, kindRWWrite:
+		case kindMutex, kindRWWrite, kindElect:
 			get, pttl := next(), next()
 			if get.v == nil && get.err == nil {
 				continue // released or expired since the SCAN

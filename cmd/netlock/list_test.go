@@ -410,3 +410,36 @@ func TestListCluster(t *testing.T) {
 		t.Errorf("%d rows on %d nodes (%v), want 30 on 3", len(rows), len(nodes), nodes)
 	}
 }
+
+// TestListElection: an Election's leader holds a lock of its own, listed
+// with its term as the token and its holder's identity; once it resigns,
+// nothing is listed.
+func TestListElection(t *testing.T) {
+	s := redistest.Start(t)
+	a := s.Addr()
+	e, err := netlock.NewElection("scheduler", listBackends(t, a), netlock.WithExpiry(30*time.Second), netlock.WithHolderInfo("sched-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Campaign(t.Context(), "10.0.0.1:8080"); err != nil {
+		t.Fatal(err)
+	}
+	rows := listJSON(t, exitOK, "--redis", a)
+	if len(rows) != 1 {
+		t.Fatalf("got %+v, want one row", rows)
+	}
+	r := rows[0]
+	if r.Name != "scheduler" || r.Kind != kindElect || tokenOf(r) != strconv.FormatUint(e.Term(), 10) || r.TTLMS <= 0 || r.TTLMS > 30000 || !slices.Equal(r.Holders, []string{"sched-1"}) {
+		t.Errorf("got %+v token %s, want scheduler, election, term %d, a TTL up to 30s, holder sched-1", r, tokenOf(r), e.Term())
+	}
+	code, stdout, _ := runCmd(t, t.Context(), "list", "--redis", a)
+	if want := regexp.MustCompile(`(?m)^scheduler +election +` + strconv.FormatUint(e.Term(), 10) + ` +[0-9][0-9.ms]* +1 +sched-1$`); code != exitOK || !want.MatchString(stdout) {
+		t.Errorf("table: exit %d, no row matching %v:\n%s", code, want, stdout)
+	}
+	if err := e.Resign(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if rows := listJSON(t, exitOK, "--redis", a); len(rows) != 0 {
+		t.Errorf("after Resign: %+v, want none", rows)
+	}
+}

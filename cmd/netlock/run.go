@@ -38,6 +38,9 @@ netlock's stdin, stdout, stderr and environment, plus:
                  hold of NAME: give it to what PROGRAM writes to, so that a
                  late write of an earlier holder can be refused
 
+The hold carries its holder's identity, which "netlock status" and "netlock
+list" show: --holder, by default host/pid of netlock (the program's parent).
+
 netlock writes to stderr only, and only errors unless -v. With -v it tells
 what it does, and while it waits for the lock, who holds it (fencing token,
 TTL), or that Redis does not answer and until when netlock keeps trying:
@@ -103,6 +106,10 @@ type runConfig struct {
 	verbose  bool
 	elect    bool   // --elect: NAME is an election, PROGRAM runs while leading
 	value    string // --elect's leader value
+	// holder is --holder, the identity written with the hold, when set
+	// (holderSet); otherwise the library's default, host/pid of netlock.
+	holder    string
+	holderSet bool
 }
 
 // minExpiry is the shortest --expiry: netlock waits at most a tenth of the
@@ -144,6 +151,8 @@ func parseRunFlags(args []string, stdout, stderr io.Writer) (cfg runConfig, code
 	fs.BoolVar(&cfg.verbose, "v", false, "tell on stderr what netlock does, and while waiting who holds the lock")
 	fs.BoolVar(&cfg.elect, "elect", false, "NAME is an election: campaign to lead it and run the program while leading")
 	fs.StringVar(&cfg.value, "value", "", "with --elect, the leader's `value` that \"netlock leader\" shows (default: host/pid)")
+	holder := &holderValue{p: &cfg.holder}
+	fs.Var(holder, "holder", "the holder's `identity`, written with the hold, which \"netlock status\" and \"netlock list\"\nshow: up to 256 bytes of printable UTF-8, \"\" for none (default: host/pid of netlock)")
 	bad := func(format string, a ...any) (runConfig, int, bool) {
 		fmt.Fprintf(stderr, "netlock run: "+format+"\n", a...)
 		fmt.Fprintln(stderr, `Run "netlock run --help" for usage.`)
@@ -178,6 +187,7 @@ func parseRunFlags(args []string, stdout, stderr io.Writer) (cfg runConfig, code
 		return bad("empty program name")
 	}
 	cfg.name, cfg.argv = rest[0], rest[2:]
+	cfg.holderSet = holder.set
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	cfg.waitSet = set["wait"]
@@ -348,6 +358,9 @@ func (r *runner) newHeld(backends []netlock.Backend) error {
 	}}))
 	if cfg.maxTime > 0 {
 		opts = append(opts, netlock.WithMaxHold(cfg.maxTime))
+	}
+	if cfg.holderSet {
+		opts = append(opts, netlock.WithHolderInfo(cfg.holder))
 	}
 	if cfg.elect {
 		e, err := netlock.NewElection(cfg.name, backends, opts...)

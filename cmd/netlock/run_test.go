@@ -951,3 +951,23 @@ func TestRunElectLost(t *testing.T) {
 		})
 	}
 }
+
+// TestRunHolder: --holder sets the identity the hold carries, which status
+// shows from inside the run; --holder "" writes none.
+func TestRunHolder(t *testing.T) {
+	s := redistest.Start(t)
+	script := `"$1" status --redis "$2" "$NETLOCK_NAME"`
+	for _, c := range []struct{ holder, want string }{
+		{"ci job 42: deploy", `, holder "ci job 42: deploy"` + "\n"},
+		{"", "\n"},
+	} {
+		code, stdout, _ := runNetlock(t, nil, "run", "--redis", s.Addr(), "--holder", c.holder, "job", "--", "sh", "-c", script, "sh", netlockBin, s.Addr())
+		if code != exitHeld {
+			t.Errorf("--holder %q: exit %d, want the status's %d", c.holder, code, exitHeld)
+		}
+		first, _, _ := strings.Cut(stdout, "\n")
+		if !regexp.MustCompile(`^lock "job": held, fencing token [0-9]+, TTL [0-9.]+m?s` + regexp.QuoteMeta(c.want)).MatchString(first + "\n") {
+			t.Errorf("--holder %q: status inside the run says %q, want it to end %q", c.holder, first, c.want)
+		}
+	}
+}

@@ -3,7 +3,6 @@ package main
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -29,21 +28,38 @@ one holder's value; a key on fewer nodes is left over from an acquire that
 failed or a hold that expired elsewhere, and no longer excludes anyone.
 netlock.Inspect decides, as in a Go program.
 
+NAME is a NetMutex (what "netlock run" takes), a NetRWMutex or a Semaphore:
+status tells which by the keys NAME has in Redis (a name with none is free,
+whatever its kind). A NetMutex, a NetRWMutex and a Semaphore of one name
+are different locks: where more than one of them has keys, status names
+them and exits 64, and --kind says which to show. For a NetRWMutex
+(NetRWMutex.Inspect) it shows the writer (fencing token, TTL, holder), the
+read leases (one per process whose readers hold, with its holder), and the
+writers and readers waiting; for a Semaphore (Semaphore.Inspect), its size,
+the permits out, the leases and their holders, and the processes waiting.
+
 A node whose maxmemory-policy can evict keys with a TTL (volatile-*,
 allkeys-*) can drop the lock's key under its holder: status warns about it
 on stderr. netlock needs maxmemory-policy noeviction.
 
---json prints the same as one JSON object: "state" (held, free or unknown),
-"token", "ttl_ms" (-1: no TTL), "holder" (12 hex digits that tell holds
-apart), "holder_info" (the holder's identity), and "nodes", each with
-"addr", "state" (held, free or error), "token", "foreign" (a value netlock
-did not write), "ttl_ms", "holder", "holder_info", "waiters",
-"fence_counter", "maxmemory_policy", "maxmemory" (bytes, 0: no limit, -1:
-unknown), "evicts" and "error".
+--json prints the same as one JSON object, with "kind" (mutex, rw or
+semaphore). For a NetMutex: "state" (held, free or unknown), "token",
+"ttl_ms" (-1: no TTL), "holder" (12 hex digits that tell holds apart),
+"holder_info" (the holder's identity), and "nodes", each with "addr",
+"state" (held, free or error), "token", "foreign" (a value netlock did not
+write), "ttl_ms", "holder", "holder_info", "waiters", "fence_counter",
+"maxmemory_policy", "maxmemory" (bytes, 0: no limit, -1: unknown), "evicts"
+and "error". For a NetRWMutex, the writer's fields as a NetMutex's, with
+"writer" (whether a writer holds), "readers" (each read lease's "holder",
+"holder_info" and "ttl_ms"), and nodes with "state" write, read, free or
+error, "leases", "write_waiters" and "read_waiters". For a Semaphore:
+"state", "addr", "size", "permits" (out), "leases", "waiters", "holders"
+and "error".
 
-Exit status: 0 free, 1 held, 64 bad usage, 69 too few nodes answered to tell
-(not reachable, not answering, not a Redis server, or answering with an
-error).
+Exit status: 0 free, 1 held (a NetRWMutex by a writer or by readers, a
+Semaphore by any lease), 64 bad usage (or keys of several kinds without
+--kind), 69 too few nodes answered to tell (not reachable, not answering,
+not a Redis server, or answering with an error).
 
 ` + connHelp + `
 Flags:
@@ -57,6 +73,8 @@ const statusTimeout = 2 * time.Second
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cmd := newSubcommand("status", statusHelp, stdout, stderr)
 	asJSON := cmd.fs.Bool("json", false, "print the status as JSON (see above)")
+	var kind string
+	cmd.fs.Var(&choiceValue{p: &kind, choices: statusKinds}, "kind", "the `kind` of lock NAME is: mutex, rw or semaphore (default: the kind whose keys NAME has)")
 	if code, done := cmd.parse(args); done {
 		return code
 	}
@@ -71,13 +89,36 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 
 	pools := c.pools()
 	defer closePools(pools)
-	info, err := netlock.Inspect(ctx, name, backends(pools), netlock.WithPrefix(c.prefix), netlock.WithNodeTimeout(statusTimeout))
+	if kind == "" {
+		switch kinds := detectKinds(ctx, pools, c.prefix, name); len(kinds) {
+		case 0:
+			kind = statusMutex // free, whatever its kind
+		case 1:
+			kind = kinds[0]
+		default:
+			return cmd.bad("%q has the keys of %s, different locks of one name: give --kind %s", name, kindList(kinds), strings.Join(kinds, " or --kind "))
+		}
+	}
+	s := &statusRun{cmd: cmd, name: name, c: c, backends: backends(pools), asJSON: *asJSON, stdout: stdout, stderr: stderr}
+	switch kind {
+	case statusRW:
+		return s.rw(ctx)
+	case statusSem:
+		return s.sem(ctx)
+	}
+	return s.mutex(ctx)
+}
+
+// mutex shows the NetMutex name and returns the exit code.
+func (s *statusRun) mutex(ctx context.Context) int {
+	c := s.c
+	info, err := netlock.Inspect(ctx, s.name, s.backends, netlock.WithPrefix(c.prefix), netlock.WithNodeTimeout(statusTimeout))
 	if err != nil && !errors.Is(err, netlock.ErrQuorum) {
 		// Inspect validates the name as New does: one rule for every
 		// command.
-		return cmd.bad("%s", oneLine(err))
+		return s.cmd.bad("%s", oneLine(err))
 	}
-	code = exitFree
+	code := exitFree
 	switch {
 	case err != nil:
 		code = exitUnavailable
@@ -85,22 +126,27 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		code = exitHeld
 	}
 
-	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		enc.Encode(statusJSON(name, c, info, err))
+	if s.asJSON {
+		s.printJSON(statusJSON(s.name, c, info, err))
 	} else {
-		fmt.Fprintf(stdout, "lock %q: %s\n", name, summary(c, info, err))
-		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintf(s.stdout, "lock %q: %s\n", s.name, summary(c, info, err))
+		tw := tabwriter.NewWriter(s.stdout, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "NODE\tSTATE\tTTL\tTOKEN\tWAITERS\tFENCE COUNTER\tHOLDER")
 		for i, n := range info.Nodes {
 			fmt.Fprintf(tw, "%s\t%s\n", c.nodes[i].name, row(n))
 		}
 		tw.Flush()
 	}
-	for i, n := range info.Nodes {
+	nodeWarnings(s.stderr, c, info.Nodes)
+	return code
+}
+
+// nodeWarnings says on stderr why each node of nodes that failed did, and
+// warns of each node whose maxmemory-policy can evict the lock's keys.
+func nodeWarnings(stderr io.Writer, c *conn, nodes []netlock.NodeInfo) {
+	for i, n := range nodes {
 		who := c.nodes[i].name
-		if len(info.Nodes) > 1 {
+		if len(nodes) > 1 {
 			who = fmt.Sprintf("node %d %s", i, who)
 		}
 		if n.Err != nil {
@@ -114,7 +160,6 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 				who, n.MaxMemoryPolicy, maxmemoryText(n.MaxMemory))
 		}
 	}
-	return code
 }
 
 // summary says in a few words what Inspect found on c's nodes: held (by
@@ -233,6 +278,7 @@ func maxmemoryText(maxmemory int64) string {
 // machines.
 type jsonStatus struct {
 	Name   string `json:"name"`
+	Kind   string `json:"kind"`  // mutex
 	State  string `json:"state"` // held, free, unknown
 	Token  uint64 `json:"token"`
 	TTLMS  int64  `json:"ttl_ms"` // -1: no TTL; 0 when not held
@@ -260,7 +306,7 @@ type jsonNode struct {
 }
 
 func statusJSON(name string, c *conn, info netlock.Info, err error) jsonStatus {
-	s := jsonStatus{Name: name, State: "free", Token: info.Token, TTLMS: ttlMS(info.TTL), Holder: info.Holder, HolderInfo: info.HolderInfo, Nodes: []jsonNode{}}
+	s := jsonStatus{Name: name, Kind: statusMutex, State: "free", Token: info.Token, TTLMS: ttlMS(info.TTL), Holder: info.Holder, HolderInfo: info.HolderInfo, Nodes: []jsonNode{}}
 	switch {
 	case err != nil:
 		s.State, s.Error = "unknown", oneLine(err)

@@ -186,6 +186,10 @@ func TestStatusBadInput(t *testing.T) {
 		{[]string{"--redis", "nope", "a"}, `invalid value "nope" for --redis: want host:port`},
 		{[]string{"--wait", "0", "a"}, "unknown flag --wait"},
 		{[]string{"--json=maybe", "a"}, `invalid value "maybe" for --json`},
+		{[]string{"--kind", "lock", "a"}, `invalid value "lock" for --kind: want mutex, rw or semaphore`},
+		{[]string{"--kind", "", "a"}, `invalid value "" for --kind: want mutex, rw or semaphore`},
+		{[]string{"--kind", "rw", ""}, "empty lock name"},
+		{[]string{"--kind", "semaphore", "}x"}, `lock name "}x" starts with '}'`},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			code, stdout, stderr := runCmd(t, t.Context(), append([]string{"status"}, tc.args...)...)
