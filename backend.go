@@ -5,6 +5,7 @@ import (
 	"crypto/sha1"
 	_ "embed"
 	"encoding/hex"
+	"strings"
 )
 
 // A Backend is one independent Redis deployment: a single server, a primary
@@ -79,6 +80,21 @@ func newTelling(name, src string) *Script {
 	return s
 }
 
+// handOnHere is the line of a script after which handOn (lua/handon.lua)
+// is defined, where it is not prepended: after a common path that needs
+// none. Each EVALSHA runs the whole chunk, and a function defined there is
+// a new closure every time.
+const handOnHere = "-- handOn (handon.lua) is defined here.\n"
+
+// withHandOn returns src with handOn defined after its handOnHere line.
+func withHandOn(src string) string {
+	before, after, ok := strings.Cut(src, handOnHere)
+	if !ok {
+		panic("netlock: a script has no line " + handOnHere)
+	}
+	return before + handOnHere + handOnLua + after
+}
+
 // Name returns the script's name, such as "acquire".
 func (s *Script) Name() string { return s.name }
 
@@ -97,8 +113,9 @@ var (
 	extendLua string
 	//go:embed lua/leave.lua
 	leaveLua string
-	// handOn, the function that gives a turn on, is shared by release and
-	// leave: one definition, prepended to both.
+	// handOn, the function that gives a turn on, is shared by release,
+	// leave and the multi_ scripts: one definition, prepended to them, or
+	// put where release says (withHandOn).
 	//go:embed lua/handon.lua
 	handOnLua string
 	//go:embed lua/inspect.lua
@@ -155,7 +172,7 @@ var (
 	semInspectLua string
 
 	acquireScript = newScript("acquire", acquireLua).withOp(opAcquire)
-	releaseScript = newTelling("release", handOnLua+releaseLua)
+	releaseScript = newTelling("release", withHandOn(releaseLua))
 	extendScript  = newScript("extend", extendLua).withOp(opExtend)
 	leaveScript   = newTelling("leave", handOnLua+leaveLua)
 	inspectScript = newScript("inspect", packLua+readStateLua+inspectLua)

@@ -67,8 +67,18 @@ func TestScripts(t *testing.T) {
 			}
 		}
 
+		lockValue := func(what, want string) {
+			t.Helper()
+			if v, _ := redis.String(e.do(t, "GET", k.lock), nil); v != want {
+				t.Errorf("lock key %s: got %q, want %q", what, v, want)
+			}
+		}
+
 		e.do(t, "SCRIPT", "FLUSH") // the first calls fall back to EVAL
 		check("acquire free", acquire("v1", "0"), 1, 1, 0)
+		// Nobody queued: no '+' (see lua/acquire.lua), so the release only
+		// deletes the key.
+		lockValue("taken with no queue", "v1:1:")
 		// Another name in the same slot ("s}x" has the hash tag "s") moves
 		// the shared counter on.
 		other := newKeys("netlock:", "s}x", true)
@@ -92,6 +102,9 @@ func TestScripts(t *testing.T) {
 		// that does not listen, or TryLock, does not. A waiter whose turn
 		// was lost ("jt") goes to the head.
 		acquireAs("w2:j", "x", "0")
+		// The first waiter to join marks the holder's value: its release
+		// must look at the queue.
+		lockValue("after a waiter joined", "v1:1:+")
 		acquireAs("w3:j", "y", "0")
 		acquireAs("w2:j", "z", "0")
 		acquireAs("w9:", "z", "0")
@@ -153,9 +166,8 @@ func TestScripts(t *testing.T) {
 		listen("g2")
 		listen("g3")
 		check("release granting, one dead waiter ahead", release("r"), 1, 1, 1, 1)
-		if v, _ := redis.String(e.do(t, "GET", k.lock), nil); v != "N2.10:10:h2" {
-			t.Errorf("lock key after the grant: got %q, want N2.10:10:h2 (nonce.token:token:holder)", v)
-		}
+		// Others may wait behind a grantee: its value says so.
+		lockValue("after the grant (nonce.token:token:holder+)", "N2.10:10:h2+")
 		if ttl, _ := redis.Int(e.do(t, "PTTL", k.lock), nil); ttl <= 5000 || ttl > 6000 {
 			t.Errorf("granted key's TTL: got %dms, want the grantee's expiry, (5000, 6000]", ttl)
 		}
@@ -179,10 +191,27 @@ func TestScripts(t *testing.T) {
 		}
 		// The grantee gives up: leave releases its grant and grants the next.
 		check("leave by the grantee", leave("g2+6000+N2+h2"), 0, 1, 1, 0)
-		if v, _ := redis.String(e.do(t, "GET", k.lock), nil); v != "N3.11:11:h3" {
-			t.Errorf("lock key after the grantee left: got %q, want N3.11:11:h3", v)
-		}
+		lockValue("after the grantee left", "N3.11:11:h3+")
 		check("release the last grant", release("N3.11"), 1, 0, 0, 0)
+
+		// A key taken while the queue exists is marked, though nobody
+		// joined during the hold.
+		acquireAs("h1:j", "t1", "0")
+		acquireAs("h2:j", "u", "0")
+		acquireAs("h3:j", "u", "0")
+		listen("h2")
+		check("release naming h2", release("t1"), 1, 1, 0, 0)
+		check("TryLock while h3 waits", acquire("t2", "0"), 1, 13, 0)
+		lockValue("taken while h3 waits", "t2:13:+")
+		check("release, h3 skipped", release("t2"), 1, 0, 0, 1) // nobody listens for h3
+		check("TryLock, the queue gone", acquire("t3", "0"), 1, 14, 0)
+		lockValue("taken with the queue gone", "t3:14:")
+		check("extend with no queue", extend("t3"), 1)
+		check("release with no queue", release("t3"), 1, 0, 0, 0)
+		// A value netlock did not write is not marked by a joining waiter.
+		e.do(t, "SET", k.lock, "foreign", "PX", 8000)
+		acquireAs("f1:j", "f", "0")
+		lockValue("foreign, after a waiter joined", "foreign")
 	})
 }
 

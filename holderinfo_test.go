@@ -22,6 +22,11 @@ func keyValue(value string, token uint64) string {
 	return value + ":" + strconv.FormatUint(token, 10) + ":" + keyspace.HolderEncode(defaultHolderInfo())
 }
 
+// unmarked returns a lock key's value v without the '+' that ends it when
+// the waiters' queue may exist (see lua/acquire.lua), to compare with
+// keyValue.
+func unmarked(v string) string { return strings.TrimSuffix(v, "+") }
+
 // selfHolder is the default holder identity: "<hostname>/<pid>" of this
 // process, as the test works it out.
 func selfHolder(t *testing.T) string {

@@ -690,7 +690,7 @@ func (mc *propMachine) nodeUp(rt *rapid.T) {
 		stale := keyValue(v, n.key.token)
 		eventually(rt, 5*time.Second, fmt.Sprintf("node %d: the release of %q queued while it was partitioned delivered", k, stale), func() bool {
 			got, _ := n.srv.Get(propLockKey)
-			return got != stale
+			return unmarked(got) != stale
 		})
 		n.key = modelKey{}
 		mc.stats.add("reaped stale key")
@@ -760,7 +760,7 @@ func (mc *propMachine) check(rt *rapid.T) {
 		// quorum of valid keys on the servers.
 		valid := 0
 		for _, n := range mc.nodes {
-			if v, err := n.srv.Get(propLockKey); err == nil && c.held && v == keyValue(c.value, c.token) {
+			if v, err := n.srv.Get(propLockKey); err == nil && c.held && unmarked(v) == keyValue(c.value, c.token) {
 				valid++
 			}
 		}
@@ -1048,7 +1048,7 @@ func (mc *propMachine) checkNodes() {
 		if err != nil {
 			got = ""
 		}
-		if got != want {
+		if got = unmarked(got); got != want {
 			mc.rt.Fatalf("node %d (up %v): lock key %q, model says %q", k, n.up, got, want)
 		}
 		if want != "" && n.srv.TTL(propLockKey) != n.key.exp-mc.now {

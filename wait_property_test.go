@@ -850,7 +850,7 @@ func (mc *waitMachine) check() {
 			mc.fatalf("processes %d (%v) and %d (%v) both hold: got two valid holds, want at most one", holder.n, holder.state, p.n, p.state)
 		}
 		holder = p
-		if want := keyValue(h.value, h.token); key != want {
+		if want := keyValue(h.value, h.token); unmarked(key) != want {
 			mc.fatalf("lock key, process %d (%v) holding: got %q (exists %v), want %q", p.n, p.state, key, exists, want)
 		}
 	}

@@ -1,7 +1,9 @@
 -- extend: reset the lock's TTL only if the key holds exactly our value. Never
 -- re-creates an absent key: a hold that lapsed stays lapsed. The waiters'
 -- queue is kept as long as the lock is held, so waiters keep their places
--- however long the hold lasts.
+-- however long the hold lasts; a value without the '+' that says the queue
+-- may exist (see acquire.lua) has none to keep, and its extend makes two
+-- calls (GET, PEXPIRE).
 --
 -- KEYS[1]  lock key, p{name}
 -- KEYS[2]  waiters' queue, p{name}:waiters (see acquire.lua)
@@ -20,7 +22,9 @@ local cur = redis.call('GET', KEYS[1])
 local mine = ARGV[1] .. ':'
 if cur and string.sub(cur, 1, #mine) == mine then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+  if string.byte(cur, -1) == 43 then -- '+'
+    redis.call('PEXPIRE', KEYS[2], ARGV[3])
+  end
   if KEYS[3] then
     redis.call('PEXPIRE', KEYS[3], ARGV[4])
   end

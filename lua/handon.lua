@@ -1,5 +1,6 @@
 -- handon: not a script of its own. Its function is prepended to
--- release.lua and leave.lua (see backend.go), which both give a turn on.
+-- leave.lua and the multi_ scripts, and put in release.lua where it says
+-- so, after its common path, which needs none (see backend.go).
 -- Before it, backend.go puts the line that sets publish, the command that
 -- tells a waiter: 'PUBLISH', or 'SPUBLISH' where the Backend's waiters
 -- listen with sharded pub/sub (a Redis Cluster: the channel is in the lock
@@ -11,7 +12,9 @@
 -- it finds "<nonce>.<n>:<token>:<holder>", with the waiter's own holder
 -- identity (see acquire.lua) (n is the token, or the server's time in
 -- microseconds without fencing), and told so on its channel with
--- "g:<nonce>:<n>:<token>": it holds without a round trip. A member "<id>"
+-- "g:<nonce>:<n>:<token>": it holds without a round trip. The value ends
+-- with the '+' that says the queue may exist (see acquire.lua): others may
+-- still wait behind it. A member "<id>"
 -- (a quorum's waiter, or where PUBLISH cannot count the listeners) is told
 -- with the message "<id>" and attempts. A member nobody listens for (publish
 -- returns 0) is a waiter whose process died, or whose connection dropped
@@ -39,7 +42,7 @@ local function handOn(lock, queue, fence, channel, tries, held)
         n = t[1] * 1000000 + t[2]
       end
       local value = nonce .. '.' .. string.format('%d', n)
-      redis.call('SET', lock, value .. ':' .. string.format('%d', token) .. ':' .. holder, 'PX', exp)
+      redis.call('SET', lock, value .. ':' .. string.format('%d', token) .. ':' .. holder .. '+', 'PX', exp)
       held = true
       local heard = redis.call(publish, channel .. ':' .. id, 'g:' .. nonce .. ':' .. string.format('%d', n) .. ':' .. string.format('%d', token))
       if heard > 0 then

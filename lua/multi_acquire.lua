@@ -55,11 +55,11 @@ local function counter()
   return c
 end
 
-local busy, late = 0, false
+local busy, late, held = 0, false, nil
 for i = 1, n do
   local cur = redis.call('GET', KEYS[i])
   if cur and string.sub(cur, 1, #mine) ~= mine then
-    busy = i
+    busy, held = i, cur
     break
   end
   if not cur and redis.call('EXISTS', KEYS[2 * n + i]) == 1 then
@@ -88,6 +88,11 @@ if busy > 0 then
     end
     if redis.call('ZADD', q, 'NX', score, waiter) == 1 then
       redis.call('PEXPIRE', q, queueTTL)
+    end
+    -- The holder's release must look at the queue now: a NetMutex's value
+    -- says so with a '+' at its end (43; see acquire.lua).
+    if string.byte(held, -1) ~= 43 and string.find(held, '^[^:]+:%d+:[^:]*$') then
+      redis.call('APPEND', KEYS[busy], '+')
     end
   end
   local c = 0

@@ -5,8 +5,8 @@
 -- holdOf reads the lock or writer key key, writing nothing, and returns
 -- state, token, pttl, holder, who:
 --   state   0 free; 1 held, the key holds netlock's "<value>:<token>" or
---           "<value>:<token>:<holder>" (see acquire.lua); 2 held by a value
---           netlock did not write
+--           "<value>:<token>:<holder>", a lock key's maybe followed by '+'
+--           (see acquire.lua); 2 held by a value netlock did not write
 --   token   the holder's fencing token (0 when free, by a foreign value, or
 --           with fencing off)
 --   pttl    the key's remaining TTL in ms; -1 if it has none; -2 when free
@@ -21,6 +21,12 @@ local function holdOf(key)
   local cur = redis.call('GET', key)
   if not cur then
     return 0, 0, -2, 0, ''
+  end
+  -- Without the '+' that ends a lock key's value when its waiters' queue
+  -- may exist (see acquire.lua): nodes held by one acquisition differ in
+  -- it.
+  if string.find(cur, '^[^:]+:%d+:[^:]*%+$') then
+    cur = string.sub(cur, 1, -2)
   end
   local pttl = redis.call('PTTL', key)
   local holder = tonumber(string.sub(redis.sha1hex(cur), 1, 12), 16)

@@ -25,8 +25,11 @@
 -- The longest-waiting waiter is taken off the queue and given its turn
 -- (see handOn): only it wakes, and only its connection hears of it, instead
 -- of every waiter at once. A waiter joins the queue only while it listens.
--- With the queue empty nothing is published. (handOn is in handon.lua,
--- prepended to this script.)
+-- With the queue empty nothing is published. A value whose queue cannot
+-- exist (no '+' at its end, see acquire.lua) is only deleted: the common
+-- release makes two calls, GET and DEL, and runs before handOn is defined
+-- (it is in handon.lua, put in this script where it says so): each EVALSHA
+-- runs the whole chunk, and a function defined is a new closure per call.
 --
 -- Reply, an array of integers:
 --   { 1, n, g, s}  released; n clients (pub/sub connections of waiters)
@@ -37,15 +40,23 @@
 --   {-1}           held by another value: not ours, left untouched
 local cur = redis.call('GET', KEYS[1])
 local mine = ARGV[1] .. ':'
-if cur and string.sub(cur, 1, #mine) == mine then
-  if KEYS[5] then
-    redis.call(publish, KEYS[1] .. ':changes', 'n:' .. string.match(cur, '^%d+', #mine + 1))
+local ours = cur and string.sub(cur, 1, #mine) == mine
+if not ours then
+  redis.call('SET', KEYS[2], '', 'PX', ARGV[2])
+  if cur then
+    return {-1}
   end
-  local heard, granted, skipped = handOn(KEYS[1], KEYS[3], KEYS[4], KEYS[1] .. ':released', tonumber(ARGV[3]), true)
-  return {1, heard, granted, skipped}
+  return {0}
 end
-redis.call('SET', KEYS[2], '', 'PX', ARGV[2])
-if cur then
-  return {-1}
+if KEYS[5] then
+  redis.call(publish, KEYS[1] .. ':changes', 'n:' .. string.match(cur, '^%d+', #mine + 1))
 end
-return {0}
+-- A value without the queue's mark (43 is '+'; see acquire.lua) has
+-- nobody queued behind it: delete it, two calls in all.
+if string.byte(cur, -1) ~= 43 then
+  redis.call('DEL', KEYS[1])
+  return {1, 0, 0, 0}
+end
+-- handOn (handon.lua) is defined here.
+local heard, granted, skipped = handOn(KEYS[1], KEYS[3], KEYS[4], KEYS[1] .. ':released', tonumber(ARGV[3]), true)
+return {1, heard, granted, skipped}

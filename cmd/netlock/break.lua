@@ -39,7 +39,13 @@ if not cur then
   return {0}
 end
 local token = tonumber(string.match(cur, '^[^:]+:(%d+):[^:]*$') or string.match(cur, '^[^:]+:(%d+)$') or '0')
-if ARGV[1] ~= '' and string.sub(redis.sha1hex(cur), 1, 12) ~= ARGV[1] then
+-- The hold is named by its value without the '+' that ends it when the
+-- waiters' queue may exist (lua/acquire.lua), as lua/inspect.lua hashes it.
+local named = cur
+if string.find(cur, '^[^:]+:%d+:[^:]*%+$') then
+  named = string.sub(cur, 1, -2)
+end
+if ARGV[1] ~= '' and string.sub(redis.sha1hex(named), 1, 12) ~= ARGV[1] then
   return {-1, token}
 end
 local counter = tonumber(redis.call('GET', KEYS[3]) or '0') or 0

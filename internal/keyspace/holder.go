@@ -56,7 +56,10 @@ func LeaseHolder(lease string) string {
 }
 
 // HolderOf returns the holder at the end of a lock or writer key's value,
-// "<value>:<token>:<holder>", decoded; "" if the value has none.
+// "<value>:<token>:<holder>", decoded; "" if the value has none. A lock
+// key's value may end with a '+' after the holder, which says the waiters'
+// queue may exist (see lua/acquire.lua); a holder never holds one (it is
+// escaped).
 func HolderOf(value string) string {
 	_, rest, ok := strings.Cut(value, ":")
 	if !ok {
@@ -66,5 +69,5 @@ func HolderOf(value string) string {
 	if !ok {
 		return ""
 	}
-	return HolderDecode(h)
+	return HolderDecode(strings.TrimSuffix(h, "+"))
 }
