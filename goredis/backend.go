@@ -345,9 +345,7 @@ func masterAt(ctx context.Context, cc *redis.ClusterClient, addr string) *redis.
 func (b *backend) pipeWait(ctx context.Context, c redis.Cmdable, s *netlock.Script, source bool, keys, args []string, replicas int) ([]int64, int, error) {
 	run := b.scriptCmd(ctx, s, source, keys, args)
 	var wait *redis.Cmd
-	// The pipeline's own error is its first failed command's: each
-	// command's is read below instead.
-	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		_ = p.Process(ctx, run)
 		// Pipeliner has no Wait method; Wait's own read timeout would not
 		// apply in a pipeline anyway, whose reads are bounded by ctx's
@@ -355,6 +353,10 @@ func (b *backend) pipeWait(ctx context.Context, c redis.Cmdable, s *netlock.Scri
 		wait = p.Do(ctx, "WAIT", replicas, netlock.WaitTimeout(ctx).Milliseconds())
 		return nil
 	})
+	unanswered(run, err) // as in pipeline.pipe
+	if wait.Err() == nil && wait.Val() == nil {
+		wait.SetErr(err)
+	}
 	reply, err := run.Result()
 	if err != nil {
 		return nil, 0, err

@@ -124,16 +124,29 @@ func (p *pipeline) sendAll(calls []*pipedCall) {
 // scripts' source, and returns their commands, answered or failed.
 func (p *pipeline) pipe(ctx context.Context, calls []*pipedCall, source bool) []*redis.IntSliceCmd {
 	cmds := make([]*redis.IntSliceCmd, len(calls))
-	// The pipeline's own error is its first failed command's: each
-	// command's is read by the caller instead.
-	_, _ = p.c.Pipelined(ctx, func(pl redis.Pipeliner) error {
+	_, err := p.c.Pipelined(ctx, func(pl redis.Pipeliner) error {
 		for i, c := range calls {
 			cmds[i] = p.cmd(ctx, c.s, source, c.keys, c.args)
 			_ = pl.Process(ctx, cmds[i])
 		}
 		return nil
 	})
+	for _, cmd := range cmds {
+		unanswered(cmd, err)
+	}
 	return cmds
+}
+
+// unanswered gives cmd, a command of a pipeline that failed with err, err
+// as its own if it has neither an error nor a reply. The pipeline's error is
+// its first failed command's, and each command's is read instead; but
+// go-redis before v9.23 leaves the commands of a pipeline without an error
+// when its last retry fails to connect (a server down: dial refused), and
+// an IntSliceCmd then reads as an empty reply and no error.
+func unanswered(cmd *redis.IntSliceCmd, err error) {
+	if err != nil && cmd.Err() == nil && len(cmd.Val()) == 0 {
+		cmd.SetErr(err)
+	}
 }
 
 // latestDeadline returns a context, detached from the calls' cancellation

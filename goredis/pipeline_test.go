@@ -229,3 +229,29 @@ func TestPipelineNoScript(t *testing.T) {
 		t.Errorf("EVALSHAs and EVALs run: got %v, want [%d %d]", got, n, n)
 	}
 }
+
+// TestPipelineServerDown: the calls of a pipeline to a server that is gone
+// (its address refuses connections) each get an error, not an empty reply,
+// and so does a script run with WAIT (EvalWait's pipeline).
+func TestPipelineServerDown(t *testing.T) {
+	s := redistest.Start(t)
+	addr := s.Addr()
+	s.Kill()
+	b := New(newClient(t, addr)).(*backend)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	calls := make([]*pipedCall, 3)
+	for i := range calls {
+		calls[i] = &pipedCall{ctx: ctx, s: echoScript, keys: []string{"echo"}, args: []string{strconv.Itoa(i)}, done: make(chan pipedReply, 1)}
+	}
+	b.pipe.sendAll(calls)
+	for i, c := range calls {
+		if r := <-c.done; r.err == nil {
+			t.Errorf("call %d of a pipeline to a server that is gone: got reply %v and no error", i, r.reply)
+		}
+	}
+	reply, acked, err := b.EvalWait(ctx, echoScript, []string{"echo"}, []string{"1"}, 1)
+	if err == nil {
+		t.Errorf("EvalWait on a server that is gone: got reply %v, %d acknowledged, and no error", reply, acked)
+	}
+}
