@@ -2,7 +2,9 @@ package netlock
 
 import (
 	"context"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -87,5 +89,101 @@ func TestOrphanOnlyWithoutWatch(t *testing.T) {
 	h.dispatch(&link{}, "c", "g:n:3:3") // another link's: not this topic's
 	if len(got) != 1 {
 		t.Fatalf("a message of another link: orphan got %q", got)
+	}
+}
+
+// TestOrphanAfterUnsubscribe: a message on a channel the Hub unsubscribed
+// (the server may have published it before it had the UNSUBSCRIBE) still
+// reaches the channel's orphan handler, on the link it was subscribed
+// through, until leftKeep has passed or the link is closed; and a channel
+// subscribed again takes its messages back.
+func TestOrphanAfterUnsubscribe(t *testing.T) {
+	l := newStuckListener("")
+	h := NewHub(HubConfig{Listen: func(context.Context, func(string, string)) (Listener, error) { return l, nil }})
+	var mu sync.Mutex
+	var got []string
+	orphan := func(p string) { mu.Lock(); got = append(got, p); mu.Unlock() }
+	gotten := func() []string { mu.Lock(); defer mu.Unlock(); return slices.Clone(got) }
+	ctx := context.Background()
+	// "keep" keeps the link open while "c" is unsubscribed.
+	keep, err := h.watch(ctx, "keep", make(chan string, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := h.watchFor(ctx, "c", make(chan string, 1), orphan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := w.topic.link
+	w.stop()
+	eventually(t, 5*time.Second, "the idle channel unsubscribed", func() bool { return !h.subscribed("c") })
+
+	h.dispatch(ln, "c", "g:n:1:1")
+	if g := gotten(); !slices.Equal(g, []string{"g:n:1:1"}) {
+		t.Fatalf("a message after the unsubscribe: orphan got %q, want [g:n:1:1]", g)
+	}
+	h.dispatch(&link{}, "c", "g:n:2:2") // another link's
+	h.dispatch(ln, "other", "g:n:3:3")  // a channel that had no handler
+	if g := gotten(); len(g) != 1 {
+		t.Fatalf("messages of another link or channel: orphan got %q", g)
+	}
+
+	// Subscribed again: its messages are the new watch's.
+	wake := make(chan string, 1)
+	w2, err := h.watch(ctx, "c", wake)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.dispatch(ln, "c", "g:n:4:4")
+	if g := gotten(); len(g) != 1 || <-wake != "g:n:4:4" {
+		t.Fatalf("subscribed again: orphan got %q, want the watch to get the message", g)
+	}
+	w2.stop()
+	eventually(t, 5*time.Second, "the idle channel unsubscribed again", func() bool { return !h.subscribed("c") })
+	h.dispatch(ln, "c", "g:n:5:5")
+	if g := gotten(); len(g) != 1 {
+		t.Fatalf("unsubscribed after a watch without a handler: orphan got %q, want nothing more", g)
+	}
+
+	// Kept for leftKeep only.
+	w3, err := h.watchFor(ctx, "d", make(chan string, 1), orphan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w3.stop()
+	eventually(t, 5*time.Second, "d unsubscribed", func() bool { return !h.subscribed("d") })
+	h.wmu.Lock()
+	lt := h.left["d"]
+	lt.at = lt.at.Add(-leftKeep)
+	h.left["d"] = lt
+	h.wmu.Unlock()
+	h.dispatch(ln, "d", "g:n:6:6")
+	if g := gotten(); len(g) != 1 {
+		t.Fatalf("after leftKeep: orphan got %q, want nothing more", g)
+	}
+	h.sweepIdle()
+	h.wmu.Lock()
+	_, kept := h.left["d"]
+	h.wmu.Unlock()
+	if kept {
+		t.Fatal("after leftKeep and a sweep: the handler is still kept")
+	}
+
+	// Dropped with the link.
+	w4, err := h.watchFor(ctx, "e", make(chan string, 1), orphan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w4.stop()
+	eventually(t, 5*time.Second, "e unsubscribed", func() bool { return !h.subscribed("e") })
+	keep.stop()
+	h.mu.Lock()
+	h.failLocked(ln)
+	h.mu.Unlock()
+	h.wmu.Lock()
+	n := len(h.left)
+	h.wmu.Unlock()
+	if n != 0 {
+		t.Fatalf("after the link closed: %d channels' handlers kept, want 0", n)
 	}
 }

@@ -86,6 +86,9 @@ type Hub struct {
 	wmu    sync.Mutex
 	topics map[string]*topic
 	sweep  *time.Timer // set while a topic has no watches: unsubscribes it
+	// left holds, by channel, the orphan handlers of the channels
+	// unsubscribed lately (see leftKeep), on links still open.
+	left map[string]leftTopic
 
 	// checked: a NetMutex of this Backend looked at its server's settings
 	// (see NetMutex.checkServers). The Hub is the one per-Backend place
@@ -120,6 +123,22 @@ type topic struct {
 	orphan func(payload string)
 }
 
+// A leftTopic is what a Hub keeps of an unsubscribed channel that had an
+// orphan handler: the server may have published a message on it before it
+// had the UNSUBSCRIBE (a fault can hold the connection's bytes back for
+// seconds), and a grant in such a message must still be given back rather
+// than left to expire. It is kept for leftKeep, and dropped with its link.
+type leftTopic struct {
+	link   *link
+	orphan func(payload string)
+	at     time.Time // when the channel was unsubscribed
+}
+
+// leftKeep is how long a Hub passes the messages of a channel it
+// unsubscribed to the channel's orphan handler. The handlers older are
+// dropped by the next sweep (sweepIdle), or with their link.
+const leftKeep = 30 * time.Second
+
 // A watch is one waiter's interest in one channel of one Hub. A message on
 // the channel is signalled on wake with its payload; the connection failing,
 // with "".
@@ -136,7 +155,7 @@ type watch struct {
 // c.Shard is set, by c.ListenShard, one per master. A Backend makes one,
 // when it is made, and returns it from every call of its Hub method.
 func NewHub(c HubConfig) *Hub {
-	h := &Hub{listen: c.Listen, counted: !c.Cluster, links: make(map[string]*link), topics: make(map[string]*topic), calls: newLimiter()}
+	h := &Hub{listen: c.Listen, counted: !c.Cluster, links: make(map[string]*link), topics: make(map[string]*topic), left: make(map[string]leftTopic), calls: newLimiter()}
 	if c.Shard != nil {
 		h.shard, h.listenShard, h.counted = c.Shard, c.ListenShard, true
 	}
@@ -169,11 +188,12 @@ func (h *Hub) watch(ctx context.Context, channel string, wake chan<- string) (*w
 
 // watchFor is watch for the owner of channel (a NetMutex's own release
 // channel): a message on it that comes while no waiter watches it (the
-// last one stopped, the channel not unsubscribed yet: see hubLinger) is
-// passed to orphan, called on the connection's reading goroutine, which
-// it must not hold up. A release may grant the lock to a waiter whose
-// place outlived it, and count this Hub as listening: orphan gives such a
-// grant back at once, where nobody would take it up before it expired.
+// last one stopped, the channel not unsubscribed yet: see hubLinger; or
+// unsubscribed within leftKeep, see leftTopic) is passed to orphan, called
+// on the connection's reading goroutine, which it must not hold up. A
+// release may grant the lock to a waiter whose place outlived it, and count
+// this Hub as listening: orphan gives such a grant back at once, where
+// nobody would take it up before it expired.
 func (h *Hub) watchFor(ctx context.Context, channel string, wake chan<- string, orphan func(payload string)) (*watch, error) {
 	node := ""
 	if h.sharded() {
@@ -213,6 +233,7 @@ func (h *Hub) watchFor(ctx context.Context, channel string, wake chan<- string, 
 		l.pending[channel] = append(l.pending[channel], t)
 		h.wmu.Lock()
 		h.topics[channel] = t
+		delete(h.left, channel) // its messages are the new topic's now
 		h.wmu.Unlock()
 	}
 	w := &watch{hub: h, topic: t, wake: wake}
@@ -359,6 +380,12 @@ func (h *Hub) sweepIdle() {
 	idle := map[*link][]string{}
 	used := map[*link]bool{} // links left with a channel
 	var next time.Duration   // until the next topic is due, if any
+	now := time.Now()
+	for ch, lt := range h.left {
+		if now.Sub(lt.at) >= leftKeep {
+			delete(h.left, ch)
+		}
+	}
 	for ch, t := range h.topics {
 		if len(t.watches) > 0 {
 			used[t.link] = true
@@ -373,6 +400,9 @@ func (h *Hub) sweepIdle() {
 		}
 		delete(h.topics, ch)
 		idle[t.link] = append(idle[t.link], ch)
+		if t.orphan != nil {
+			h.left[ch] = leftTopic{link: t.link, orphan: t.orphan, at: now}
+		}
 	}
 	h.wmu.Unlock()
 	for _, l := range h.links {
@@ -411,7 +441,11 @@ func (h *Hub) dispatch(l *link, channel, payload string) {
 	defer h.wmu.Unlock()
 	t := h.topics[channel]
 	switch {
-	case t == nil || t.link != l:
+	case t == nil:
+		if lt, ok := h.left[channel]; ok && lt.link == l && time.Since(lt.at) < leftKeep {
+			lt.orphan(payload)
+		}
+	case t.link != l:
 	case len(t.watches) == 0 && t.orphan != nil:
 		t.orphan(payload)
 	default:
@@ -468,6 +502,11 @@ func (h *Hub) failLocked(l *link) {
 			w.signal("")
 		}
 		delete(h.topics, ch)
+	}
+	for ch, lt := range h.left {
+		if lt.link == l {
+			delete(h.left, ch)
+		}
 	}
 	if len(h.links) == 0 && h.sweep != nil {
 		h.sweep.Stop()
