@@ -1,9 +1,11 @@
 package chaos
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 )
 
@@ -52,6 +54,25 @@ func (t *evalTrace) about(s string, base time.Time) string {
 	return t.lines(base, func(c *traceCall) bool { return strings.Contains(c.args, s) })
 }
 
+// leftInFault reports whether the latest recorded call whose arguments
+// contain nonce is a leave (script leave) that failed: the waiter of
+// nonce gave up its place, and its process could not tell the server (a
+// fault held the call back past its node timeout).
+func (t *evalTrace) leftInFault(nonce, leave string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i := range len(t.calls) {
+		c := &t.calls[(t.next-1-i+2*len(t.calls))%len(t.calls)]
+		if c.script == "" {
+			return false // before the first call: none named nonce
+		}
+		if strings.Contains(c.args, nonce) {
+			return c.script == leave && strings.HasPrefix(c.reply, "error: ")
+		}
+	}
+	return false
+}
+
 // window returns the recorded calls of client that overlap [from, to],
 // oldest first, one per line, timed from base.
 func (t *evalTrace) window(client int, from, to, base time.Time) string {
@@ -76,4 +97,39 @@ func (t *evalTrace) lines(base time.Time, keep func(*traceCall) bool) string {
 		}
 	}
 	return b.String()
+}
+
+// TestLeftInFault: leftInFault looks at the latest call naming the nonce
+// only, across the ring's wrap.
+func TestLeftInFault(t *testing.T) {
+	tr := &evalTrace{calls: make([]traceCall, 4)}
+	at := time.Now()
+	failed := errors.New("context deadline exceeded")
+	if tr.leftInFault("N", "rw_leave") {
+		t.Error("an empty trace: got true")
+	}
+	tr.add(1, "rw_acquire", []string{"w:V1", "id+1000+N+h"}, []int64{-1, 0, 5}, nil, at, at)
+	tr.add(1, "rw_leave", []string{"id+1000+N+h"}, nil, failed, at, at)
+	if !tr.leftInFault("N", "rw_leave") {
+		t.Error("the latest call a failed leave: got false")
+	}
+	if tr.leftInFault("M", "rw_leave") {
+		t.Error("a nonce no call named: got true")
+	}
+	tr.add(2, "rw_release", []string{"w:V2"}, []int64{1, 1}, nil, at, at)
+	tr.add(2, "rw_acquire", []string{"w:V3"}, []int64{1, 4, 0}, nil, at, at)
+	tr.add(2, "rw_acquire", []string{"w:V4"}, []int64{1, 5, 0}, nil, at, at) // the ring wraps: the first call is gone
+	if !tr.leftInFault("N", "rw_leave") {
+		t.Error("after the ring wrapped: got false")
+	}
+	tr.add(1, "rw_leave", []string{"id+1000+N+h"}, []int64{1, 0}, nil, at, at)
+	if tr.leftInFault("N", "rw_leave") {
+		t.Error("the latest call a leave that succeeded: got true")
+	}
+	tr.add(1, "rw_acquire", []string{"w:V5", "id+1000+N+h"}, []int64{1, 6, 0}, nil, at, at)
+	tr.add(1, "rw_leave", []string{"id+1000+N+h"}, nil, failed, at, at)
+	tr.add(1, "rw_acquire", []string{"w:V6", "id+1000+N+h"}, nil, failed, at, at)
+	if tr.leftInFault("N", "rw_leave") {
+		t.Error("the latest call a failed acquire: got true")
+	}
 }
