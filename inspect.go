@@ -179,10 +179,18 @@ func (m *NetMutex) inspect(ctx context.Context) (Info, error) {
 	if m.keys.fence == "" {
 		keys = keys[:2]
 	}
-	replies := m.fanout(ctx, inspectScript, keys, []string{strings.Join(maxmemoryPolicies, ",")}, nil)
-	nodes := make([]NodeInfo, len(replies))
+	return inspectNodes(ctx, m, inspectScript, keys, nodeInfo, judge)
+}
+
+// inspectNodes runs an inspect script (s, on keys) on every node of m,
+// reads each node's reply with read, and judges them over m's quorum; an
+// error names ctx's end too, if ctx ended.
+func inspectNodes[N, I any](ctx context.Context, m *NetMutex, s *Script, keys []string,
+	read func(int, nodeReply) N, judge func([]N, int) (I, *inspectError)) (I, error) {
+	replies := m.fanout(ctx, s, keys, []string{strings.Join(maxmemoryPolicies, ",")}, nil)
+	nodes := make([]N, len(replies))
 	for i, r := range replies {
-		nodes[i] = nodeInfo(i, r)
+		nodes[i] = read(i, r)
 	}
 	info, err := judge(nodes, m.quorum)
 	if err != nil {

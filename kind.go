@@ -56,6 +56,8 @@ type kind interface {
 	// messageGrant completes a grant told by a release's message, whose
 	// last number is in g.token.
 	messageGrant(g *grant)
+	// rule returns the kind's local admission rule (see localRule).
+	rule() localRule
 }
 
 // Reply statuses of the acquire scripts (lua/acquire.lua,

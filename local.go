@@ -21,11 +21,11 @@ import (
 // permits on to the waiters at the head of the line, the owner first, as
 // far as they go (handLocked, by its kind's rule: see semLease.admitLocked).
 //
-// Each kind's local admission rule says whom of the line a hold the process
-// has serves as well, without a round trip (DESIGN §9): a NetMutex's, one
-// owner (handOffLocked); a NetRWMutex's readers under the write lock,
-// sync.RWMutex's (admitSharedLocked); a Semaphore's, weights within the
-// permits given back (semLease.admitLocked). Each is bounded by
+// Each kind's local admission rule (a localRule, m.rule) says whom of the
+// line a hold the process has serves as well, without a round trip (DESIGN
+// §9): a NetMutex's, one owner (exclusiveRule); a NetRWMutex's readers
+// under the write lock, sync.RWMutex's (rwRule); a Semaphore's, weights
+// within the permits given back (semLease.admitLocked). Each is bounded by
 // mayHandOffLocked, so that other processes get their turn.
 
 // A localWaiter is a goroutine queued for m. It is sent either a hold (a
@@ -39,13 +39,37 @@ type localWaiter struct {
 	// arrival (µs, the client's clock) is a Semaphore's waiter's place among
 	// every process's waiters.
 	arrival int64
-	// handed: a hold was handed to it (see handLocked): it holds without a
-	// call of its own, and is out of line. Under m.mu.
+	// handed: a hold was handed to it (handOffLocked, admitSharedLocked,
+	// handLocked): it holds without a call of its own, and is out of line.
+	// Under m.mu.
 	handed bool
 	// wake is the wake channel of its waiter in Redis (see waiter.wake)
 	// while it owns m: a wake-up that is no grant makes it look again, at
 	// handed and at the waiters behind it.
 	wake chan string
+}
+
+// A localRule is a kind's local admission rule (DESIGN §9): whom of m's
+// line a hold of the process serves without a round trip, and what a
+// waiter that gives its place up leaves to do. The engine keeps the line
+// (this file); a kind's rule, in the kind's file, says who gets in:
+// exclusiveRule (mutex.go), rwRule (rwmutex.go), semLease (semaphore.go).
+type localRule interface {
+	// admitLocked hands h on to the waiters at the head of m's line that
+	// the rule lets in, within the hand-off budget (mayHandOffLocked),
+	// out of n given back (a Semaphore's permits; 1 for a lock's hold). It
+	// returns what is left of n, and how many waiters it handed h to. The
+	// caller holds m.mu and owns m (a Semaphore's: see
+	// semLease.admitLocked).
+	admitLocked(m *NetMutex, h *hold, n int64) (rest int64, handed int)
+	// leftLocked is told that w gave its place up: unqueueLocked took it
+	// out of line, from index i of the queue (-1: it owned m). It returns
+	// what is left to do once m.mu is released, or nil. The caller holds
+	// m.mu.
+	leftLocked(m *NetMutex, w *localWaiter, i int) func(context.Context)
+	// unwanted gives back what was handed to w (w.handed) when its
+	// caller's ctx had ended.
+	unwanted(ctx context.Context, m *NetMutex, w *localWaiter)
 }
 
 // own makes the calling goroutine the owner of m, waiting in line behind
@@ -68,8 +92,10 @@ func (m *NetMutex) own(ctx context.Context) (h *hold, waited bool, err error) {
 }
 
 // awaitTurn waits for queued w's turn: it returns the hold handed over, or
-// nil with ownership of m. If ctx ends first it returns ctx's cause, and m
-// is as if w had not queued.
+// nil with ownership of m (a Semaphore's waiter: nil, unless its permits
+// were handed to it, see handLocked). If ctx ends first it returns ctx's
+// cause, and m is as if w had not queued: w's kind's rule (m.rule) gives
+// back what reached it and does what its giving up leaves to do.
 func (m *NetMutex) awaitTurn(ctx context.Context, w *localWaiter) (*hold, error) {
 	select {
 	case h := <-w.turn:
@@ -78,33 +104,27 @@ func (m *NetMutex) awaitTurn(ctx context.Context, w *localWaiter) (*hold, error)
 		}
 		// The turn and ctx's end were both ready and select picked the
 		// turn at random: a caller whose ctx has ended must not hold m.
-		m.passTurn(h, w.shared)
-		return nil, context.Cause(ctx)
 	case <-ctx.Done():
 	}
-	m.mu.Lock()
-	if i := slices.Index(m.waiters, w); i >= 0 {
-		m.waiters = slices.Delete(m.waiters, i, i+1)
-		m.drainedLocked()
-		m.mu.Unlock()
-		return nil, context.Cause(ctx)
-	}
-	m.mu.Unlock()
-	// Our turn came as ctx ended: pass it on, so a cancelled caller never
-	// holds m.
-	m.passTurn(<-w.turn, w.shared)
+	m.giveUpTurn(ctx, w)
 	return nil, context.Cause(ctx)
 }
 
-// passTurn gives up a turn that reached a caller who no longer wants it
-// ("acquired after we were cancelled: pretend we didn't", as
-// x/sync/semaphore puts it): a hold handed over (h, which is m.hold) goes to
-// the next local waiter or is released; ownership alone passes on.
-func (m *NetMutex) passTurn(h *hold, shared bool) {
-	if h != nil {
-		m.unlock(context.Background(), shared)
-	} else {
-		m.passOwnership()
+// giveUpTurn takes w, whose caller's ctx ended, out of line; or, if a hold
+// was handed to it meanwhile, gives it back ("acquired after we were
+// cancelled: pretend we didn't", as x/sync/semaphore puts it), by m's
+// local rule.
+func (m *NetMutex) giveUpTurn(ctx context.Context, w *localWaiter) {
+	m.mu.Lock()
+	if w.handed {
+		m.mu.Unlock()
+		m.rule.unwanted(context.WithoutCancel(ctx), m, w)
+		return
+	}
+	after := m.rule.leftLocked(m, w, m.unqueueLocked(w))
+	m.mu.Unlock()
+	if after != nil {
+		after(ctx)
 	}
 }
 
@@ -190,28 +210,22 @@ func (m *NetMutex) drainedLocked() {
 	}
 }
 
-// handOff passes h to the first local waiter, without a round trip, if
-// there is one, h is still well within its validity, and the hand-offs in a
-// row have not reached their bound; a shared waiter takes the shared ones
-// behind it along. It reports whether it did. The caller holds m.mu, owns m
-// and has just taken h out of m.hold.
-func (m *NetMutex) handOffLocked(h *hold) bool {
-	if len(m.waiters) == 0 || !m.mayHandOffLocked(h) {
-		return false
-	}
-	w := m.waiters[0]
+// handOffLocked hands h, just taken out of m.hold, to w, the first local
+// waiter (a kind's rule decides it may: see localRule): w holds m now, and
+// owns it with the shared waiters its rule lets in along (a shared w's
+// group). The caller holds m.mu and owns m.
+func (m *NetMutex) handOffLocked(w *localWaiter, h *hold) {
 	m.waiters = slices.Delete(m.waiters, 0, 1)
 	m.handoffs++
 	m.hold = h
 	m.shared = 0
 	m.first = nil // the owner holds: nothing is handed on to it
+	w.handed = true
 	w.turn <- h
 	if w.shared {
 		m.shared = 1
-		m.admitSharedLocked(h)
 	}
 	m.drainedLocked()
-	return true
 }
 
 // handLocked hands h to w, if it is in line for m (a Semaphore's waiter):
@@ -237,15 +251,18 @@ func (m *NetMutex) handLocked(w *localWaiter, h *hold) {
 }
 
 // admitSharedLocked hands h to the shared waiters at the head of the local
-// queue, which join the shared holders of m. The caller holds m.mu, and m's
-// owner is shared.
-func (m *NetMutex) admitSharedLocked(h *hold) {
+// queue, which join the shared holders of m, and returns how many it
+// handed. The caller holds m.mu, and m's owner is shared.
+func (m *NetMutex) admitSharedLocked(h *hold) (handed int) {
 	for len(m.waiters) > 0 && m.waiters[0].shared {
 		w := m.waiters[0]
 		m.waiters = slices.Delete(m.waiters, 0, 1)
 		m.shared++
+		w.handed = true
 		w.turn <- h
+		handed++
 	}
+	return handed
 }
 
 // noHandOff keeps m's next UnlockCtx from handing the hold to a local

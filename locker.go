@@ -102,6 +102,9 @@ type NetMutex struct {
 	// Semaphore's lease.
 	kind      kind
 	leaseKind leaseKind
+	// rule is the kind's local admission rule: whom of the local line a
+	// hold of the process serves (see localRule).
+	rule localRule
 
 	mu sync.Mutex
 	// The local queue. A goroutine owns m in this process from the moment
@@ -287,7 +290,7 @@ func (m *NetMutex) useHubs() error {
 
 // setKind makes k the kind of lock m acquires and holds.
 func (m *NetMutex) setKind(k kind) {
-	m.kind, m.leaseKind = k, k
+	m.kind, m.leaseKind, m.rule = k, k, k.rule()
 }
 
 // Name returns the lock's name, as given to New.

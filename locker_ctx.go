@@ -132,7 +132,7 @@ func (m *NetMutex) unlock(ctx context.Context, shared bool) error {
 	}
 	m.hold = nil
 	held := m.clk.Since(m.since)
-	if m.handOffLocked(h) {
+	if _, handed := m.rule.admitLocked(m, h, 1); handed > 0 {
 		m.mu.Unlock()
 		m.unlocked(ctx, h, held, true, nil)
 		return nil

@@ -288,6 +288,9 @@ type multiKind struct {
 	n        string   // len(names), as the scripts take it
 }
 
+// multiKind's waiters queue as a NetMutex's.
+func (*multiKind) rule() localRule { return exclusiveRule{} }
+
 func newMultiKind(m *NetMutex, names []string) *multiKind {
 	k := &multiKind{m: m, names: names, n: strconv.Itoa(len(names))}
 	for _, name := range names {

@@ -1,6 +1,9 @@
 package netlock
 
-import "strconv"
+import (
+	"context"
+	"strconv"
+)
 
 // mutexKind is the kind of a NetMutex: one key, one owner (lua/acquire.lua,
 // release.lua, extend.lua, leave.lua).
@@ -74,3 +77,28 @@ func (mutexKind) waitFlags(listening, turn, queued bool) string {
 func (mutexKind) ordered() bool { return false }
 
 func (mutexKind) messageGrant(*grant) {}
+
+func (mutexKind) rule() localRule { return exclusiveRule{} }
+
+// exclusiveRule is the local admission rule of a lock with one owner (a
+// NetMutex; an Election's and a MultiMutex's kinds): a hold given back goes
+// to the first goroutine in line, within the hand-off budget.
+type exclusiveRule struct{}
+
+func (exclusiveRule) admitLocked(m *NetMutex, h *hold, n int64) (rest int64, handed int) {
+	if len(m.waiters) == 0 || !m.mayHandOffLocked(h) {
+		return n, 0
+	}
+	m.handOffLocked(m.waiters[0], h)
+	return n - 1, 1
+}
+
+// leftLocked: nothing is left to do; another goroutine's place is this
+// process's only.
+func (exclusiveRule) leftLocked(*NetMutex, *localWaiter, int) func(context.Context) { return nil }
+
+// unwanted unlocks the hold handed to w, which goes to the next in line or
+// back to Redis.
+func (exclusiveRule) unwanted(ctx context.Context, m *NetMutex, w *localWaiter) {
+	m.unlock(ctx, w.shared)
+}

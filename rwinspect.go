@@ -99,19 +99,7 @@ func (rw *NetRWMutex) Inspect(ctx context.Context) (RWInfo, error) {
 	if k.Fence != "" {
 		keys = append(keys, k.Fence)
 	}
-	replies := m.fanout(ctx, rwInspectScript, keys, []string{strings.Join(maxmemoryPolicies, ",")}, nil)
-	nodes := make([]RWNodeInfo, len(replies))
-	for i, r := range replies {
-		nodes[i] = rwNodeInfo(i, r)
-	}
-	info, err := judgeRW(nodes, m.quorum)
-	if err != nil {
-		if cause := ctxEnded(ctx); cause != nil {
-			err.cause = cause
-		}
-		return info, err
-	}
-	return info, nil
+	return inspectNodes(ctx, m, rwInspectScript, keys, rwNodeInfo, judgeRW)
 }
 
 // rwNodeInfo decodes node i's reply to the rw_inspect script (see

@@ -354,6 +354,23 @@ func (s *rwSide) messageGrant(g *grant) {
 	}
 }
 
+func (*rwSide) rule() localRule { return rwRule{} }
+
+// rwRule is a NetRWMutex's local admission rule, sync.RWMutex's among the
+// goroutines of its process under its write lock: a hold given back goes
+// to the first in line, a writer alone or a reader with every reader
+// waiting next to it (see enterShared); the readers waiting when a writer
+// leaves all get in before a later writer.
+type rwRule struct{ exclusiveRule }
+
+func (rwRule) admitLocked(m *NetMutex, h *hold, n int64) (rest int64, handed int) {
+	rest, handed = exclusiveRule{}.admitLocked(m, h, n)
+	if handed > 0 && m.shared > 0 { // a reader got it: the readers next to it too
+		handed += m.admitSharedLocked(h)
+	}
+	return rest, handed
+}
+
 // writerWaits reports whether a node's reply to a read lease's extend says
 // that a writer waits (see lua/rw_extend.lua).
 func writerWaits(replies []nodeReply) bool {
