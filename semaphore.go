@@ -179,18 +179,21 @@ func NewSemaphore(name string, size int64, backends []Backend, opts ...Option) (
 		placeMS: strconv.FormatInt(placeExpiries*m.cfg.expiry.Milliseconds(), 10),
 	}
 	lease.expiryMS = m.expiryMS
-	m.kind, m.leaseKind = nil, lease
+	m.kind, m.leaseKind, m.rule = nil, lease, lease
 	m.grants = false
 	m.waitChan = k.Leases + ":wake:" + m.waiterID // where our waiter is told to look again, or granted
-	return &Semaphore{m: m, kind: lease, size: size, keys: lease.keys, placeMS: lease.placeMS,
-		grants: m.hubs[0] != nil && m.cfg.replicas == 0}, nil
+	lease.s = &Semaphore{m: m, kind: lease, size: size, keys: lease.keys, placeMS: lease.placeMS,
+		grants: m.hubs[0] != nil && m.cfg.replicas == 0}
+	return lease.s, nil
 }
 
 // semLease is the kind of a Semaphore's lease, the hold of its process's
 // permits: the engine extends it (lua/sem_extend.lua), and the engine's
 // waiter acquires it, running a semAcquirer; the Semaphore counts the
-// permits on it and releases them by calls of its own.
+// permits on it and releases them by calls of its own. It is the engine's
+// local rule for the Semaphore's waiters too (a localRule).
 type semLease struct {
+	s                 *Semaphore
 	keys              []string // see lua/sem_acquire.lua
 	expiryMS, placeMS string
 }
@@ -222,6 +225,31 @@ func (*semLease) admitLocked(m *NetMutex, h *hold, n int64) (rest int64, handed 
 		handed++
 	}
 	return n, handed
+}
+
+// leftLocked: a waiter of ours behind the first (index i of the queue, 0
+// right behind it; -1: it was the first) gave up. If none of ours is left
+// in line, the process's place in Redis may be kept for it (see
+// lua/sem_wake.lua, holdPlace): it leaves. Otherwise the last of ours
+// leaves (owed), and the first's entry, if it named the waiter that left
+// as its next, must name another (or none), or a grant would keep our
+// process's place for it, keeping every later waiter out.
+func (l *semLease) leftLocked(m *NetMutex, _ *localWaiter, i int) func(context.Context) {
+	s := l.s
+	if !m.owned {
+		return func(ctx context.Context) { s.leave(ctx, false, nil) }
+	}
+	s.owed = true
+	if i == 0 && s.grants {
+		s.pokeFirstLocked()
+	}
+	return nil
+}
+
+// unwanted gives back the permits the first waiter's call took for w, or a
+// release handed on to it.
+func (l *semLease) unwanted(ctx context.Context, _ *NetMutex, w *localWaiter) {
+	l.s.ReleaseCtx(ctx, w.n)
 }
 
 // fitsLocked returns how many waiters at the head of m's local line, the
@@ -303,8 +331,14 @@ func (s *Semaphore) Acquire(ctx context.Context, n int64) (err error) {
 	w := newSemWaiter(n, s.m.clk.Now().UnixMicro())
 	if !s.enqueue(w) {
 		contended = true
-		if over, err := s.awaitTurn(ctx, w); over {
-			return err
+		// Our turn: first in line, to wait in Redis; or our permits, taken
+		// by the first waiter's call or handed on by a release.
+		h, err := s.m.awaitTurn(ctx, w)
+		if err != nil {
+			return notObtained(err)
+		}
+		if h != nil || s.handedOn(w) {
+			return nil
 		}
 	}
 	c, err := s.wait(ctx, w)
@@ -344,52 +378,6 @@ func (s *Semaphore) pokeFirstLocked() {
 		default:
 		}
 	}
-}
-
-// awaitTurn waits, for w queued behind a waiter of this process, until w
-// is first (done false: it goes on to wait in Redis), or until the first
-// waiter's call took w's permits too, or ctx ends (done true, with
-// Acquire's result).
-func (s *Semaphore) awaitTurn(ctx context.Context, w *localWaiter) (done bool, err error) {
-	select {
-	case <-w.turn:
-	case <-ctx.Done():
-	}
-	m := s.m
-	m.mu.Lock()
-	granted := w.handed
-	if !granted && ctx.Err() != nil {
-		second := m.unqueueLocked(w) == 0 // right behind the first
-		idle := !m.owned
-		if !idle {
-			s.owed = true // the last of ours leaves
-		}
-		if second && !idle && s.grants {
-			// The first waiter's entry in Redis names our arrival as its
-			// next: it must say another's (or none), or a grant would
-			// keep our process's place for us (see lua/sem_wake.lua,
-			// holdPlace), keeping every later waiter out.
-			s.pokeFirstLocked()
-		}
-		m.mu.Unlock()
-		if idle {
-			// Our process's place may be kept for us (see
-			// lua/sem_wake.lua, holdPlace): given up.
-			s.leave(ctx, false, nil)
-		}
-		return true, notObtained(context.Cause(ctx))
-	}
-	m.mu.Unlock()
-	if !granted {
-		return false, nil
-	}
-	// The first waiter's call took our permits too.
-	if ctx.Err() != nil {
-		// A caller whose ctx has ended never holds.
-		s.ReleaseCtx(context.WithoutCancel(ctx), w.n)
-		return true, notObtained(context.Cause(ctx))
-	}
-	return true, nil
 }
 
 // TryAcquire acquires n permits without waiting and reports whether it
@@ -633,10 +621,20 @@ func (s *Semaphore) leaveLocked(ctx context.Context) {
 	m.fanout(context.WithoutCancel(ctx), sc, keys, args, nil)
 }
 
+// keysOf returns the keys of a call for the lease value: the semaphore's,
+// and value's tombstone (see lua/sem_acquire.lua); the semaphore's alone
+// for none ("").
+func (s *Semaphore) keysOf(value string) []string {
+	if value == "" {
+		return s.keys
+	}
+	return append(s.keys[:len(s.keys):len(s.keys)], keyspace.Tomb(s.keys[0], value))
+}
+
 // leaveCall returns lua/sem_leave.lua's call for the process's place, with
 // the grant made to its lease value under nonce ("" and "": none).
 func (s *Semaphore) leaveCall(value, nonce string) (*Script, []string, []string) {
-	return semLeaveScript, s.keys, []string{s.m.waiterID + ":" + value + ":" + nonce + ":" + s.m.expiryMS}
+	return semLeaveScript, s.keysOf(value), []string{s.m.waiterID + ":" + value + ":" + nonce + ":" + s.m.expiryMS + ":" + s.m.tombMS}
 }
 
 // adopt takes in the permits a release granted w, by its message, under
@@ -723,7 +721,7 @@ func (s *Semaphore) attempt(ctx context.Context, w *localWaiter, try bool) semRe
 	}
 	measured := s.m.clk.Measure()
 	start := s.m.clk.Now()
-	r := s.m.fanout(callCtx, semAcquireScript, s.keys, []string{c.arg(s)}, nil)[0]
+	r := s.m.fanout(callCtx, semAcquireScript, s.keysOf(c.value), []string{c.arg(s)}, nil)[0]
 	took := s.m.clk.Since(start)
 	measured()
 	if r.err != nil {
@@ -849,7 +847,7 @@ func (c *semCall) arg(s *Semaphore) string {
 	}
 	var b strings.Builder
 	b.WriteString(c.value + ":" + strconv.FormatInt(c.base, 10) + ":" + strconv.FormatInt(c.seq, 10) + ":" + strconv.FormatInt(s.size, 10) + ":" +
-		m.expiryMS + ":" + member + ":" + c.flags + ":" + s.placeMS + ":" + c.fold + ":" + c.nonce + ":")
+		m.expiryMS + ":" + member + ":" + c.flags + ":" + s.placeMS + ":" + m.tombMS + ":" + c.fold + ":" + c.nonce + ":")
 	for i, q := range c.batch {
 		if i > 0 {
 			b.WriteByte(',')
@@ -1082,7 +1080,7 @@ func (s *Semaphore) handOnLocked(n int64) (rest int64, leave bool) {
 	if handed == 0 || s.m.owned {
 		// The next waiter, first now, takes the place over: it makes a
 		// call before it waits, or is handed on to, or leaves as it gives
-		// up (see awaitTurn).
+		// up (see semLease.leftLocked).
 		return n, false
 	}
 	return n, s.placed || s.owed || s.left != ""
@@ -1119,8 +1117,8 @@ func (s *Semaphore) send(ctx context.Context, value string, total int64, lease *
 	s.seq++
 	seq, fold, nonce := s.seq, s.fold, s.nonce
 	s.m.mu.Unlock()
-	arg := value + ":" + strconv.FormatInt(total, 10) + ":" + strconv.FormatInt(seq, 10) + ":" + fold + ":" + nonce + ":" + m.expiryMS
-	r := m.fanout(context.WithoutCancel(ctx), semReleaseScript, s.keys, []string{arg}, nil)[0]
+	arg := value + ":" + strconv.FormatInt(total, 10) + ":" + strconv.FormatInt(seq, 10) + ":" + fold + ":" + nonce + ":" + m.expiryMS + ":" + m.tombMS
+	r := m.fanout(context.WithoutCancel(ctx), semReleaseScript, s.keysOf(value), []string{arg}, nil)[0]
 	s.m.mu.Lock()
 	defer s.m.mu.Unlock()
 	if r.err != nil {

@@ -19,6 +19,14 @@ func semKeysOf(name string) []string {
 	return []string{k.Leases, k.Permits, k.Queue, k.Places, k.Wants}
 }
 
+// semCallKeys returns the keys of a call of lua/sem_acquire.lua or
+// sem_release.lua with argument arg: keys, and the tombstone of the lease
+// value arg begins with.
+func semCallKeys(keys []string, arg string) []string {
+	value, _, _ := strings.Cut(arg, ":")
+	return append(keys[:len(keys):len(keys)], keyspace.Tomb(keys[0], value))
+}
+
 // TestSemBadInputServer: keys of another type (each of the five), scripts
 // flushed, a stalled server: a clear error, nothing changed, nothing
 // stranded.
@@ -187,8 +195,8 @@ func TestSemDeadWaiterPlace(t *testing.T) {
 		// A waiter for 2 that takes its place and dies: its script call,
 		// made by hand, as its process would have before it died.
 		dead := e.newSem(t, "deadw", 2, WithExpiry(expiry))
-		args := []string{"v:0:1:2:" + dead.m.expiryMS + ":deadwaiter::" + dead.placeMS + ":::2@1"}
-		if vals, err := dead.m.nodes[0].Eval(context.Background(), semAcquireScript, dead.keys, args); err != nil || vals[0] != -1 {
+		args := []string{"v:0:1:2:" + dead.m.expiryMS + ":deadwaiter::" + dead.placeMS + ":" + dead.m.tombMS + ":::2@1"}
+		if vals, err := dead.m.nodes[0].Eval(context.Background(), semAcquireScript, dead.keysOf("v"), args); err != nil || vals[0] != -1 {
 			t.Fatalf("the dead waiter's attempt: %v, %v; want it refused", vals, err)
 		}
 		s := e.newSem(t, "deadw", 2, WithExpiry(expiry))

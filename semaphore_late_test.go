@@ -122,6 +122,54 @@ func TestSemaphoreLateReleaseAfterGrow(t *testing.T) {
 	a.Release(2)
 }
 
+// An acquire whose reply was lost, and which reaches Redis only after the
+// resend of the process's count (0: it holds nothing) was applied, does not
+// make a lease that nobody holds, keeping its permits out until it
+// expires: the resend left the value's tombstone, and the acquire is late.
+func TestSemaphoreLateAcquireAfterRelease(t *testing.T) {
+	for _, how := range []string{"TryAcquireCtx", "Acquire"} {
+		t.Run(how, func(t *testing.T) {
+			s := redistest.Start(t)
+			late := &heldBackBackend{Backend: newBackend(t, "redigo", s.Addr()), script: "sem_acquire", arrive: make(chan struct{})}
+			a, err := NewSemaphore("lateacq", 2, []Backend{late}, WithExpiry(2*time.Second),
+				WithNodeTimeout(100*time.Millisecond), WithRetryDelay(time.Millisecond, 20*time.Millisecond))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := NewSemaphore("lateacq", 2, []Backend{newBackend(t, "redigo", s.Addr())})
+			if err != nil {
+				t.Fatal(err)
+			}
+			late.hold.Store(true)
+			if how == "TryAcquireCtx" {
+				if _, err := a.TryAcquireCtx(context.Background(), 1); !errors.Is(err, ErrQuorum) {
+					t.Fatalf("TryAcquireCtx with its reply lost: got %v, want ErrQuorum", err)
+				}
+			} else {
+				ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+				err := a.Acquire(ctx, 1)
+				cancel()
+				if err == nil {
+					t.Fatal("Acquire with every reply lost: got nil")
+				}
+			}
+			eventually(t, 5*time.Second, "the resend of the count, 0, applied", func() bool {
+				a.m.mu.Lock()
+				defer a.m.mu.Unlock()
+				return !a.dirty && !a.fixing
+			})
+			late.deliver() // the held-back acquires arrive
+			if info, err := b.Inspect(context.Background()); err != nil || info.Out != 0 || info.Leases != 0 || info.Waiters != 0 {
+				t.Errorf("after the late acquires: %+v, %v; want no permit out, no lease, no waiter", info, err)
+			}
+			if !b.TryAcquire(2) {
+				t.Fatal("TryAcquire(2) in another process, nothing held: refused")
+			}
+			b.Release(2)
+		})
+	}
+}
+
 // lateSemPair returns two processes of a semaphore "late" of 2, a holding
 // both permits, with its sem_release calls held back by late when told.
 func lateSemPair(t *testing.T) (a, b *Semaphore, late *heldBackBackend) {
@@ -248,20 +296,20 @@ func TestSemaphoreLateCallAfterAdoptedGrant(t *testing.T) {
 	keys := semKeysOf("lategrant")
 	call := func(script *Script, arg string) []int64 {
 		t.Helper()
-		vals, err := b.Eval(context.Background(), script, keys, []string{arg})
+		vals, err := b.Eval(context.Background(), script, semCallKeys(keys, arg), []string{arg})
 		if err != nil {
 			t.Fatalf("%s %s: %v", script.Name(), arg, err)
 		}
 		return vals
 	}
-	// "<value>:<base>:<seq>:<size>:<expiry ms>:<member>:<flags>:<place ms>:<fold>:<nonce>:<batch>"
-	if r := call(semAcquireScript, "B:0:1:2:5000:wb::15000:::2@1"); r[0] != 1 {
+	// "<value>:<base>:<seq>:<size>:<expiry ms>:<member>:<flags>:<place ms>:<tomb ms>:<fold>:<nonce>:<batch>"
+	if r := call(semAcquireScript, "B:0:1:2:5000:wb::15000:50000:::2@1"); r[0] != 1 {
 		t.Fatalf("B's acquire: %v", r)
 	}
-	if r := call(semAcquireScript, "A:0:5:2:5000:wa:w:15000::N:1@2"); r[0] != -1 {
+	if r := call(semAcquireScript, "A:0:5:2:5000:wa:w:15000:50000::N:1@2"); r[0] != -1 {
 		t.Fatalf("A's waiter: %v, want refused", r)
 	}
-	if r := call(semReleaseScript, "B:0:2:::5000"); r[0] != 1 {
+	if r := call(semReleaseScript, "B:0:2:::5000:50000"); r[0] != 1 {
 		t.Fatalf("B's release: %v", r)
 	}
 	grant := func(when string) {
@@ -272,16 +320,16 @@ func TestSemaphoreLateCallAfterAdoptedGrant(t *testing.T) {
 		}
 	}
 	grant("granted by B's release")
-	if r := call(semAcquireScript, "A:0:3:2:5000:::15000:::1@0"); r[0] != semAcquireLate {
+	if r := call(semAcquireScript, "A:0:3:2:5000:::15000:50000:::1@0"); r[0] != semAcquireLate {
 		t.Errorf("late TryAcquire's attempt: %v, want %d (late)", r, semAcquireLate)
 	}
 	grant("after the late TryAcquire's attempt")
-	if r := call(semReleaseScript, "A:0:4:::5000"); r[0] != semReleaseLate {
+	if r := call(semReleaseScript, "A:0:4:::5000:50000"); r[0] != semReleaseLate {
 		t.Errorf("late release: %v, want %d (late)", r, semReleaseLate)
 	}
 	grant("after the late release")
 	// The waiter's next attempt takes the grant in, as before.
-	if r := call(semAcquireScript, "A:0:6:2:5000:wa::15000::N:1@2"); r[0] != 1 || r[1] != 1 {
+	if r := call(semAcquireScript, "A:0:6:2:5000:wa::15000:50000::N:1@2"); r[0] != 1 || r[1] != 1 {
 		t.Errorf("A's waiter's next attempt: %v, want granted", r)
 	}
 }
@@ -331,24 +379,24 @@ func TestSemaphoreOneWakePerCall(t *testing.T) {
 	keys := semKeysOf("onewake")
 	call := func(script *Script, arg string) []int64 {
 		t.Helper()
-		vals, err := b.Eval(context.Background(), script, keys, []string{arg})
+		vals, err := b.Eval(context.Background(), script, semCallKeys(keys, arg), []string{arg})
 		if err != nil {
 			t.Fatalf("%s %s: %v", script.Name(), arg, err)
 		}
 		return vals
 	}
-	// "<value>:<base>:<seq>:<size>:<expiry ms>:<member>:<flags>:<place ms>:<fold>:<nonce>:<batch>"
+	// "<value>:<base>:<seq>:<size>:<expiry ms>:<member>:<flags>:<place ms>:<tomb ms>:<fold>:<nonce>:<batch>"
 	// H holds 1 and P 1; A and B wait for 2 each (arrivals 3 and 4), and
 	// P's waiter for 2 more (arrival 5).
 	for _, c := range []struct {
 		arg  string
 		want int64
 	}{
-		{"H:0:1:3:5000:wh::15000:::1@1", 1},
-		{"P:0:1:3:5000:wp::15000:::1@2", 1},
-		{"A:0:1:3:5000:wa:w:15000::NA:2@3", -1},
-		{"B:0:1:3:5000:wb:w:15000::NB:2@4", -1},
-		{"P:1:2:3:5000:wp:gw:15000::N1:2@5", -1},
+		{"H:0:1:3:5000:wh::15000:50000:::1@1", 1},
+		{"P:0:1:3:5000:wp::15000:50000:::1@2", 1},
+		{"A:0:1:3:5000:wa:w:15000:50000::NA:2@3", -1},
+		{"B:0:1:3:5000:wb:w:15000:50000::NB:2@4", -1},
+		{"P:1:2:3:5000:wp:gw:15000:50000::N1:2@5", -1},
 	} {
 		if r := call(semAcquireScript, c.arg); r[0] != c.want {
 			t.Fatalf("%s: %v, want status %d", c.arg, r, c.want)
@@ -357,7 +405,7 @@ func TestSemaphoreOneWakePerCall(t *testing.T) {
 	// P's next attempt says it holds none (it gave its permit up) for a
 	// waiter of 2 that arrived at 7: its count is set back to 0, its place
 	// moves from 5 to 7, and A, first, fits in the 2 now free.
-	if r := call(semAcquireScript, "P:0:3:3:5000:wp:w:15000::N2:2@7"); r[0] != -1 {
+	if r := call(semAcquireScript, "P:0:3:3:5000:wp:w:15000:50000::N2:2@7"); r[0] != -1 {
 		t.Fatalf("P's attempt: %v, want refused (A came first)", r)
 	}
 	if out := semOut(t, &env{server: s, client: "redigo", addr: s.Addr()}, "onewake"); out > 3 {

@@ -445,14 +445,14 @@ func TestSemaphoreCallsSentAgainOrLate(t *testing.T) {
 		node := s.m.nodes[0]
 		call := func(script *Script, arg string) []int64 {
 			t.Helper()
-			vals, err := node.Eval(context.Background(), script, s.keys, []string{arg})
+			vals, err := node.Eval(context.Background(), script, semCallKeys(s.keys, arg), []string{arg})
 			if err != nil {
 				t.Fatal(err)
 			}
 			return vals
 		}
 		acq := func(base, seq int, batch string) []int64 {
-			return call(semAcquireScript, "v:"+strconv.Itoa(base)+":"+strconv.Itoa(seq)+":5:"+s.m.expiryMS+":me::"+s.placeMS+":::"+batch)
+			return call(semAcquireScript, "v:"+strconv.Itoa(base)+":"+strconv.Itoa(seq)+":5:"+s.m.expiryMS+":me::"+s.placeMS+":"+s.m.tombMS+":::"+batch)
 		}
 		if got := acq(0, 1, "2@1,1@2"); got[0] != 1 || got[1] != 2 {
 			t.Fatalf("first sending: %v, want both granted", got)
@@ -469,7 +469,7 @@ func TestSemaphoreCallsSentAgainOrLate(t *testing.T) {
 			t.Fatalf("out after sending again: %d, want 3", got)
 		}
 		// Late: sequence 1 again, after 2 was applied.
-		if got := call(semReleaseScript, "v:0:1:::"+s.m.expiryMS); got[0] != semReleaseLate {
+		if got := call(semReleaseScript, "v:0:1:::"+s.m.expiryMS+":"+s.m.tombMS); got[0] != semReleaseLate {
 			t.Fatalf("a late release: %v, want %d", got, semReleaseLate)
 		}
 		if got := semOut(t, e, "again"); got != 3 {
@@ -483,11 +483,42 @@ func TestSemaphoreCallsSentAgainOrLate(t *testing.T) {
 		if got := semOut(t, e, "again"); got != 1 {
 			t.Fatalf("out: %d, want 1", got)
 		}
-		if got := call(semReleaseScript, "v:0:4:::"+s.m.expiryMS); got[0] != 1 {
+		if got := call(semReleaseScript, "v:0:4:::"+s.m.expiryMS+":"+s.m.tombMS); got[0] != 1 {
 			t.Fatalf("release: %v", got)
 		}
 		if got := semOut(t, e, "again"); got != 0 {
 			t.Fatalf("out: %d, want 0", got)
+		}
+		// Late after the release that ended the lease (sequence 3 again,
+		// its reply lost, held up on the way): the value's tombstone keeps
+		// it from making a lease again that nobody holds.
+		if got := acq(0, 3, "1@2"); got[0] != semAcquireLate {
+			t.Fatalf("an acquire arriving after the release that ended the lease: %v, want %d (late)", got, semAcquireLate)
+		}
+		if got := semOut(t, e, "again"); got != 0 {
+			t.Fatalf("out after the late acquire: %d, want 0", got)
+		}
+		// A later call of the process is not late: it takes a lease.
+		if got := acq(0, 5, "1@3"); got[0] != 1 || got[1] != 1 {
+			t.Fatalf("the next call: %v, want granted", got)
+		}
+		if got := call(semReleaseScript, "v:0:6:::"+s.m.expiryMS+":"+s.m.tombMS); got[0] != 1 || got[1] != 0 {
+			t.Fatalf("release: %v", got)
+		}
+		// A release that finds no lease (the acquire it follows is still on
+		// its way) leaves the tombstone too: the acquire, arriving after
+		// it, is late.
+		if got := call(semReleaseScript, "u:0:2:::"+s.m.expiryMS+":"+s.m.tombMS); got[0] != semReleaseGone {
+			t.Fatalf("a release of a value with no lease: %v, want %d (gone)", got, semReleaseGone)
+		}
+		if got := call(semAcquireScript, "u:0:1:5:"+s.m.expiryMS+":::"+s.placeMS+":"+s.m.tombMS+":::1@4"); got[0] != semAcquireLate {
+			t.Fatalf("an acquire arriving after its release: %v, want %d (late)", got, semAcquireLate)
+		}
+		if got := call(semReleaseScript, "u:0:1:::"+s.m.expiryMS+":"+s.m.tombMS); got[0] != semReleaseLate {
+			t.Fatalf("a release arriving after a later one: %v, want %d (late)", got, semReleaseLate)
+		}
+		if got := semOut(t, e, "again"); got != 0 {
+			t.Fatalf("out at the end: %d, want 0", got)
 		}
 	})
 }

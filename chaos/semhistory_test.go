@@ -30,7 +30,7 @@ import (
 //   - an adoption (a release granted the waiting call of nonce N in its own
 //     script, and the process took the permits in without a round trip,
 //     semaphore.go adopt) is not seen at all: it can only follow the last
-//     sem_acquire carrying N in field 10 (a waiter's call; any later call
+//     sem_acquire carrying N in field 11 (a waiter's call; any later call
 //     of the process carries another nonce, or folds N), and it makes, if
 //     that call had no lease ("g"), a lease whose deadline is the start of
 //     the first call carrying N plus expiry − (expiry·drift + 2ms): the
@@ -103,20 +103,20 @@ func (r *semRecorder) record(script, arg string, start, end time.Time, vals []in
 	c := &semCall{script: script, arg: arg, start: start, end: end, vals: vals, err: err, value: f[0]}
 	switch script {
 	case "sem_acquire":
-		// "<value>:<base>:<seq>:<size>:<expiry ms>:<member>:<flags>:<place ms>:<fold>:<nonce>:<batch>"
-		if len(f) != 11 {
+		// "<value>:<base>:<seq>:<size>:<expiry ms>:<member>:<flags>:<place ms>:<tomb ms>:<fold>:<nonce>:<batch>"
+		if len(f) != 12 {
 			return
 		}
-		c.member, c.grow, c.fold, c.nonce = f[5], strings.Contains(f[6], "g"), f[8], f[9]
-		for _, e := range strings.Split(f[10], ",") {
+		c.member, c.grow, c.fold, c.nonce = f[5], strings.Contains(f[6], "g"), f[9], f[10]
+		for _, e := range strings.Split(f[11], ",") {
 			n, a, _ := strings.Cut(e, "@")
 			ni, _ := strconv.ParseInt(n, 10, 64)
 			ai, _ := strconv.ParseInt(a, 10, 64)
 			c.batch = append(c.batch, semEntry{ni, ai})
 		}
 	case "sem_release":
-		// "<value>:<total>:<seq>:<fold>:<nonce>:<expiry ms>"
-		if len(f) != 6 {
+		// "<value>:<total>:<seq>:<fold>:<nonce>:<expiry ms>:<tomb ms>"
+		if len(f) != 7 {
 			return
 		}
 		c.fold, c.nonce = f[3], f[4]
@@ -696,29 +696,29 @@ func TestCheckSemHistoryResolve(t *testing.T) {
 	// Client 0: a grant at 0–2 on V1 (until 0 + 1000 − 2 − 12 = 986); a
 	// refused call of a waiter with nonce N2 growing it ("g") at 20–21,
 	// adopted: on V1.
-	call(recs[0], "sem_acquire", "V1:0:1:3:1000:w0::3000:::1@"+us(-1), 0, 2, 1, 1, 0)
-	call(recs[0], "sem_acquire", "V1:1:2:3:1000:w0:gw:3000::N2:1@"+us(19), 20, 21, -1, 0, 500)
+	call(recs[0], "sem_acquire", "V1:0:1:3:1000:w0::3000:10000:::1@"+us(-1), 0, 2, 1, 1, 0)
+	call(recs[0], "sem_acquire", "V1:1:2:3:1000:w0:gw:3000:10000::N2:1@"+us(19), 20, 21, -1, 0, 500)
 	// Client 1: a waiter's refused calls under N1 at 10–11 and 600–601,
 	// on V2 without a lease; adopted (a release folds N1 later); V2
 	// extended at 800–801: until 800 + 1000 − 1 − 12 = 1787; without the
 	// extend, 10 + 1000 − 12 = 998.
-	call(recs[1], "sem_acquire", "V2:0:1:3:1000:w1:w:3000::N1:2@"+us(9), 10, 11, -1, 0, 500)
-	call(recs[1], "sem_acquire", "V2:0:2:3:1000:w1::3000::N1:2@"+us(9), 600, 601, -1, 0, 500)
+	call(recs[1], "sem_acquire", "V2:0:1:3:1000:w1:w:3000:10000::N1:2@"+us(9), 10, 11, -1, 0, 500)
+	call(recs[1], "sem_acquire", "V2:0:2:3:1000:w1::3000:10000::N1:2@"+us(9), 600, 601, -1, 0, 500)
 	call(recs[1], "sem_extend", "V2:1000:3000", 800, 801, 1)
-	call(recs[1], "sem_release", "V2:0:3:N1::1000", 900, 901, 1, 0)
+	call(recs[1], "sem_release", "V2:0:3:N1::1000:10000", 900, 901, 1, 0)
 	// Client 2: one call grants two waiters at 100–103 (until 1085); a
 	// TryAcquire at 200–202 after that lease was released (until 1186).
-	call(recs[2], "sem_acquire", "V3:0:1:3:1000:w2::3000:::1@"+us(98)+",2@"+us(99), 100, 103, 1, 2, 0)
-	call(recs[2], "sem_release", "V3:0:2:::1000", 150, 151, 1, 0)
-	call(recs[2], "sem_acquire", "V4:0:3:3:1000:::3000:::2@0", 200, 202, 1, 1, 0)
+	call(recs[2], "sem_acquire", "V3:0:1:3:1000:w2::3000:10000:::1@"+us(98)+",2@"+us(99), 100, 103, 1, 2, 0)
+	call(recs[2], "sem_release", "V3:0:2:::1000:10000", 150, 151, 1, 0)
+	call(recs[2], "sem_acquire", "V4:0:3:3:1000:::3000:10000:::2@0", 200, 202, 1, 1, 0)
 	// Client 3: a lease V5 granted at 0–1 (until 987); a waiter's call
 	// under N5 growing it is granted at 2000–2001, after that deadline (a
 	// lease of its own, until 2987: the library's was lost, and it
 	// retries); its next call, on a new value V6, is refused, and it
 	// adopts: V6 until 2000 + 1000 − 12 = 2988, the later of the two.
-	call(recs[3], "sem_acquire", "V5:0:1:3:1000:w3::3000:::1@"+us(-1), 0, 1, 1, 1, 0)
-	call(recs[3], "sem_acquire", "V5:1:2:3:1000:w3:gw:3000::N5:2@"+us(299), 2000, 2001, 1, 1, 0)
-	call(recs[3], "sem_acquire", "V6:0:3:3:1000:w3:w:3000::N5:2@"+us(299), 2100, 2101, -1, 0, 500)
+	call(recs[3], "sem_acquire", "V5:0:1:3:1000:w3::3000:10000:::1@"+us(-1), 0, 1, 1, 1, 0)
+	call(recs[3], "sem_acquire", "V5:1:2:3:1000:w3:gw:3000:10000::N5:2@"+us(299), 2000, 2001, 1, 1, 0)
+	call(recs[3], "sem_acquire", "V6:0:3:3:1000:w3:w:3000:10000::N5:2@"+us(299), 2100, 2101, -1, 0, 500)
 
 	hold := func(client int, n int64, a0, start int) semHold {
 		return semHold{client: client, n: n, a0: at(a0), start: at(start)}
@@ -764,7 +764,7 @@ func TestCheckSemHistoryResolve(t *testing.T) {
 	// a hold on it to 1500 without Lost() closing is caught, and counts
 	// until then, no further.
 	r := newSemRecorder(0, expiry, 0.01)
-	call(r, "sem_acquire", "V2:0:1:3:1000:w1:w:3000::N1:2@"+us(9), 10, 11, -1, 0, 500)
+	call(r, "sem_acquire", "V2:0:1:3:1000:w1:w:3000:10000::N1:2@"+us(9), 10, 11, -1, 0, 500)
 	adopted := func() []semHold {
 		h := hold(0, 2, 9, 700)
 		h.end, h.releaseStart, h.validAtStart, h.validAtEnd = at(1500), at(1500), true, true

@@ -12,7 +12,10 @@
 -- KEYS[4]  places, p{name}:sem:places: each waiter's place deadline (server
 --          ms), so that a waiter whose process died stops keeping others out
 -- KEYS[5]  wants, p{name}:sem:wants: the permits each waiter asks for
--- ARGV[1]  "<value>:<base>:<seq>:<size>:<expiry ms>:<member>:<flags>:<place ms>:<fold>:<nonce>:<batch>":
+-- KEYS[6]  our value's tombstone, p{name}:sem:gone:<value>: the sequence
+--          number of the call that ended its lease, or found it gone (see
+--          bury in sem_wake.lua)
+-- ARGV[1]  "<value>:<base>:<seq>:<size>:<expiry ms>:<member>:<flags>:<place ms>:<tomb ms>:<fold>:<nonce>:<batch>":
 --          the lease's value; the permits the process holds on it (0 for
 --          a new lease); the call's sequence number, which increases with
 --          every call of the process that sets a count; the size every
@@ -20,9 +23,10 @@
 --          for TryAcquire); flags: "g" if the lease exists already (more
 --          permits on it: if it is gone, it was lost), "w" if the waiter's
 --          entry changed since its last attempt (see below); how long a
---          waiter's place lasts without an attempt renewing it; the nonce
---          of a grant the process has taken in (adopted: counted in base),
---          to fold into the count, or ""; the nonce of this waiter's call,
+--          waiter's place lasts without an attempt renewing it; how long
+--          the value's tombstone lasts; the nonce of a grant the process
+--          has taken in (adopted: counted in base), to fold into the
+--          count, or ""; the nonce of this waiter's call,
 --          under which a release may grant it (see sem_wake.lua), or ""
 --          when none may; the process's first waiters, "<n>@<arrival>,...",
 --          each asking for n permits, in their order, with when its call
@@ -45,7 +49,9 @@
 -- difference, and a call whose sequence number is not above the last one
 -- applied changes nothing: a call sent again after its reply was lost finds
 -- what its first sending was granted (the first k of the batch, told by
--- the count), and a call that arrives after a later one cannot undo it.
+-- the count), and a call that arrives after a later one cannot undo it,
+-- nor make the value a lease again once a later call ended it (its
+-- tombstone).
 --
 -- Reply:
 --   { 1, k, 0}     granted to the first k of the batch (k >= 1)
@@ -55,11 +61,11 @@
 --   {-2, 0, 0}     a later call of the process was applied: this one is late
 --   {-3, 0, 0}     "g", and our lease is gone: it was lost
 --   {-4, size, 0}  the semaphore's holders and waiters use another size
-local value, base, seq, size, exp, member, flags, placeMS, fold, nonce, batch = string.match(ARGV[1], '^([^:]+):(%d+):(%d+):(%d+):(%d+):([^:]*):([^:]*):(%d+):([^:]*):([^:]*):([%d@,]+)$')
+local value, base, seq, size, exp, member, flags, placeMS, tomb, fold, nonce, batch = string.match(ARGV[1], '^([^:]+):(%d+):(%d+):(%d+):(%d+):([^:]*):([^:]*):(%d+):(%d+):([^:]*):([^:]*):([%d@,]+)$')
 if not value then
   return redis.error_reply('ERR netlock sem_acquire: malformed argument ' .. ARGV[1])
 end
-base, seq, size, exp, placeMS = tonumber(base), tonumber(seq), tonumber(size), tonumber(exp), tonumber(placeMS)
+base, seq, size, exp, placeMS, tomb = tonumber(base), tonumber(seq), tonumber(size), tonumber(exp), tonumber(placeMS), tonumber(tomb)
 local ns, arrivals = {}, {}
 for n, a in string.gmatch(batch, '(%d+)@(%d+)') do
   ns[#ns + 1] = tonumber(n)
@@ -93,6 +99,8 @@ if S.live then
   end
 elseif string.find(flags, 'g', 1, true) then
   return {-3, 0, 0}
+elseif buried(K, seq) then
+  return {-2, 0, 0}
 end
 if granted then
   -- The first waiter's permits, counted below with the count set to
@@ -190,10 +198,10 @@ end
 
 if mine >= 0 and mine ~= base then
   -- Set to base, as this call found it (see above).
-  redis.call('HSET', K.permits, value, base, value .. '#s', seq)
   if base == 0 then
-    redis.call('HDEL', K.permits, value, value .. '#s')
-    redis.call('ZREM', K.leases, value)
+    bury(K, value, seq, tomb)
+  else
+    redis.call('HSET', K.permits, value, base, value .. '#s', seq)
   end
 end
 -- The permits a dropped grant or a count set back frees, and a place

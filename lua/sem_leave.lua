@@ -4,18 +4,20 @@
 -- smaller ones behind it out).
 --
 -- KEYS as sem_acquire.lua's.
--- ARGV[1]  "<member>:<value>:<nonce>:<expiry ms>": the waiter's id; its
---          process's lease value and its call's nonce (see sem_wake.lua),
---          or "" and ""; the expiry, for the leases of waiters granted here.
+-- ARGV[1]  "<member>:<value>:<nonce>:<expiry ms>:<tomb ms>": the waiter's
+--          id; its process's lease value and its call's nonce (see
+--          sem_wake.lua), or "" and ""; the expiry, for the leases of
+--          waiters granted here; how long the tombstone of a lease ended
+--          here lasts (see bury in sem_wake.lua).
 --
 -- (publish and lua/sem_wake.lua are put before this one: see backend.go.)
 --
 -- Reply: {1}
-local member, value, nonce, exp = string.match(ARGV[1], '^([^:]+):([^:]*):([^:]*):(%d+)$')
+local member, value, nonce, exp, tomb = string.match(ARGV[1], '^([^:]+):([^:]*):([^:]*):(%d+):(%d+)$')
 if not member then
   return redis.error_reply('ERR netlock sem_leave: malformed argument ' .. ARGV[1])
 end
-exp = tonumber(exp)
+exp, tomb = tonumber(exp), tonumber(tomb)
 local head = redis.call('ZRANGE', K.queue, 0, 0)
 redis.call('ZREM', K.queue, member)
 redis.call('ZREM', K.places, member)
@@ -27,9 +29,9 @@ if value ~= '' and nonce ~= '' then
     redis.call('HDEL', K.permits, value .. '#g')
     back = true
     -- A lease made for the grant alone ends with it.
-    if tonumber(redis.call('HGET', K.permits, value) or '0') == 0 then
-      redis.call('HDEL', K.permits, value, value .. '#s')
-      redis.call('ZREM', K.leases, value)
+    local f = redis.call('HMGET', K.permits, value, value .. '#s')
+    if tonumber(f[1] or '0') == 0 then
+      bury(K, value, tonumber(f[2] or '0'), tomb)
     end
   end
 end

@@ -2,12 +2,14 @@
 -- lease), and tell the waiters that now fit.
 --
 -- KEYS as sem_acquire.lua's.
--- ARGV[1]  "<value>:<total>:<seq>:<fold>:<nonce>:<expiry ms>": the lease's
---          value; the permits it keeps (0 ends it); the call's sequence
+-- ARGV[1]  "<value>:<total>:<seq>:<fold>:<nonce>:<expiry ms>:<tomb ms>":
+--          the lease's value; the permits it keeps (0 ends it); the call's sequence
 --          number; the nonce of a grant taken in, to fold into the count,
 --          or ""; the nonce of the process's waiting call, whose grant
 --          stays, or "" (see sem_acquire.lua); the expiry, for the leases
---          of waiters granted here (see sem_wake.lua).
+--          of waiters granted here (see sem_wake.lua); how long the
+--          value's tombstone lasts (see bury in sem_wake.lua), left when
+--          the lease ends here or is found gone.
 --          The whole count, not a difference: a call whose reply was lost
 --          can be sent again; and one that arrives after a later call of
 --          the process changes nothing.
@@ -19,11 +21,11 @@
 --              ended)
 --   {0, 0}     the lease is gone: it expired (its permits came back then)
 --   {-2, 0}    a later call of the process was applied: this one is late
-local value, total, seq, fold, nonce, exp = string.match(ARGV[1], '^([^:]+):(%d+):(%d+):([^:]*):([^:]*):(%d+)$')
+local value, total, seq, fold, nonce, exp, tomb = string.match(ARGV[1], '^([^:]+):(%d+):(%d+):([^:]*):([^:]*):(%d+):(%d+)$')
 if not value then
   return redis.error_reply('ERR netlock sem_release: malformed argument ' .. ARGV[1])
 end
-total, seq, exp = tonumber(total), tonumber(seq), tonumber(exp)
+total, seq, exp, tomb = tonumber(total), tonumber(seq), tonumber(exp), tonumber(tomb)
 
 -- Keys of another type fail here, before anything is written.
 local size = tonumber(redis.call('HGET', K.permits, '#size') or '0')
@@ -49,12 +51,15 @@ if redis.call('ZSCORE', K.leases, value) then
   local left = math.min(total, has)
   if left == 0 then
     -- A grant not yet taken in goes with the lease: its waiter asks again.
-    redis.call('HDEL', K.permits, value, value .. '#s', value .. '#g')
-    redis.call('ZREM', K.leases, value)
+    bury(K, value, seq, tomb)
   else
     redis.call('HSET', K.permits, value, left, value .. '#s', seq)
   end
   reply = {1, left}
+elseif buried(K, seq) then
+  return {-2, 0}
+else
+  redis.call('SET', K.gone, seq, 'PX', tomb)
 end
 wake(K, now, size - used(K), exp)
 tidy(K)

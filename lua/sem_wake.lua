@@ -209,4 +209,23 @@ local function tidy(K)
   end
 end
 
-local K = {leases = KEYS[1], permits = KEYS[2], queue = KEYS[3], places = KEYS[4], wants = KEYS[5]}
+-- bury ends value's lease, and leaves its tombstone (KEYS[6], see
+-- sem_acquire.lua) for tomb ms, holding seq, the sequence number of the
+-- last call of the process applied to it: a call the process sent before
+-- that one, whose reply was lost and which arrives only now (a held-up
+-- link, a connection the client gave up on), is late, and does not make the
+-- value a lease again that nobody holds.
+local function bury(K, value, seq, tomb)
+  redis.call('HDEL', K.permits, value, value .. '#s', value .. '#g')
+  redis.call('ZREM', K.leases, value)
+  redis.call('SET', K.gone, seq, 'PX', tomb)
+end
+
+-- buried reports whether value's tombstone holds a sequence number not
+-- below seq: a call with seq is late.
+local function buried(K, seq)
+  local t = redis.call('GET', K.gone)
+  return t and tonumber(t) >= seq
+end
+
+local K = {leases = KEYS[1], permits = KEYS[2], queue = KEYS[3], places = KEYS[4], wants = KEYS[5], gone = KEYS[6]}

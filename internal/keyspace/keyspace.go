@@ -75,7 +75,8 @@ type SemKeys struct {
 	Wants   string // p{name}:sem:wants, the permits each waiter asks for
 }
 
-// Sem returns the names of the Semaphore name under prefix.
+// Sem returns the names of the Semaphore name under prefix. The tombstone of
+// a lease value that ended is Tomb(Leases, value): p{name}:sem:gone:<value>.
 func Sem(prefix, name string) SemKeys {
 	s := New(prefix, name, false).Lock + ":sem"
 	return SemKeys{Leases: s, Permits: s + ":permits", Queue: s + ":queue", Places: s + ":places", Wants: s + ":wants"}
