@@ -139,7 +139,8 @@ func WithAutoExtend(on bool) Option { return func(c *config) { c.autoExtend = on
 // ErrLockLost that names the bound, and ExtendCtx and UnlockCtx return
 // ErrLockLost (UnlockCtx still deletes the key). No extend is sent after d,
 // so the key, if the holder does not unlock, expires at the latest one
-// expiry after d: other processes get in then even if the holder's process
+// expiry after d (and the moment the last extend took to reach Redis):
+// other processes get in then even if the holder's process
 // hangs on to it. It bounds every hold of the lock: a NetRWMutex's write
 // lock and each read lease, and a Semaphore's lease. d must not be negative;
 // 0 means no bound.
