@@ -53,10 +53,6 @@ func runOps(ctx context.Context, dur time.Duration, ops []func(context.Context) 
 	return total
 }
 
-// cutShort reports whether a call that failed was cut short by the end of
-// the round rather than failing on its own. The context's Err can lag behind
-// its deadline: a client that turned the deadline into a socket deadline may
-// fail with an I/O timeout before the context's timer has fired.
 // failed counts a call that returned err: a refusal (busy) or an error,
 // after which it pauses a moment. It reports whether the round is over (its
 // deadline cut the call short), in which case nothing is counted.
@@ -73,7 +69,17 @@ func (r *result) failed(rctx context.Context, deadline time.Time, err error) (ov
 	return false
 }
 
+// cutShort reports whether a call that failed was cut short by the end of
+// the round rather than failing on its own: ctx is done, or deadline or
+// ctx's own deadline has passed. The context's Err can lag behind its
+// deadline: a client that turned the deadline into a socket deadline may
+// fail with an I/O timeout, and a library that compares the time with the
+// deadline may return context.DeadlineExceeded, before the context's timer
+// has fired.
 func cutShort(ctx context.Context, deadline time.Time) bool {
+	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+		deadline = dl
+	}
 	return ctx.Err() != nil || !time.Now().Before(deadline)
 }
 
