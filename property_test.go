@@ -313,7 +313,12 @@ func newPropMachine(rt *rapid.T, nNodes int, stats *propStats, steps *atomic.Int
 		// would set the TTL the model expects anyway.
 		autoExtend := i == propClients
 		m, err := New("prop", backends, WithExpiry(propExpiry), WithAutoExtend(autoExtend),
-			WithNodeTimeout(200*time.Millisecond), WithRetryDelay(time.Millisecond, 2*time.Millisecond),
+			// The model takes every node that is up to answer: a node
+			// timeout well above any stall of a loaded machine (-race, CI
+			// running packages side by side), so that a call to one never
+			// times out. Calls to a node that is down fail at once
+			// (refused, or errPartitioned), never waiting for it.
+			WithNodeTimeout(2*time.Second), WithRetryDelay(time.Millisecond, 2*time.Millisecond),
 			// One round per failed call, as the model counts them: riding
 			// out an outage is tested by TestWaitersRideOutRestart and
 			// TestRedisDownForGood.
