@@ -749,7 +749,9 @@ func (mc *rwMachine) newClient() *rwPropClient {
 		backends[k] = &rwPropBackend{inner: NewRedigo(p), node: n, dead: &c.dead}
 	}
 	rw, err := NewRW("rwprop", backends, WithExpiry(rwPropExpiry),
-		WithNodeTimeout(200*time.Millisecond), WithRetryDelay(time.Millisecond, 2*time.Millisecond),
+		// A node timeout well above any stall of a loaded machine, as
+		// TestProperty's: calls to a node that is down fail at once.
+		WithNodeTimeout(2*time.Second), WithRetryDelay(time.Millisecond, 2*time.Millisecond),
 		WithOutageWindow(0))
 	if err != nil {
 		mc.rt.Fatal(err)
