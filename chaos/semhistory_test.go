@@ -51,6 +51,12 @@ type semRecorder struct {
 	mu     sync.Mutex
 	calls  []*semCall
 	leases []*semLease // made by resolve
+	// unread counts the calls whose argument record could not read (the
+	// scripts' argument format changed), and firstUnread names the first:
+	// resolveSem reports them, rather than let the holds they made look
+	// unexplained.
+	unread      int
+	firstUnread string
 }
 
 // A semCall is one script call of the process, as its recorder saw it.
@@ -105,6 +111,7 @@ func (r *semRecorder) record(script, arg string, start, end time.Time, vals []in
 	case "sem_acquire":
 		// "<value>:<base>:<seq>:<size>:<expiry ms>:<member>:<flags>:<place ms>:<tomb ms>:<fold>:<nonce>:<batch>"
 		if len(f) != 12 {
+			r.unreadable(script, arg)
 			return
 		}
 		c.member, c.grow, c.fold, c.nonce = f[5], strings.Contains(f[6], "g"), f[9], f[10]
@@ -117,6 +124,7 @@ func (r *semRecorder) record(script, arg string, start, end time.Time, vals []in
 	case "sem_release":
 		// "<value>:<total>:<seq>:<fold>:<nonce>:<expiry ms>:<tomb ms>"
 		if len(f) != 7 {
+			r.unreadable(script, arg)
 			return
 		}
 		c.fold, c.nonce = f[3], f[4]
@@ -127,6 +135,16 @@ func (r *semRecorder) record(script, arg string, start, end time.Time, vals []in
 	r.mu.Lock()
 	r.calls = append(r.calls, c)
 	r.mu.Unlock()
+}
+
+// unreadable counts a call of script whose argument arg record cannot read.
+func (r *semRecorder) unreadable(script, arg string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.unread == 0 {
+		r.firstUnread = script + " " + strconv.Quote(arg)
+	}
+	r.unread++
 }
 
 type semSpy struct {
@@ -295,6 +313,11 @@ type semAssoc struct {
 func resolveSem(recs []*semRecorder, holds, gaveUp []semHold) (unexplained []string, st semAssoc) {
 	logs := make([]*semLog, len(recs))
 	for i, r := range recs {
+		r.mu.Lock()
+		if r.unread > 0 {
+			unexplained = append(unexplained, fmt.Sprintf("client %d: %d script calls whose argument the recorder cannot read (the first: %s): the history misses them", r.client, r.unread, r.firstUnread))
+		}
+		r.mu.Unlock()
 		logs[i] = r.build()
 		st.adoptions += len(logs[i].adoptions)
 		for _, a := range logs[i].adoptions {
@@ -799,5 +822,20 @@ func TestCheckSemHistoryResolve(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestSemRecorderUnreadable: a call whose argument the recorder cannot read
+// (the scripts' format changed, and the recorder did not) is reported by
+// resolveSem by name, not left to make holds look unexplained.
+func TestSemRecorderUnreadable(t *testing.T) {
+	r := newSemRecorder(4, time.Second, 0.01)
+	at := time.Now()
+	r.record("sem_acquire", "V1:0:1:3:1000:w0::3000:::1@1", at, at, []int64{1, 1, 0}, nil) // 11 fields
+	r.record("sem_release", "V1:0:2:::1000", at, at, []int64{1, 0}, nil)                   // 6 fields
+	r.record("sem_extend", "V1:1000:3000", at, at, []int64{1}, nil)
+	unexpl, _ := resolveSem([]*semRecorder{r}, nil, nil)
+	if len(unexpl) != 1 || !strings.Contains(unexpl[0], "client 4: 2 script calls") || !strings.Contains(unexpl[0], `sem_acquire "V1:0:1:3:1000:w0::3000:::1@1"`) {
+		t.Errorf("unexplained %q, want client 4's 2 unreadable calls, the first named", unexpl)
 	}
 }
