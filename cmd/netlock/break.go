@@ -423,6 +423,26 @@ type breakResult struct {
 // breakNodes runs the break script, in parallel, on the nodes run says,
 // each against the hold want names ("" for any), and reports.
 func (b *breaker) breakNodes(ctx context.Context, info netlock.Info, run []bool, want []string) int {
+	results := b.runScripts(ctx, run, want)
+	var t breakTally
+	var rows []string
+	for i, r := range results {
+		rows = append(rows, b.c.nodes[i].name+"\t"+b.resultRow(i, run[i], info.Nodes[i].Err, r, &t))
+	}
+	if t.changed > 0 {
+		fmt.Fprintf(b.stderr, "netlock break: lock %q changed hands after the check, on %d of %d nodes: another holder took it, and break left it alone; run break again to check the new holder\n", b.name, t.changed, len(run))
+	}
+	code := b.finish(b.summary(t, len(run), results), rows)
+	if t.changed > 0 && code == exitBroken {
+		return exitRefused
+	}
+	return code
+}
+
+// runScripts runs the break script, in parallel, on the nodes run says,
+// each against the hold want names, and returns what it did on each node
+// (the zero breakResult where it did not run).
+func (b *breaker) runScripts(ctx context.Context, run []bool, want []string) []breakResult {
 	results := make([]breakResult, len(run))
 	var wg sync.WaitGroup
 	for i := range run {
@@ -430,70 +450,76 @@ func (b *breaker) breakNodes(ctx context.Context, info netlock.Info, run []bool,
 			continue
 		}
 		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(ctx, breakTimeout)
-			defer cancel()
-			keys := []string{b.keys.Lock, b.keys.Waiters, b.keys.Fence}
-			v, err := b.backends[i].Eval(ctx, breakScript, keys, []string{want[i], strconv.Itoa(breakWakeTries), b.keys.Channel})
-			switch {
-			case err != nil:
-				results[i].err = err
-			case len(v) == 5 && v[0] == 1:
-				results[i] = breakResult{state: 1, token: uint64(v[1]), counter: uint64(v[2]), heard: v[3], skipped: v[4]}
-			case len(v) == 1 && v[0] == 0:
-				results[i] = breakResult{state: 0}
-			case len(v) == 2 && v[0] == -1:
-				results[i] = breakResult{state: -1, token: uint64(v[1])}
-			default:
-				results[i].err = fmt.Errorf("break script: unexpected reply %v", v)
-			}
+			results[i] = b.breakNode(ctx, i, want[i])
 		})
 	}
 	wg.Wait()
+	return results
+}
 
-	var rows []string
-	broken, changed := 0, 0
-	var token uint64
-	for i, r := range results {
-		row := b.c.nodes[i].name + "\t"
-		switch {
-		case !run[i] && info.Nodes[i].Err != nil, r.err != nil:
-			if r.err != nil {
-				b.fail(i, r.err)
-			}
-			row += "error\t-\t-\t-"
-		case !run[i], r.state == 0:
-			row += "free\t-\t-\t-"
-		case r.state == -1:
-			changed++
-			row += fmt.Sprintf("changed hands\t%d\t-\t-", r.token)
-		default:
-			broken++
-			token = max(token, r.token)
-			row += fmt.Sprintf("broken\t%d\t%d\t%s", r.token, r.counter, waiterText(r))
-		}
-		rows = append(rows, row)
-	}
-	if changed > 0 {
-		fmt.Fprintf(b.stderr, "netlock break: lock %q changed hands after the check, on %d of %d nodes: another holder took it, and break left it alone; run break again to check the new holder\n", b.name, changed, len(run))
-	}
-	var summary string
+// breakNode runs the break script on node i against the hold want names
+// ("" for any), and returns what it did. A failure, or a reply the script
+// does not give, is the result's err.
+func (b *breaker) breakNode(ctx context.Context, i int, want string) breakResult {
+	ctx, cancel := context.WithTimeout(ctx, breakTimeout)
+	defer cancel()
+	keys := []string{b.keys.Lock, b.keys.Waiters, b.keys.Fence}
+	v, err := b.backends[i].Eval(ctx, breakScript, keys, []string{want, strconv.Itoa(breakWakeTries), b.keys.Channel})
 	switch {
-	case broken == 0 && changed == 0:
-		summary = fmt.Sprintf("lock %q: not held: its key went before break ran; nothing to break", b.name)
-	case broken == 0:
-		summary = fmt.Sprintf("lock %q: not broken", b.name)
-	case len(run) == 1 && token == 0:
-		summary = fmt.Sprintf("lock %q: broken: the hold (it had no fencing token) ended", b.name)
-	case len(run) == 1:
-		summary = fmt.Sprintf("lock %q: broken: the hold of fencing token %d ended; the fence counter is %d", b.name, token, results[0].counter)
-	default:
-		summary = fmt.Sprintf("lock %q: broken on %d of %d nodes (fencing token up to %d)", b.name, broken, len(run), token)
+	case err != nil:
+		return breakResult{err: err}
+	case len(v) == 5 && v[0] == 1:
+		return breakResult{state: 1, token: uint64(v[1]), counter: uint64(v[2]), heard: v[3], skipped: v[4]}
+	case len(v) == 1 && v[0] == 0:
+		return breakResult{state: 0}
+	case len(v) == 2 && v[0] == -1:
+		return breakResult{state: -1, token: uint64(v[1])}
 	}
-	code := b.finish(summary, rows)
-	if changed > 0 && code == exitBroken {
-		return exitRefused
+	return breakResult{err: fmt.Errorf("break script: unexpected reply %v", v)}
+}
+
+// A breakTally counts what the break script did over the nodes.
+type breakTally struct {
+	broken  int    // nodes where it broke the hold
+	changed int    // nodes where another hold had taken the lock
+	token   uint64 // the highest fencing token it broke
+}
+
+// resultRow returns the table's cells, after NODE, for node i: r, what the
+// script did there if ran, or lookErr, why the node could not be read. It
+// says a failure on stderr, and counts r in t.
+func (b *breaker) resultRow(i int, ran bool, lookErr error, r breakResult, t *breakTally) string {
+	switch {
+	case !ran && lookErr != nil, r.err != nil:
+		if r.err != nil {
+			b.fail(i, r.err)
+		}
+		return "error\t-\t-\t-"
+	case !ran, r.state == 0:
+		return "free\t-\t-\t-"
+	case r.state == -1:
+		t.changed++
+		return fmt.Sprintf("changed hands\t%d\t-\t-", r.token)
 	}
-	return code
+	t.broken++
+	t.token = max(t.token, r.token)
+	return fmt.Sprintf("broken\t%d\t%d\t%s", r.token, r.counter, waiterText(r))
+}
+
+// summary returns the line that sums up the break over nodes nodes, from t
+// and the results.
+func (b *breaker) summary(t breakTally, nodes int, results []breakResult) string {
+	switch {
+	case t.broken == 0 && t.changed == 0:
+		return fmt.Sprintf("lock %q: not held: its key went before break ran; nothing to break", b.name)
+	case t.broken == 0:
+		return fmt.Sprintf("lock %q: not broken", b.name)
+	case nodes == 1 && t.token == 0:
+		return fmt.Sprintf("lock %q: broken: the hold (it had no fencing token) ended", b.name)
+	case nodes == 1:
+		return fmt.Sprintf("lock %q: broken: the hold of fencing token %d ended; the fence counter is %d", b.name, t.token, results[0].counter)
+	}
+	return fmt.Sprintf("lock %q: broken on %d of %d nodes (fencing token up to %d)", b.name, t.broken, nodes, t.token)
 }
 
 // waiterText says whom the break told of their turn on one node.
