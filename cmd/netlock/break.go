@@ -122,60 +122,93 @@ func runBreak(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		// command.
 		return cmd.bad("%s", oneLine(err))
 	}
-	b.noteFailures(info)
-	if ctx.Err() != nil {
-		return exitInterrupted
-	}
-	if len(b.failed) == len(c.nodes) {
-		return exitUnavailable // no node answered: nothing to say on stdout
-	}
-	if !anyHeld(info) {
-		if kind := b.otherKind(ctx); kind != "" {
-			fmt.Fprintf(stderr, "netlock break: lock %q is held as a %s: break ends NetMutex holds only, and leaves it alone\n", name, kind)
-			return exitUsage
-		}
-		return b.finish(fmt.Sprintf("lock %q: not held: nothing to break", name), nil)
-	}
-
-	if addr := b.clusterNode(ctx); addr != "" {
-		fmt.Fprintf(stderr, "netlock break: %s is a node of a Redis Cluster: break does not handle a Cluster yet (its waiters listen with sharded pub/sub); nothing was changed\n", addr)
-		return exitUsage
-	}
-	want := make([]string, len(info.Nodes)) // the hold to break on each node; "": whatever holds it
-	run := make([]bool, len(info.Nodes))    // whether to run the script on the node
-	for i, n := range info.Nodes {
-		run[i] = n.Err == nil
+	if code, ends := b.endsUnbroken(ctx, info); ends {
+		return code
 	}
 	if !*force {
-		if code, refused := b.refuseAtSight(info, check); refused {
+		again, code, ends := b.checkDead(ctx, info, check)
+		if ends {
 			return code
-		}
-		wait := aliveWait(info)
-		before := time.Now()
-		if !sleepCtx(ctx, wait) {
-			return exitInterrupted
-		}
-		elapsed := time.Since(before)
-		again, _ := b.look(ctx)
-		if ctx.Err() != nil {
-			return exitInterrupted
-		}
-		b.noteFailures(again)
-		if why := extended(info, again, elapsed); why != "" {
-			fmt.Fprintf(stderr, "netlock break: lock %q is held by %s, and its holder is alive: %s; --force breaks it anyway\n",
-				name, heldText(again), why)
-			return b.exit(exitRefused)
-		}
-		if !anyHeld(again) {
-			return b.finish(fmt.Sprintf("lock %q: not held: its key expired during the %v check; nothing to break", name, wait.Round(time.Millisecond)), nil)
-		}
-		for i, n := range again.Nodes {
-			run[i] = n.Err == nil && n.Held
-			want[i] = n.Holder
 		}
 		info = again
 	}
+	run, want := breakTargets(info, !*force)
 	return b.breakNodes(ctx, info, run, want)
+}
+
+// endsUnbroken reports whether break ends without breaking, from the first
+// look at the lock, info: when ctx ended, no node answered, the lock is not
+// held as a NetMutex, or a node is one of a Redis Cluster. It says why and
+// returns the exit code.
+func (b *breaker) endsUnbroken(ctx context.Context, info netlock.Info) (code int, ends bool) {
+	b.noteFailures(info)
+	if ctx.Err() != nil {
+		return exitInterrupted, true
+	}
+	if len(b.failed) == len(b.c.nodes) {
+		return exitUnavailable, true // no node answered: nothing to say on stdout
+	}
+	if !anyHeld(info) {
+		if kind := b.otherKind(ctx); kind != "" {
+			fmt.Fprintf(b.stderr, "netlock break: lock %q is held as a %s: break ends NetMutex holds only, and leaves it alone\n", b.name, kind)
+			return exitUsage, true
+		}
+		return b.finish(fmt.Sprintf("lock %q: not held: nothing to break", b.name), nil), true
+	}
+	if addr := b.clusterNode(ctx); addr != "" {
+		fmt.Fprintf(b.stderr, "netlock break: %s is a node of a Redis Cluster: break does not handle a Cluster yet (its waiters listen with sharded pub/sub); nothing was changed\n", addr)
+		return exitUsage, true
+	}
+	return 0, false
+}
+
+// checkDead checks, without --force, that the holder of the hold info shows
+// is not alive: it refuses a hold it cannot check within check, waits long
+// enough to see a live holder extend, and looks again. It returns the
+// second look, or reports that break ends there (the holder is alive, the
+// key expired, or ctx ended), says why and returns the exit code.
+func (b *breaker) checkDead(ctx context.Context, info netlock.Info, check time.Duration) (again netlock.Info, code int, ends bool) {
+	if code, refused := b.refuseAtSight(info, check); refused {
+		return info, code, true
+	}
+	wait := aliveWait(info)
+	before := time.Now()
+	if !sleepCtx(ctx, wait) {
+		return info, exitInterrupted, true
+	}
+	elapsed := time.Since(before)
+	again, _ = b.look(ctx)
+	if ctx.Err() != nil {
+		return again, exitInterrupted, true
+	}
+	b.noteFailures(again)
+	if why := extended(info, again, elapsed); why != "" {
+		fmt.Fprintf(b.stderr, "netlock break: lock %q is held by %s, and its holder is alive: %s; --force breaks it anyway\n",
+			b.name, heldText(again), why)
+		return again, b.exit(exitRefused), true
+	}
+	if !anyHeld(again) {
+		return again, b.finish(fmt.Sprintf("lock %q: not held: its key expired during the %v check; nothing to break", b.name, wait.Round(time.Millisecond)), nil), true
+	}
+	return again, 0, false
+}
+
+// breakTargets returns, for each node of info, whether to run the break
+// script on it, and the hold to break there ("" for whatever holds the
+// key). Unchecked (--force), it runs on every node that answered, against
+// any hold; checked, info is the second look, and it runs only where that
+// look saw the key, against the hold it saw.
+func breakTargets(info netlock.Info, checked bool) (run []bool, want []string) {
+	run = make([]bool, len(info.Nodes))
+	want = make([]string, len(info.Nodes))
+	for i, n := range info.Nodes {
+		run[i] = n.Err == nil
+		if checked {
+			run[i] = run[i] && n.Held
+			want[i] = n.Holder
+		}
+	}
+	return run, want
 }
 
 // A breaker is one run of "netlock break": the lock, its nodes, and which of
