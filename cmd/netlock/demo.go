@@ -370,78 +370,11 @@ func runPhase(ctx context.Context, label string, cfg demoConfig, procs []*proces
 
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	var (
-		done, inside, overlaps, backwards, lostHolds atomic.Int64
-		tokMu                                        sync.Mutex
-		last                                         uint64
-		lastProc                                     *process
-		firstErr                                     error
-		errOnce                                      sync.Once
-	)
-	failed := func(err error) {
-		errOnce.Do(func() { firstErr = err; cancel(err) })
-	}
-	step := func(p *process) error {
-		if !locked {
-			return increment(ctx, p.client, key, cfg.pause)
-		}
-		if err := p.mu.LockCtx(ctx); err != nil {
-			return fmt.Errorf("lock: %w", err)
-		}
-		// Checks independent of the counter: nobody else is inside, and
-		// tokens grow from one holder to the next. A hold handed between
-		// workers of one process keeps its token.
-		if inside.Add(1) > 1 {
-			overlaps.Add(1)
-		}
-		tok := p.mu.Token()
-		tokMu.Lock()
-		if tok < last || (tok == last && p != lastProc) {
-			backwards.Add(1)
-		}
-		last, lastProc = max(last, tok), p
-		tokMu.Unlock()
-		err := increment(ctx, p.client, key, cfg.pause)
-		inside.Add(-1)
-		switch uerr := p.mu.UnlockCtx(ctx); {
-		case errors.Is(uerr, netlock.ErrLockLost):
-			// The lock key expired or was deleted or taken while we held
-			// it: the increment was not protected. Go on, and report it.
-			lostHolds.Add(1)
-		case uerr != nil:
-			err = errors.Join(err, fmt.Errorf("unlock: %w", uerr))
-		}
-		return err
-	}
+	ph := &phase{key: key, pause: cfg.pause, locked: locked, cancel: cancel}
+	r.wall = ph.run(ctx, label, cfg, procs, stderr)
 
-	start := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := range cfg.workers {
-		p := procs[w%len(procs)]
-		wg.Go(func() {
-			<-start
-			for range cfg.increments {
-				if ctx.Err() != nil {
-					return
-				}
-				if err := step(p); err != nil {
-					failed(err)
-					return
-				}
-				done.Add(1)
-			}
-		})
-	}
-
-	stopProgress := showProgress(stderr, label, r.expected, &done)
-	t0 := time.Now()
-	close(start)
-	wg.Wait()
-	r.wall = time.Since(t0)
-	stopProgress()
-
-	if firstErr != nil {
-		return r, firstErr
+	if ph.firstErr != nil {
+		return r, ph.firstErr
 	}
 	if err := context.Cause(ctx); err != nil {
 		return r, err // interrupted
@@ -451,11 +384,119 @@ func runPhase(ctx context.Context, label string, cfg demoConfig, procs []*proces
 		return r, fmt.Errorf("read %s: %w", key, err)
 	}
 	r.counted = n
-	r.lastToken = last
-	r.overlaps = overlaps.Load()
-	r.backwards = backwards.Load()
-	r.lostHolds = lostHolds.Load()
+	r.lastToken = ph.last
+	r.overlaps = ph.overlaps.Load()
+	r.backwards = ph.backwards.Load()
+	r.lostHolds = ph.lostHolds.Load()
 	return r, nil
+}
+
+// A phase is what the workers of one phase share while they run: the
+// counter's key, the counts of the locked phase's checks, and the first
+// error. It must not be copied after first use.
+type phase struct {
+	key    string
+	pause  time.Duration
+	locked bool
+	cancel context.CancelCauseFunc // stops the other workers, with the first error
+
+	done, inside, overlaps, backwards, lostHolds atomic.Int64
+
+	tokMu    sync.Mutex
+	last     uint64   // highest fencing token seen; under tokMu
+	lastProc *process // the process that saw it; under tokMu
+
+	errOnce  sync.Once
+	firstErr error // set once, read after the workers return
+}
+
+// run runs cfg.workers workers, spread over procs, each making
+// cfg.increments increments, showing the phase label's progress on stderr,
+// and returns how long they took. It blocks until every worker has
+// returned: at its last increment, at its first error, or when ctx ends.
+func (ph *phase) run(ctx context.Context, label string, cfg demoConfig, procs []*process, stderr io.Writer) time.Duration {
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range cfg.workers {
+		p := procs[w%len(procs)]
+		wg.Go(func() {
+			<-start
+			ph.work(ctx, p, cfg.increments)
+		})
+	}
+	stopProgress := showProgress(stderr, label, int64(cfg.workers)*int64(cfg.increments), &ph.done)
+	t0 := time.Now()
+	close(start)
+	wg.Wait()
+	wall := time.Since(t0)
+	stopProgress()
+	return wall
+}
+
+// work makes increments increments in process p, one after another. It
+// stops when ctx ends, or at its first error, which it records for the
+// phase and which stops the other workers.
+func (ph *phase) work(ctx context.Context, p *process, increments int) {
+	for range increments {
+		if ctx.Err() != nil {
+			return
+		}
+		if err := ph.step(ctx, p); err != nil {
+			ph.fail(err)
+			return
+		}
+		ph.done.Add(1)
+	}
+}
+
+// fail records err as the phase's error, if it is the first, and stops the
+// other workers.
+func (ph *phase) fail(err error) {
+	ph.errOnce.Do(func() { ph.firstErr = err; ph.cancel(err) })
+}
+
+// step makes one increment in process p: under p's NetMutex in the locked
+// phase, checking it, and bare otherwise. It returns the increment's error,
+// joined with the unlock's.
+func (ph *phase) step(ctx context.Context, p *process) error {
+	if !ph.locked {
+		return increment(ctx, p.client, ph.key, ph.pause)
+	}
+	if err := p.mu.LockCtx(ctx); err != nil {
+		return fmt.Errorf("lock: %w", err)
+	}
+	ph.checkHold(p)
+	err := increment(ctx, p.client, ph.key, ph.pause)
+	ph.inside.Add(-1)
+	switch uerr := p.mu.UnlockCtx(ctx); {
+	case errors.Is(uerr, netlock.ErrLockLost):
+		// The lock key expired or was deleted or taken while we held
+		// it: the increment was not protected. Go on, and report it.
+		ph.lostHolds.Add(1)
+	case uerr != nil:
+		err = errors.Join(err, fmt.Errorf("unlock: %w", uerr))
+	}
+	return err
+}
+
+// checkHold enters the critical section with p's hold (the caller leaves
+// it with inside.Add(-1)), and counts what shows the hold unprotected:
+// another worker inside, or a token below the previous holder's (or equal
+// to it in another process).
+func (ph *phase) checkHold(p *process) {
+	// Checks independent of the counter: nobody else is inside, and
+	// tokens grow from one holder to the next. A hold handed between
+	// workers of one process keeps its token.
+	if ph.inside.Add(1) > 1 {
+		ph.overlaps.Add(1)
+	}
+	tok := p.mu.Token()
+	ph.tokMu.Lock()
+	if tok < ph.last || (tok == ph.last && p != ph.lastProc) {
+		ph.backwards.Add(1)
+	}
+	ph.last, ph.lastProc = max(ph.last, tok), p
+	ph.tokMu.Unlock()
 }
 
 // increment is the racy read-modify-write: GET, pause, SET value+1.
