@@ -122,60 +122,93 @@ func runBreak(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		// command.
 		return cmd.bad("%s", oneLine(err))
 	}
-	b.noteFailures(info)
-	if ctx.Err() != nil {
-		return exitInterrupted
-	}
-	if len(b.failed) == len(c.nodes) {
-		return exitUnavailable // no node answered: nothing to say on stdout
-	}
-	if !anyHeld(info) {
-		if kind := b.otherKind(ctx); kind != "" {
-			fmt.Fprintf(stderr, "netlock break: lock %q is held as a %s: break ends NetMutex holds only, and leaves it alone\n", name, kind)
-			return exitUsage
-		}
-		return b.finish(fmt.Sprintf("lock %q: not held: nothing to break", name), nil)
-	}
-
-	if addr := b.clusterNode(ctx); addr != "" {
-		fmt.Fprintf(stderr, "netlock break: %s is a node of a Redis Cluster: break does not handle a Cluster yet (its waiters listen with sharded pub/sub); nothing was changed\n", addr)
-		return exitUsage
-	}
-	want := make([]string, len(info.Nodes)) // the hold to break on each node; "": whatever holds it
-	run := make([]bool, len(info.Nodes))    // whether to run the script on the node
-	for i, n := range info.Nodes {
-		run[i] = n.Err == nil
+	if code, ends := b.endsUnbroken(ctx, info); ends {
+		return code
 	}
 	if !*force {
-		if code, refused := b.refuseAtSight(info, check); refused {
+		again, code, ends := b.checkDead(ctx, info, check)
+		if ends {
 			return code
-		}
-		wait := aliveWait(info)
-		before := time.Now()
-		if !sleepCtx(ctx, wait) {
-			return exitInterrupted
-		}
-		elapsed := time.Since(before)
-		again, _ := b.look(ctx)
-		if ctx.Err() != nil {
-			return exitInterrupted
-		}
-		b.noteFailures(again)
-		if why := extended(info, again, elapsed); why != "" {
-			fmt.Fprintf(stderr, "netlock break: lock %q is held by %s, and its holder is alive: %s; --force breaks it anyway\n",
-				name, heldText(again), why)
-			return b.exit(exitRefused)
-		}
-		if !anyHeld(again) {
-			return b.finish(fmt.Sprintf("lock %q: not held: its key expired during the %v check; nothing to break", name, wait.Round(time.Millisecond)), nil)
-		}
-		for i, n := range again.Nodes {
-			run[i] = n.Err == nil && n.Held
-			want[i] = n.Holder
 		}
 		info = again
 	}
+	run, want := breakTargets(info, !*force)
 	return b.breakNodes(ctx, info, run, want)
+}
+
+// endsUnbroken reports whether break ends without breaking, from the first
+// look at the lock, info: when ctx ended, no node answered, the lock is not
+// held as a NetMutex, or a node is one of a Redis Cluster. It says why and
+// returns the exit code.
+func (b *breaker) endsUnbroken(ctx context.Context, info netlock.Info) (code int, ends bool) {
+	b.noteFailures(info)
+	if ctx.Err() != nil {
+		return exitInterrupted, true
+	}
+	if len(b.failed) == len(b.c.nodes) {
+		return exitUnavailable, true // no node answered: nothing to say on stdout
+	}
+	if !anyHeld(info) {
+		if kind := b.otherKind(ctx); kind != "" {
+			fmt.Fprintf(b.stderr, "netlock break: lock %q is held as a %s: break ends NetMutex holds only, and leaves it alone\n", b.name, kind)
+			return exitUsage, true
+		}
+		return b.finish(fmt.Sprintf("lock %q: not held: nothing to break", b.name), nil), true
+	}
+	if addr := b.clusterNode(ctx); addr != "" {
+		fmt.Fprintf(b.stderr, "netlock break: %s is a node of a Redis Cluster: break does not handle a Cluster yet (its waiters listen with sharded pub/sub); nothing was changed\n", addr)
+		return exitUsage, true
+	}
+	return 0, false
+}
+
+// checkDead checks, without --force, that the holder of the hold info shows
+// is not alive: it refuses a hold it cannot check within check, waits long
+// enough to see a live holder extend, and looks again. It returns the
+// second look, or reports that break ends there (the holder is alive, the
+// key expired, or ctx ended), says why and returns the exit code.
+func (b *breaker) checkDead(ctx context.Context, info netlock.Info, check time.Duration) (again netlock.Info, code int, ends bool) {
+	if code, refused := b.refuseAtSight(info, check); refused {
+		return info, code, true
+	}
+	wait := aliveWait(info)
+	before := time.Now()
+	if !sleepCtx(ctx, wait) {
+		return info, exitInterrupted, true
+	}
+	elapsed := time.Since(before)
+	again, _ = b.look(ctx)
+	if ctx.Err() != nil {
+		return again, exitInterrupted, true
+	}
+	b.noteFailures(again)
+	if why := extended(info, again, elapsed); why != "" {
+		fmt.Fprintf(b.stderr, "netlock break: lock %q is held by %s, and its holder is alive: %s; --force breaks it anyway\n",
+			b.name, heldText(again), why)
+		return again, b.exit(exitRefused), true
+	}
+	if !anyHeld(again) {
+		return again, b.finish(fmt.Sprintf("lock %q: not held: its key expired during the %v check; nothing to break", b.name, wait.Round(time.Millisecond)), nil), true
+	}
+	return again, 0, false
+}
+
+// breakTargets returns, for each node of info, whether to run the break
+// script on it, and the hold to break there ("" for whatever holds the
+// key). Unchecked (--force), it runs on every node that answered, against
+// any hold; checked, info is the second look, and it runs only where that
+// look saw the key, against the hold it saw.
+func breakTargets(info netlock.Info, checked bool) (run []bool, want []string) {
+	run = make([]bool, len(info.Nodes))
+	want = make([]string, len(info.Nodes))
+	for i, n := range info.Nodes {
+		run[i] = n.Err == nil
+		if checked {
+			run[i] = run[i] && n.Held
+			want[i] = n.Holder
+		}
+	}
+	return run, want
 }
 
 // A breaker is one run of "netlock break": the lock, its nodes, and which of
@@ -423,6 +456,26 @@ type breakResult struct {
 // breakNodes runs the break script, in parallel, on the nodes run says,
 // each against the hold want names ("" for any), and reports.
 func (b *breaker) breakNodes(ctx context.Context, info netlock.Info, run []bool, want []string) int {
+	results := b.runScripts(ctx, run, want)
+	var t breakTally
+	var rows []string
+	for i, r := range results {
+		rows = append(rows, b.c.nodes[i].name+"\t"+b.resultRow(i, run[i], info.Nodes[i].Err, r, &t))
+	}
+	if t.changed > 0 {
+		fmt.Fprintf(b.stderr, "netlock break: lock %q changed hands after the check, on %d of %d nodes: another holder took it, and break left it alone; run break again to check the new holder\n", b.name, t.changed, len(run))
+	}
+	code := b.finish(b.summary(t, len(run), results), rows)
+	if t.changed > 0 && code == exitBroken {
+		return exitRefused
+	}
+	return code
+}
+
+// runScripts runs the break script, in parallel, on the nodes run says,
+// each against the hold want names, and returns what it did on each node
+// (the zero breakResult where it did not run).
+func (b *breaker) runScripts(ctx context.Context, run []bool, want []string) []breakResult {
 	results := make([]breakResult, len(run))
 	var wg sync.WaitGroup
 	for i := range run {
@@ -430,70 +483,76 @@ func (b *breaker) breakNodes(ctx context.Context, info netlock.Info, run []bool,
 			continue
 		}
 		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(ctx, breakTimeout)
-			defer cancel()
-			keys := []string{b.keys.Lock, b.keys.Waiters, b.keys.Fence}
-			v, err := b.backends[i].Eval(ctx, breakScript, keys, []string{want[i], strconv.Itoa(breakWakeTries), b.keys.Channel})
-			switch {
-			case err != nil:
-				results[i].err = err
-			case len(v) == 5 && v[0] == 1:
-				results[i] = breakResult{state: 1, token: uint64(v[1]), counter: uint64(v[2]), heard: v[3], skipped: v[4]}
-			case len(v) == 1 && v[0] == 0:
-				results[i] = breakResult{state: 0}
-			case len(v) == 2 && v[0] == -1:
-				results[i] = breakResult{state: -1, token: uint64(v[1])}
-			default:
-				results[i].err = fmt.Errorf("break script: unexpected reply %v", v)
-			}
+			results[i] = b.breakNode(ctx, i, want[i])
 		})
 	}
 	wg.Wait()
+	return results
+}
 
-	var rows []string
-	broken, changed := 0, 0
-	var token uint64
-	for i, r := range results {
-		row := b.c.nodes[i].name + "\t"
-		switch {
-		case !run[i] && info.Nodes[i].Err != nil, r.err != nil:
-			if r.err != nil {
-				b.fail(i, r.err)
-			}
-			row += "error\t-\t-\t-"
-		case !run[i], r.state == 0:
-			row += "free\t-\t-\t-"
-		case r.state == -1:
-			changed++
-			row += fmt.Sprintf("changed hands\t%d\t-\t-", r.token)
-		default:
-			broken++
-			token = max(token, r.token)
-			row += fmt.Sprintf("broken\t%d\t%d\t%s", r.token, r.counter, waiterText(r))
-		}
-		rows = append(rows, row)
-	}
-	if changed > 0 {
-		fmt.Fprintf(b.stderr, "netlock break: lock %q changed hands after the check, on %d of %d nodes: another holder took it, and break left it alone; run break again to check the new holder\n", b.name, changed, len(run))
-	}
-	var summary string
+// breakNode runs the break script on node i against the hold want names
+// ("" for any), and returns what it did. A failure, or a reply the script
+// does not give, is the result's err.
+func (b *breaker) breakNode(ctx context.Context, i int, want string) breakResult {
+	ctx, cancel := context.WithTimeout(ctx, breakTimeout)
+	defer cancel()
+	keys := []string{b.keys.Lock, b.keys.Waiters, b.keys.Fence}
+	v, err := b.backends[i].Eval(ctx, breakScript, keys, []string{want, strconv.Itoa(breakWakeTries), b.keys.Channel})
 	switch {
-	case broken == 0 && changed == 0:
-		summary = fmt.Sprintf("lock %q: not held: its key went before break ran; nothing to break", b.name)
-	case broken == 0:
-		summary = fmt.Sprintf("lock %q: not broken", b.name)
-	case len(run) == 1 && token == 0:
-		summary = fmt.Sprintf("lock %q: broken: the hold (it had no fencing token) ended", b.name)
-	case len(run) == 1:
-		summary = fmt.Sprintf("lock %q: broken: the hold of fencing token %d ended; the fence counter is %d", b.name, token, results[0].counter)
-	default:
-		summary = fmt.Sprintf("lock %q: broken on %d of %d nodes (fencing token up to %d)", b.name, broken, len(run), token)
+	case err != nil:
+		return breakResult{err: err}
+	case len(v) == 5 && v[0] == 1:
+		return breakResult{state: 1, token: uint64(v[1]), counter: uint64(v[2]), heard: v[3], skipped: v[4]}
+	case len(v) == 1 && v[0] == 0:
+		return breakResult{state: 0}
+	case len(v) == 2 && v[0] == -1:
+		return breakResult{state: -1, token: uint64(v[1])}
 	}
-	code := b.finish(summary, rows)
-	if changed > 0 && code == exitBroken {
-		return exitRefused
+	return breakResult{err: fmt.Errorf("break script: unexpected reply %v", v)}
+}
+
+// A breakTally counts what the break script did over the nodes.
+type breakTally struct {
+	broken  int    // nodes where it broke the hold
+	changed int    // nodes where another hold had taken the lock
+	token   uint64 // the highest fencing token it broke
+}
+
+// resultRow returns the table's cells, after NODE, for node i: r, what the
+// script did there if ran, or lookErr, why the node could not be read. It
+// says a failure on stderr, and counts r in t.
+func (b *breaker) resultRow(i int, ran bool, lookErr error, r breakResult, t *breakTally) string {
+	switch {
+	case !ran && lookErr != nil, r.err != nil:
+		if r.err != nil {
+			b.fail(i, r.err)
+		}
+		return "error\t-\t-\t-"
+	case !ran, r.state == 0:
+		return "free\t-\t-\t-"
+	case r.state == -1:
+		t.changed++
+		return fmt.Sprintf("changed hands\t%d\t-\t-", r.token)
 	}
-	return code
+	t.broken++
+	t.token = max(t.token, r.token)
+	return fmt.Sprintf("broken\t%d\t%d\t%s", r.token, r.counter, waiterText(r))
+}
+
+// summary returns the line that sums up the break over nodes nodes, from t
+// and the results.
+func (b *breaker) summary(t breakTally, nodes int, results []breakResult) string {
+	switch {
+	case t.broken == 0 && t.changed == 0:
+		return fmt.Sprintf("lock %q: not held: its key went before break ran; nothing to break", b.name)
+	case t.broken == 0:
+		return fmt.Sprintf("lock %q: not broken", b.name)
+	case nodes == 1 && t.token == 0:
+		return fmt.Sprintf("lock %q: broken: the hold (it had no fencing token) ended", b.name)
+	case nodes == 1:
+		return fmt.Sprintf("lock %q: broken: the hold of fencing token %d ended; the fence counter is %d", b.name, t.token, results[0].counter)
+	}
+	return fmt.Sprintf("lock %q: broken on %d of %d nodes (fencing token up to %d)", b.name, t.broken, nodes, t.token)
 }
 
 // waiterText says whom the break told of their turn on one node.

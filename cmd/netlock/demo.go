@@ -146,133 +146,199 @@ func parseDemoFlags(args []string, stdout, stderr io.Writer) (cfg demoConfig, co
 
 // demo runs both phases and prints the report.
 func demo(ctx context.Context, cfg demoConfig, stdout, stderr io.Writer) (code int) {
-	// fail reports err, which happened while doing what, and returns the
-	// exit code.
-	fail := func(what string, err error) int {
-		if ctx.Err() != nil {
-			fmt.Fprintf(stderr, "netlock demo: interrupted (%s)\n", what)
-			return exitInterrupted
-		}
-		if s := oneLine(err); cfg.server != nil && strings.HasPrefix(s, notRedisText) {
-			fmt.Fprintf(stderr, "netlock demo: %s %s\n", cfg.server.name, s)
-		} else {
-			fmt.Fprintf(stderr, "netlock demo: %s: %s\n", what, s)
-		}
-		return exitUnavailable
+	d := &demoRun{cfg: cfg, stdout: stdout, stderr: stderr}
+	stopServer, err := d.startServer()
+	if err != nil {
+		return d.fail(ctx, "start embedded Redis", err)
 	}
-
-	server := cfg.server
-	where := ""
-	if server != nil {
-		where = "Redis at " + server.name
-	} else {
-		mr, err := miniredis.Run()
-		if err != nil {
-			return fail("start embedded Redis", err)
-		}
-		defer mr.Close()
-		server, where = &node{name: mr.Addr(), network: "tcp", address: mr.Addr()}, "embedded Redis"
-	}
+	defer stopServer()
 
 	// Every key of the run starts with prefix: the counter, and, through
 	// WithPrefix, the lock and its fence counter. On a shared server this
 	// keeps runs apart, and the cleanup deletes exactly the run's keys.
-	id := make([]byte, 6)
-	rand.Read(id)
-	prefix := "netlock-demo:" + hex.EncodeToString(id) + ":"
-	counterKey := prefix + "counter"
+	d.prefix = demoPrefix()
+	counterKey := d.prefix + "counter"
 
-	procs := make([]*process, 0, cfg.procs)
-	defer func() {
-		for _, p := range procs {
-			p.client.close()
-		}
-	}()
-	perProc := (cfg.workers + cfg.procs - 1) / cfg.procs
-	for range cfg.procs {
-		c, err := dial(cfg.backend, server, perProc)
-		if err != nil {
-			return fail("connect to "+where, err)
-		}
-		p := &process{client: c}
-		procs = append(procs, p)
-		// No logger: the demo counts and reports the holds lost itself.
-		p.mu, err = netlock.New("demo", []netlock.Backend{c.backend()}, netlock.WithPrefix(prefix), netlock.WithLogger(slog.New(slog.DiscardHandler)))
-		if err != nil {
-			return fail("create the NetMutex", err)
-		}
+	defer d.closeProcesses()
+	if code, ok := d.startProcesses(ctx); !ok {
+		return code
 	}
-	admin := procs[0].client
+	admin := d.procs[0].client
 	defer func() {
 		// Delete the run's keys even when interrupted; the clients are
 		// closed after this (deferred earlier, so run later).
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
-		defer cancel()
-		if err := admin.deleteMatching(cctx, prefix+"*"); err != nil {
-			fmt.Fprintf(stderr, "netlock demo: delete the demo's keys %s*: %s\n", prefix, oneLine(err))
-			if code == exitOK {
-				code = exitUnavailable
-			}
+		if !d.deleteKeys(ctx, admin) && code == exitOK {
+			code = exitUnavailable
 		}
 	}()
 	if err := admin.del(ctx, counterKey); err != nil {
-		return fail(where+" does not answer", err)
+		return d.fail(ctx, d.where+" does not answer", err)
 	}
+	d.printHeader()
 
-	pause := "no pause"
-	if cfg.pause > 0 {
-		pause = cfg.pause.String() + " pause"
-	}
-	fmt.Fprintf(stdout, "netlock demo: %s in %s, %s each, %s inside (%s, %s client)\n\n",
-		plural(cfg.workers, "worker"), plural(cfg.procs, "process"), plural(cfg.increments, "increment"),
-		pause, where, cfg.backend)
-
-	total := int64(cfg.workers) * int64(cfg.increments)
-	width := len(strconv.FormatInt(total, 10))
-	line := func(label string, r phaseResult, extra string) {
-		lost := r.expected - r.counted
-		fmt.Fprintf(stdout, "%-16s %*d expected, %*d counted, %*d %s   (%s, %.0f increments/s%s)\n",
-			label+":", width, r.expected, width, r.counted, width, lost, lostWord(lost),
-			seconds(r.wall), float64(r.expected)/r.wall.Seconds(), extra)
-	}
-
-	free, err := runPhase(ctx, "without a lock", cfg, procs, counterKey, false, stderr)
+	free, err := runPhase(ctx, "without a lock", cfg, d.procs, counterKey, false, stderr)
 	if err != nil {
-		return fail("phase without a lock", err)
+		return d.fail(ctx, "phase without a lock", err)
 	}
-	line("without a lock", free, "")
+	d.printPhase("without a lock", free, "")
 
-	locked, err := runPhase(ctx, "with NetMutex", cfg, procs, counterKey, true, stderr)
+	locked, err := runPhase(ctx, "with NetMutex", cfg, d.procs, counterKey, true, stderr)
 	if err != nil {
-		return fail("phase with NetMutex", err)
+		return d.fail(ctx, "phase with NetMutex", err)
 	}
-	line("with NetMutex", locked, fmt.Sprintf(", last fencing token %d", locked.lastToken))
+	d.printPhase("with NetMutex", locked, fmt.Sprintf(", last fencing token %d", locked.lastToken))
 
 	if err := admin.del(ctx, counterKey); err != nil {
-		return fail("delete "+counterKey, err)
+		return d.fail(ctx, "delete "+counterKey, err)
 	}
+	return d.verdict(free, locked)
+}
 
-	var problems []string
-	if lost := locked.expected - locked.counted; lost != 0 {
-		problems = append(problems, fmt.Sprintf("%d expected but %d counted", locked.expected, locked.counted))
+// A demoRun is one run of the demo: its flags, its output, the server it
+// uses and the simulated processes it started.
+type demoRun struct {
+	cfg            demoConfig
+	stdout, stderr io.Writer
+	server         *node  // the server used: --redis's, or the embedded one
+	where          string // the server, for messages
+	prefix         string // every key of the run starts with it
+	procs          []*process
+}
+
+// fail says on stderr that what failed with err, or that ctx ended while
+// doing it, and returns the exit code.
+func (d *demoRun) fail(ctx context.Context, what string, err error) int {
+	if ctx.Err() != nil {
+		fmt.Fprintf(d.stderr, "netlock demo: interrupted (%s)\n", what)
+		return exitInterrupted
 	}
-	if locked.overlaps > 0 {
-		problems = append(problems, fmt.Sprintf("a worker entered the critical section while another was in it %s", plural(int(locked.overlaps), "time")))
+	if s := oneLine(err); d.cfg.server != nil && strings.HasPrefix(s, notRedisText) {
+		fmt.Fprintf(d.stderr, "netlock demo: %s %s\n", d.cfg.server.name, s)
+	} else {
+		fmt.Fprintf(d.stderr, "netlock demo: %s: %s\n", what, s)
 	}
-	if locked.backwards > 0 {
-		problems = append(problems, fmt.Sprintf("%s out of order (below the one before, or equal in another process)", plural(int(locked.backwards), "fencing token")))
+	return exitUnavailable
+}
+
+// startServer picks the server the demo uses: the one --redis names, or an
+// embedded one that it starts. It returns the function that stops the
+// embedded server, which does nothing for --redis's.
+func (d *demoRun) startServer() (stop func(), err error) {
+	if d.cfg.server != nil {
+		d.server, d.where = d.cfg.server, "Redis at "+d.cfg.server.name
+		return func() {}, nil
 	}
-	if locked.lostHolds > 0 {
-		problems = append(problems, fmt.Sprintf("%s lost before Unlock (ErrLockLost)", plural(int(locked.lostHolds), "hold")))
+	mr, err := miniredis.Run()
+	if err != nil {
+		return nil, err
 	}
-	if len(problems) > 0 {
-		fmt.Fprintf(stderr, "\nnetlock demo: FAIL: with NetMutex, %s\n", strings.Join(problems, "; "))
+	d.server, d.where = &node{name: mr.Addr(), network: "tcp", address: mr.Addr()}, "embedded Redis"
+	return mr.Close, nil
+}
+
+// demoPrefix returns a prefix for the keys of one run, unique to it.
+func demoPrefix() string {
+	id := make([]byte, 6)
+	rand.Read(id)
+	return "netlock-demo:" + hex.EncodeToString(id) + ":"
+}
+
+// startProcesses starts the simulated processes, each connected to the
+// server with its NetMutex. It reports false, after saying why on stderr,
+// if one could not be started, and returns the exit code; the processes
+// started so far are for closeProcesses to close.
+func (d *demoRun) startProcesses(ctx context.Context) (code int, ok bool) {
+	d.procs = make([]*process, 0, d.cfg.procs)
+	perProc := (d.cfg.workers + d.cfg.procs - 1) / d.cfg.procs
+	for range d.cfg.procs {
+		c, err := dial(d.cfg.backend, d.server, perProc)
+		if err != nil {
+			return d.fail(ctx, "connect to "+d.where, err), false
+		}
+		p := &process{client: c}
+		d.procs = append(d.procs, p)
+		// No logger: the demo counts and reports the holds lost itself.
+		p.mu, err = netlock.New("demo", []netlock.Backend{c.backend()}, netlock.WithPrefix(d.prefix), netlock.WithLogger(slog.New(slog.DiscardHandler)))
+		if err != nil {
+			return d.fail(ctx, "create the NetMutex", err), false
+		}
+	}
+	return exitOK, true
+}
+
+// closeProcesses closes the clients of the processes started.
+func (d *demoRun) closeProcesses() {
+	for _, p := range d.procs {
+		p.client.close()
+	}
+}
+
+// deleteKeys deletes the run's keys with admin, even when ctx has ended. It
+// reports false, after saying why on stderr, if they could not be deleted.
+func (d *demoRun) deleteKeys(ctx context.Context, admin client) bool {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
+	defer cancel()
+	if err := admin.deleteMatching(cctx, d.prefix+"*"); err != nil {
+		fmt.Fprintf(d.stderr, "netlock demo: delete the demo's keys %s*: %s\n", d.prefix, oneLine(err))
+		return false
+	}
+	return true
+}
+
+// printHeader prints the line that says what the demo runs, and where.
+func (d *demoRun) printHeader() {
+	pause := "no pause"
+	if d.cfg.pause > 0 {
+		pause = d.cfg.pause.String() + " pause"
+	}
+	fmt.Fprintf(d.stdout, "netlock demo: %s in %s, %s each, %s inside (%s, %s client)\n\n",
+		plural(d.cfg.workers, "worker"), plural(d.cfg.procs, "process"), plural(d.cfg.increments, "increment"),
+		pause, d.where, d.cfg.backend)
+}
+
+// printPhase prints the line of the phase label's result r, with extra at
+// its end.
+func (d *demoRun) printPhase(label string, r phaseResult, extra string) {
+	total := int64(d.cfg.workers) * int64(d.cfg.increments)
+	width := len(strconv.FormatInt(total, 10))
+	lost := r.expected - r.counted
+	fmt.Fprintf(d.stdout, "%-16s %*d expected, %*d counted, %*d %s   (%s, %.0f increments/s%s)\n",
+		label+":", width, r.expected, width, r.counted, width, lost, lostWord(lost),
+		seconds(r.wall), float64(r.expected)/r.wall.Seconds(), extra)
+}
+
+// verdict says on stderr what went wrong in the locked phase, if anything,
+// or remarks on stdout that the unlocked phase, free, lost no update, and
+// returns the exit code.
+func (d *demoRun) verdict(free, locked phaseResult) int {
+	if problems := lockedProblems(locked); len(problems) > 0 {
+		fmt.Fprintf(d.stderr, "\nnetlock demo: FAIL: with NetMutex, %s\n", strings.Join(problems, "; "))
 		return exitFailed
 	}
-	if free.counted == free.expected && cfg.workers > 1 {
-		fmt.Fprintln(stdout, "\n(no update was lost without a lock this time: more --workers or a longer --pause make the race likelier)")
+	if free.counted == free.expected && d.cfg.workers > 1 {
+		fmt.Fprintln(d.stdout, "\n(no update was lost without a lock this time: more --workers or a longer --pause make the race likelier)")
 	}
 	return exitOK
+}
+
+// lockedProblems returns what the locked phase's result r shows went
+// wrong: lost updates, overlaps, tokens out of order, holds lost. It
+// returns none if the lock did its work.
+func lockedProblems(r phaseResult) []string {
+	var problems []string
+	if lost := r.expected - r.counted; lost != 0 {
+		problems = append(problems, fmt.Sprintf("%d expected but %d counted", r.expected, r.counted))
+	}
+	if r.overlaps > 0 {
+		problems = append(problems, fmt.Sprintf("a worker entered the critical section while another was in it %s", plural(int(r.overlaps), "time")))
+	}
+	if r.backwards > 0 {
+		problems = append(problems, fmt.Sprintf("%s out of order (below the one before, or equal in another process)", plural(int(r.backwards), "fencing token")))
+	}
+	if r.lostHolds > 0 {
+		problems = append(problems, fmt.Sprintf("%s lost before Unlock (ErrLockLost)", plural(int(r.lostHolds), "hold")))
+	}
+	return problems
 }
 
 // A process stands for one process of an application: its own Redis client
@@ -304,78 +370,11 @@ func runPhase(ctx context.Context, label string, cfg demoConfig, procs []*proces
 
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	var (
-		done, inside, overlaps, backwards, lostHolds atomic.Int64
-		tokMu                                        sync.Mutex
-		last                                         uint64
-		lastProc                                     *process
-		firstErr                                     error
-		errOnce                                      sync.Once
-	)
-	failed := func(err error) {
-		errOnce.Do(func() { firstErr = err; cancel(err) })
-	}
-	step := func(p *process) error {
-		if !locked {
-			return increment(ctx, p.client, key, cfg.pause)
-		}
-		if err := p.mu.LockCtx(ctx); err != nil {
-			return fmt.Errorf("lock: %w", err)
-		}
-		// Checks independent of the counter: nobody else is inside, and
-		// tokens grow from one holder to the next. A hold handed between
-		// workers of one process keeps its token.
-		if inside.Add(1) > 1 {
-			overlaps.Add(1)
-		}
-		tok := p.mu.Token()
-		tokMu.Lock()
-		if tok < last || (tok == last && p != lastProc) {
-			backwards.Add(1)
-		}
-		last, lastProc = max(last, tok), p
-		tokMu.Unlock()
-		err := increment(ctx, p.client, key, cfg.pause)
-		inside.Add(-1)
-		switch uerr := p.mu.UnlockCtx(ctx); {
-		case errors.Is(uerr, netlock.ErrLockLost):
-			// The lock key expired or was deleted or taken while we held
-			// it: the increment was not protected. Go on, and report it.
-			lostHolds.Add(1)
-		case uerr != nil:
-			err = errors.Join(err, fmt.Errorf("unlock: %w", uerr))
-		}
-		return err
-	}
+	ph := &phase{key: key, pause: cfg.pause, locked: locked, cancel: cancel}
+	r.wall = ph.run(ctx, label, cfg, procs, stderr)
 
-	start := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := range cfg.workers {
-		p := procs[w%len(procs)]
-		wg.Go(func() {
-			<-start
-			for range cfg.increments {
-				if ctx.Err() != nil {
-					return
-				}
-				if err := step(p); err != nil {
-					failed(err)
-					return
-				}
-				done.Add(1)
-			}
-		})
-	}
-
-	stopProgress := showProgress(stderr, label, r.expected, &done)
-	t0 := time.Now()
-	close(start)
-	wg.Wait()
-	r.wall = time.Since(t0)
-	stopProgress()
-
-	if firstErr != nil {
-		return r, firstErr
+	if ph.firstErr != nil {
+		return r, ph.firstErr
 	}
 	if err := context.Cause(ctx); err != nil {
 		return r, err // interrupted
@@ -385,11 +384,119 @@ func runPhase(ctx context.Context, label string, cfg demoConfig, procs []*proces
 		return r, fmt.Errorf("read %s: %w", key, err)
 	}
 	r.counted = n
-	r.lastToken = last
-	r.overlaps = overlaps.Load()
-	r.backwards = backwards.Load()
-	r.lostHolds = lostHolds.Load()
+	r.lastToken = ph.last
+	r.overlaps = ph.overlaps.Load()
+	r.backwards = ph.backwards.Load()
+	r.lostHolds = ph.lostHolds.Load()
 	return r, nil
+}
+
+// A phase is what the workers of one phase share while they run: the
+// counter's key, the counts of the locked phase's checks, and the first
+// error. It must not be copied after first use.
+type phase struct {
+	key    string
+	pause  time.Duration
+	locked bool
+	cancel context.CancelCauseFunc // stops the other workers, with the first error
+
+	done, inside, overlaps, backwards, lostHolds atomic.Int64
+
+	tokMu    sync.Mutex
+	last     uint64   // highest fencing token seen; under tokMu
+	lastProc *process // the process that saw it; under tokMu
+
+	errOnce  sync.Once
+	firstErr error // set once, read after the workers return
+}
+
+// run runs cfg.workers workers, spread over procs, each making
+// cfg.increments increments, showing the phase label's progress on stderr,
+// and returns how long they took. It blocks until every worker has
+// returned: at its last increment, at its first error, or when ctx ends.
+func (ph *phase) run(ctx context.Context, label string, cfg demoConfig, procs []*process, stderr io.Writer) time.Duration {
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range cfg.workers {
+		p := procs[w%len(procs)]
+		wg.Go(func() {
+			<-start
+			ph.work(ctx, p, cfg.increments)
+		})
+	}
+	stopProgress := showProgress(stderr, label, int64(cfg.workers)*int64(cfg.increments), &ph.done)
+	t0 := time.Now()
+	close(start)
+	wg.Wait()
+	wall := time.Since(t0)
+	stopProgress()
+	return wall
+}
+
+// work makes increments increments in process p, one after another. It
+// stops when ctx ends, or at its first error, which it records for the
+// phase and which stops the other workers.
+func (ph *phase) work(ctx context.Context, p *process, increments int) {
+	for range increments {
+		if ctx.Err() != nil {
+			return
+		}
+		if err := ph.step(ctx, p); err != nil {
+			ph.fail(err)
+			return
+		}
+		ph.done.Add(1)
+	}
+}
+
+// fail records err as the phase's error, if it is the first, and stops the
+// other workers.
+func (ph *phase) fail(err error) {
+	ph.errOnce.Do(func() { ph.firstErr = err; ph.cancel(err) })
+}
+
+// step makes one increment in process p: under p's NetMutex in the locked
+// phase, checking it, and bare otherwise. It returns the increment's error,
+// joined with the unlock's.
+func (ph *phase) step(ctx context.Context, p *process) error {
+	if !ph.locked {
+		return increment(ctx, p.client, ph.key, ph.pause)
+	}
+	if err := p.mu.LockCtx(ctx); err != nil {
+		return fmt.Errorf("lock: %w", err)
+	}
+	ph.checkHold(p)
+	err := increment(ctx, p.client, ph.key, ph.pause)
+	ph.inside.Add(-1)
+	switch uerr := p.mu.UnlockCtx(ctx); {
+	case errors.Is(uerr, netlock.ErrLockLost):
+		// The lock key expired or was deleted or taken while we held
+		// it: the increment was not protected. Go on, and report it.
+		ph.lostHolds.Add(1)
+	case uerr != nil:
+		err = errors.Join(err, fmt.Errorf("unlock: %w", uerr))
+	}
+	return err
+}
+
+// checkHold enters the critical section with p's hold (the caller leaves
+// it with inside.Add(-1)), and counts what shows the hold unprotected:
+// another worker inside, or a token below the previous holder's (or equal
+// to it in another process).
+func (ph *phase) checkHold(p *process) {
+	// Checks independent of the counter: nobody else is inside, and
+	// tokens grow from one holder to the next. A hold handed between
+	// workers of one process keeps its token.
+	if ph.inside.Add(1) > 1 {
+		ph.overlaps.Add(1)
+	}
+	tok := p.mu.Token()
+	ph.tokMu.Lock()
+	if tok < ph.last || (tok == ph.last && p != ph.lastProc) {
+		ph.backwards.Add(1)
+	}
+	ph.last, ph.lastProc = max(ph.last, tok), p
+	ph.tokMu.Unlock()
 }
 
 // increment is the racy read-modify-write: GET, pause, SET value+1.

@@ -451,17 +451,37 @@ var tokenValue = regexp.MustCompile(`^[^:]+:([0-9]+)(:[^:]*)?$`)
 // positive scores: waiters' places are negative), for a semaphore its
 // leases and its permits hash.
 func (l *lister) read(ctx context.Context, conn redis.Conn, n node, keys []string) error {
-	type item struct {
-		kind, name string
-		replies    int
+	items := l.sendReads(conn, keys)
+	if len(items) == 0 {
+		return nil
 	}
-	var items []item
+	replies, now, err := receiveReads(ctx, conn)
+	if err != nil {
+		return err
+	}
+	for _, it := range items {
+		if row, held := readRow(n, it, &replies, now); held {
+			l.rows = append(l.rows, row)
+		}
+	}
+	return nil
+}
+
+// A listItem is a lock key of a page, whose reads are in the pipeline.
+type listItem struct {
+	kind, name string
+}
+
+// sendReads queues, on conn, the reads of the lock keys among keys, and
+// returns those keys in order. It queues nothing for the others.
+func (l *lister) sendReads(conn redis.Conn, keys []string) []listItem {
+	var items []listItem
 	for _, k := range keys {
 		kind, name := classify(k, l.head, l.pats)
 		if kind == "" {
 			continue
 		}
-		items = append(items, item{kind: kind, name: name})
+		items = append(items, listItem{kind: kind, name: name})
 		switch kind {
 		case kindMutex, kindRWWrite, kindElect:
 			conn.Send("GET", k)
@@ -473,87 +493,116 @@ func (l *lister) read(ctx context.Context, conn redis.Conn, n node, keys []strin
 			conn.Send("HGETALL", l.sem(name))
 		}
 	}
-	if len(items) == 0 {
-		return nil
-	}
+	return items
+}
+
+// A listReply is one reply of the pipeline: a value, or the error reply
+// that took its place.
+type listReply struct {
+	v   any
+	err error
+}
+
+// listReplies are the replies of the pipeline not yet taken, in the order
+// their commands were sent.
+type listReplies []listReply
+
+// next takes the first reply left.
+func (r *listReplies) next() listReply {
+	first := (*r)[0]
+	*r = (*r)[1:]
+	return first
+}
+
+// receiveReads sends TIME after the reads queued on conn, flushes them, and
+// returns their replies and the server's time in ms. Its error is that of
+// the round trip, or of a TIME reply that is not a time.
+func receiveReads(ctx context.Context, conn redis.Conn) (listReplies, int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, listTimeout)
 	defer cancel()
 	// TIME last: the leases' deadlines are in the server's clock, and a
 	// deadline read before TIME that TIME puts in the past has passed.
 	if err := conn.Send("TIME"); err != nil {
-		return err
+		return nil, 0, err
 	}
 	// Flushed and received in one call, each error reply (WRONGTYPE) in
 	// its place among the others (redigo's Do("")).
 	all, err := redis.Values(redis.DoContext(conn, ctx, ""))
 	if err != nil {
-		return err
+		return nil, 0, err
 	}
-	type reply struct {
-		v   any
-		err error
-	}
-	replies := make([]reply, len(all)-1)
+	replies := make(listReplies, len(all)-1)
 	for i, v := range all[:len(all)-1] {
 		replies[i].v = v
 		if e, ok := v.(redis.Error); ok {
-			replies[i] = reply{nil, e}
+			replies[i] = listReply{nil, e}
 		}
 	}
 	t, err := redis.Int64s(all[len(all)-1], nil)
 	if err != nil || len(t) != 2 {
-		return fmt.Errorf("TIME: %v", err)
+		return nil, 0, fmt.Errorf("TIME: %v", err)
 	}
-	now := t[0]*1000 + t[1]/1000
-	next := func() reply { r := replies[0]; replies = replies[1:]; return r }
-	for _, it := range items {
-		row := listRow{Node: n.name, Name: it.name, Kind: it.kind, TTLMS: -1, Holders: []string{}}
-		switch it.kind {
-		case kindMutex, kindRWWrite, kindElect:
-			get, pttl := next(), next()
-			if get.v == nil && get.err == nil {
-				continue // released or expired since the SCAN
+	return replies, t[0]*1000 + t[1]/1000, nil
+}
+
+// readRow returns the row of it on n, from its replies, taken from rs, as
+// of the server's time now. It reports false if it is no longer held.
+func readRow(n node, it listItem, rs *listReplies, now int64) (listRow, bool) {
+	row := listRow{Node: n.name, Name: it.name, Kind: it.kind, TTLMS: -1, Holders: []string{}}
+	switch it.kind {
+	case kindMutex, kindRWWrite, kindElect:
+		get, pttl := rs.next(), rs.next()
+		return keyRow(row, get, pttl)
+	case kindRWRead:
+		return leasesRow(row, rs.next(), now)
+	case kindSem:
+		z, h := rs.next(), rs.next()
+		row, held := leasesRow(row, z, now)
+		if held && !row.Foreign {
+			row.Permits, row.Size, row.Foreign = semPermits(z.v, h.v, h.err, now)
+		}
+		return row, held
+	}
+	return row, true
+}
+
+// keyRow fills in row from a key's GET and PTTL: its TTL, and its token and
+// holder if netlock wrote its value. It reports false if the key is gone.
+func keyRow(row listRow, get, pttl listReply) (listRow, bool) {
+	if get.v == nil && get.err == nil {
+		return row, false // released or expired since the SCAN
+	}
+	if ms, err := redis.Int64(pttl.v, pttl.err); err == nil {
+		if ms == -2 {
+			return row, false
+		}
+		row.TTLMS = ms
+	}
+	row.Foreign = true
+	if v, err := redis.String(get.v, get.err); err == nil {
+		if m := tokenValue.FindStringSubmatch(v); m != nil {
+			if tok, err := strconv.ParseUint(m[1], 10, 64); err == nil {
+				row.Token, row.Foreign = &tok, false
 			}
-			if ms, err := redis.Int64(pttl.v, pttl.err); err == nil {
-				if ms == -2 {
-					continue
-				}
-				row.TTLMS = ms
-			}
-			row.Foreign = true
-			if v, err := redis.String(get.v, get.err); err == nil {
-				if m := tokenValue.FindStringSubmatch(v); m != nil {
-					if tok, err := strconv.ParseUint(m[1], 10, 64); err == nil {
-						row.Token, row.Foreign = &tok, false
-					}
-					if h := keyspace.HolderOf(v); h != "" && !row.Foreign {
-						row.Holders = append(row.Holders, h)
-					}
-				}
-			}
-		case kindRWRead:
-			z := next()
-			leases, last, holders, ok := liveLeases(z.v, z.err, now)
-			if ok && leases == 0 {
-				continue
-			}
-			row.Foreign = !ok
-			row.Leases, row.TTLMS, row.Holders = leases, last, holders
-		case kindSem:
-			z, h := next(), next()
-			leases, last, holders, ok := liveLeases(z.v, z.err, now)
-			if ok && leases == 0 {
-				continue
-			}
-			row.Foreign = !ok
-			row.Leases, row.TTLMS, row.Holders = leases, last, holders
-			if ok {
-				row.Permits, row.Size, row.Foreign = semPermits(z.v, h.v, h.err, now)
+			if h := keyspace.HolderOf(v); h != "" && !row.Foreign {
+				row.Holders = append(row.Holders, h)
 			}
 		}
-		l.rows = append(l.rows, row)
 	}
-	return nil
+	return row, true
+}
+
+// leasesRow fills in row from a sorted set of leases z, as of now: the live
+// leases, the time left to the last one, and their holders. It reports
+// false if none is live.
+func leasesRow(row listRow, z listReply, now int64) (listRow, bool) {
+	leases, last, holders, ok := liveLeases(z.v, z.err, now)
+	if ok && leases == 0 {
+		return row, false
+	}
+	row.Foreign = !ok
+	row.Leases, row.TTLMS, row.Holders = leases, last, holders
+	return row, true
 }
 
 // liveLeases reads a sorted set of leases (member: value, score: deadline

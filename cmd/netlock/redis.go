@@ -200,74 +200,119 @@ func (c *connFlags) nodes(addrs []string, from string, getenv func(string) strin
 // badValue: it does not repeat the address (nor so its password).
 func parseNode(s string) (n node, useTLS bool, err error) {
 	if !strings.Contains(s, "://") {
-		host, port, err := net.SplitHostPort(s)
-		if p, perr := strconv.Atoi(port); err != nil || host == "" || perr != nil || p < 1 || p > 65535 {
-			return node{}, false, errors.New("want host:port, such as 127.0.0.1:6379, or a redis://, rediss:// or unix:// URL")
-		}
-		return node{name: s, network: "tcp", address: s}, false, nil
+		return parseHostPort(s)
 	}
 	u, err := url.Parse(s)
 	if err != nil {
 		// url's error repeats the URL, password and all.
 		return node{}, false, errors.New("not a valid URL")
 	}
-	bad := func(format string, a ...any) (node, bool, error) {
-		return node{}, false, fmt.Errorf(format, a...)
-	}
 	if u.Opaque != "" || u.Fragment != "" {
-		return bad("want redis://host:port/db, rediss://host:port/db or unix:///path/to/socket")
+		return node{}, false, errors.New("want redis://host:port/db, rediss://host:port/db or unix:///path/to/socket")
 	}
-	if u.User != nil {
-		if p, ok := u.User.Password(); ok {
-			n.user, n.password = u.User.Username(), p
-		} else {
-			n.password = u.User.Username() // redis://secret@host, as redis-cli reads it
-		}
+	n.user, n.password = urlCredentials(u.User)
+	dbText, err := urlDB(u.Query())
+	if err != nil {
+		return node{}, false, err
 	}
-	q := u.Query()
-	for k := range q {
-		if k != "db" {
-			return bad("unknown parameter %q (only db)", k)
-		}
-	}
-	dbText := q.Get("db")
 	switch u.Scheme {
 	case "redis", "rediss":
-		if p := strings.TrimPrefix(u.Path, "/"); p != "" {
-			if dbText != "" {
-				return bad("the database is given twice, as /%s and db=%s", p, dbText)
-			}
-			dbText = p
-		}
-		host, port := u.Hostname(), u.Port()
-		if host == "" {
-			host = "localhost" // as redigo.DialURL and redis-cli
-		}
-		if port == "" {
-			port = defaultPort
-		}
-		if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
-			return bad("port %q is not a number from 1 to 65535", port)
-		}
-		n.network, n.address = "tcp", net.JoinHostPort(host, port)
-		useTLS = u.Scheme == "rediss"
+		n.network, useTLS = "tcp", u.Scheme == "rediss"
+		n.address, dbText, err = redisURLAddress(u, dbText)
 	case "unix":
-		if u.Host != "" || u.Path == "" {
-			return bad("want unix:///path/to/socket, with three slashes")
-		}
-		n.network, n.address = "unix", u.Path
+		n.network = "unix"
+		n.address, err = unixURLPath(u)
 	default:
-		return bad("unknown scheme %q: want redis://, rediss:// or unix://", u.Scheme)
+		err = fmt.Errorf("unknown scheme %q: want redis://, rediss:// or unix://", u.Scheme)
 	}
-	if dbText != "" {
-		db, err := strconv.Atoi(dbText)
-		if err != nil || db < 0 {
-			return bad("database %q is not a number from 0 up", dbText)
-		}
-		n.db = db
+	if err != nil {
+		return node{}, false, err
+	}
+	if n.db, err = parseDB(dbText); err != nil {
+		return node{}, false, err
 	}
 	n.name = n.display(u.Scheme)
 	return n, useTLS, nil
+}
+
+// parseHostPort parses an address that is not a URL: host:port, with a
+// port from 1 to 65535. Its node has no credentials and no TLS.
+func parseHostPort(s string) (node, bool, error) {
+	host, port, err := net.SplitHostPort(s)
+	if p, perr := strconv.Atoi(port); err != nil || host == "" || perr != nil || p < 1 || p > 65535 {
+		return node{}, false, errors.New("want host:port, such as 127.0.0.1:6379, or a redis://, rediss:// or unix:// URL")
+	}
+	return node{name: s, network: "tcp", address: s}, false, nil
+}
+
+// urlCredentials returns the user and password of a URL's userinfo, as
+// redis-cli reads them: one word before @ is a password. Both are "" for
+// none.
+func urlCredentials(u *url.Userinfo) (user, password string) {
+	if u == nil {
+		return "", ""
+	}
+	if p, ok := u.Password(); ok {
+		return u.Username(), p
+	}
+	return "", u.Username() // redis://secret@host, as redis-cli reads it
+}
+
+// urlDB returns the database a URL's query q gives (db=N), "" for none. Its
+// error names a parameter other than db.
+func urlDB(q url.Values) (string, error) {
+	for k := range q {
+		if k != "db" {
+			return "", fmt.Errorf("unknown parameter %q (only db)", k)
+		}
+	}
+	return q.Get("db"), nil
+}
+
+// redisURLAddress returns the host:port of a redis:// or rediss:// URL u
+// (localhost and port 6379 by default), and its database: the path's, or
+// else dbText, the query's. Its error says that the database is given
+// twice, or that the port is not one.
+func redisURLAddress(u *url.URL, dbText string) (address, db string, err error) {
+	if p := strings.TrimPrefix(u.Path, "/"); p != "" {
+		if dbText != "" {
+			return "", "", fmt.Errorf("the database is given twice, as /%s and db=%s", p, dbText)
+		}
+		dbText = p
+	}
+	host, port := u.Hostname(), u.Port()
+	if host == "" {
+		host = "localhost" // as redigo.DialURL and redis-cli
+	}
+	if port == "" {
+		port = defaultPort
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+		return "", "", fmt.Errorf("port %q is not a number from 1 to 65535", port)
+	}
+	return net.JoinHostPort(host, port), dbText, nil
+}
+
+// unixURLPath returns the socket's path of a unix:// URL u. Its error says
+// that u has a host, or no path.
+func unixURLPath(u *url.URL) (string, error) {
+	if u.Host != "" || u.Path == "" {
+		return "", errors.New("want unix:///path/to/socket, with three slashes")
+	}
+	return u.Path, nil
+}
+
+// parseDB returns the database numbered dbText, 0 for "". Its error says
+// that dbText is not a number from 0 up.
+func parseDB(dbText string) (int, error) {
+	if dbText == "" {
+		return 0, nil
+	}
+	db, err := strconv.Atoi(dbText)
+	if err != nil || db < 0 {
+		return 0, fmt.Errorf("database %q is not a number from 0 up", dbText)
+	}
+	return db, nil
 }
 
 // display names n as a URL of scheme without its password.
