@@ -8,9 +8,11 @@ import (
 	"flag"
 	"fmt"
 	"io/fs"
+	"maps"
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -259,9 +261,9 @@ func urlCredentials(u *url.Userinfo) (user, password string) {
 }
 
 // urlDB returns the database a URL's query q gives (db=N), "" for none. Its
-// error names a parameter other than db.
+// error names a parameter other than db, the first in sorted order.
 func urlDB(q url.Values) (string, error) {
-	for k := range q {
+	for _, k := range slices.Sorted(maps.Keys(q)) {
 		if k != "db" {
 			return "", fmt.Errorf("unknown parameter %q (only db)", k)
 		}

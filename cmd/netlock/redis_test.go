@@ -224,6 +224,7 @@ func TestRedisFlags(t *testing.T) {
 		{[]string{"--redis", "redis://h:1/1?db=2"}, nil, `invalid value "redis://h:1/1?db=2" for --redis: the database is given twice, as /1 and db=2`},
 		{[]string{"--redis", "redis://h:99999"}, nil, `invalid value "redis://h:99999" for --redis: port "99999" is not a number from 1 to 65535`},
 		{[]string{"--redis", "redis://h:1?timeout=3"}, nil, `invalid value "redis://h:1?timeout=3" for --redis: unknown parameter "timeout" (only db)`},
+		{[]string{"--redis", "redis://h:1?z=1&db=2&a=3&m=4"}, nil, `invalid value "redis://h:1?z=1&db=2&a=3&m=4" for --redis: unknown parameter "a" (only db)`},
 		{[]string{"--redis", "http://h:1"}, nil, `invalid value "http://h:1" for --redis: unknown scheme "http": want redis://, rediss:// or unix://`},
 		{[]string{"--redis", "unix://run/redis.sock"}, nil, `invalid value "unix://run/redis.sock" for --redis: want unix:///path/to/socket, with three slashes`},
 		{[]string{"--redis", "redis://alice:hunter2@h:1/x"}, nil, `invalid value "redis://alice:xxxxx@h:1/x" for --redis: database "x" is not a number from 0 up`},
