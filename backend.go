@@ -40,13 +40,15 @@ type Script struct {
 }
 
 // A scriptOp is what a script does to a hold, whichever lock it is for:
-// call and the limiter treat acquires and extends apart.
+// call and the limiter treat acquires and extends apart, and a server out
+// of memory refuses a release only for a moment (see transientReply).
 type scriptOp int
 
 const (
 	opOther scriptOp = iota
 	opAcquire
 	opExtend
+	opRelease // gives back what a hold or a waiter had: a release or a leave
 )
 
 // NewScript returns a Script of Lua source src, named name in errors, to
@@ -172,9 +174,9 @@ var (
 	semInspectLua string
 
 	acquireScript = newScript("acquire", acquireLua).withOp(opAcquire)
-	releaseScript = newTelling("release", withHandOn(releaseLua))
+	releaseScript = newTelling("release", withHandOn(releaseLua)).withOp(opRelease)
 	extendScript  = newScript("extend", extendLua).withOp(opExtend)
-	leaveScript   = newTelling("leave", handOnLua+leaveLua)
+	leaveScript   = newTelling("leave", handOnLua+leaveLua).withOp(opRelease)
 	inspectScript = newScript("inspect", packLua+readStateLua+inspectLua)
 
 	// Election's (see election.go).
@@ -183,21 +185,21 @@ var (
 
 	// NetRWMutex's (see rwmutex.go).
 	rwAcquireScript = newTelling("rw_acquire", rwAcquireLua).withOp(opAcquire)
-	rwReleaseScript = newTelling("rw_release", rwWakeLua+rwReleaseLua)
+	rwReleaseScript = newTelling("rw_release", rwWakeLua+rwReleaseLua).withOp(opRelease)
 	rwExtendScript  = newScript("rw_extend", rwExtendLua).withOp(opExtend)
-	rwLeaveScript   = newTelling("rw_leave", rwWakeLua+rwLeaveLua)
+	rwLeaveScript   = newTelling("rw_leave", rwWakeLua+rwLeaveLua).withOp(opRelease)
 	rwInspectScript = newScript("rw_inspect", packLua+readStateLua+rwInspectLua)
 
 	// MultiMutex's (see multi.go).
 	multiAcquireScript = newTelling("multi_acquire", handOnLua+multiAcquireLua).withOp(opAcquire)
-	multiReleaseScript = newTelling("multi_release", handOnLua+multiReleaseLua)
+	multiReleaseScript = newTelling("multi_release", handOnLua+multiReleaseLua).withOp(opRelease)
 	multiExtendScript  = newScript("multi_extend", multiExtendLua).withOp(opExtend)
-	multiLeaveScript   = newTelling("multi_leave", handOnLua+multiLeaveLua)
+	multiLeaveScript   = newTelling("multi_leave", handOnLua+multiLeaveLua).withOp(opRelease)
 
 	// Semaphore's (see semaphore.go).
 	semAcquireScript = newTelling("sem_acquire", semWakeLua+semAcquireLua).withOp(opAcquire)
-	semReleaseScript = newTelling("sem_release", semWakeLua+semReleaseLua)
+	semReleaseScript = newTelling("sem_release", semWakeLua+semReleaseLua).withOp(opRelease)
 	semExtendScript  = newTelling("sem_extend", semWakeLua+semExtendLua).withOp(opExtend)
-	semLeaveScript   = newTelling("sem_leave", semWakeLua+semLeaveLua)
+	semLeaveScript   = newTelling("sem_leave", semWakeLua+semLeaveLua).withOp(opRelease)
 	semInspectScript = newScript("sem_inspect", packLua+semInspectLua)
 )

@@ -62,3 +62,10 @@ func registeredClient(name string) func(TestClientConfig) (Backend, func(), erro
 	defer testClientsMu.Unlock()
 	return registeredClients[name]
 }
+
+// innerFinal is what b's ErrorClassifier says of err, false if b has
+// none: the Final of a test's wrapper around a Backend.
+func innerFinal(b Backend, err error) bool {
+	f, ok := b.(ErrorClassifier)
+	return ok && f.Final(err)
+}

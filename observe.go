@@ -171,7 +171,11 @@ func (m *NetMutex) unlocked(ctx context.Context, h *hold, held time.Duration, ha
 	if err != nil {
 		// A lost hold was logged when it was found lost.
 		if l := m.log(ctx, slog.LevelWarn); l != nil && !errors.Is(err, ErrLockLost) {
-			l.LogAttrs(ctx, slog.LevelWarn, "netlock: release not delivered to every node; it is retried in the background", m.lockAttr(), slog.Uint64("token", h.token), errAttr(err))
+			msg := "netlock: release not delivered to every node; nothing will send it again (the key expires with its TTL)"
+			if m.resending(h.value) {
+				msg = "netlock: release not delivered to every node; it is sent again in the background until delivered"
+			}
+			l.LogAttrs(ctx, slog.LevelWarn, msg, m.lockAttr(), slog.Uint64("token", h.token), errAttr(err))
 		}
 	} else if l := m.log(ctx, slog.LevelDebug); l != nil {
 		l.LogAttrs(ctx, slog.LevelDebug, "netlock: unlock", m.lockAttr(), slog.Uint64("token", h.token), slog.Duration("held", held), slog.Bool("handed_over", handedOver))

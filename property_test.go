@@ -237,7 +237,7 @@ func (b *cancelBackend) Eval(ctx context.Context, s *Script, keys, args []string
 	return vals, err
 }
 
-func (b *cancelBackend) Final(err error) bool { return finalErr(b.Backend, err) }
+func (b *cancelBackend) Final(err error) bool { return innerFinal(b.Backend, err) }
 
 // The model's constants.
 const (

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -175,7 +174,7 @@ func (m *NetMutex) reply(i int, s *Script, vals []int64, err error) nodeReply {
 		return nodeReply{err: nodeError(i, fmt.Errorf("%s script: unexpected reply %v", s.Name(), vals)), permanent: true}
 	}
 	if err != nil {
-		return nodeReply{err: nodeError(i, err), permanent: permanentErr(m.nodes[i], err)}
+		return nodeReply{err: nodeError(i, err), permanent: permanentErr(m.nodes[i], s.op, err)}
 	}
 	return nodeReply{vals: vals}
 }
@@ -299,7 +298,7 @@ func (m *NetMutex) acquireRound(ctx context.Context, q ask) outcome {
 			return outcome{kind: acquired, grant: g, took: took, unqueue: v.refused()}
 		}
 	}
-	m.releaseDetached(ctx, value, tomb, v.cleanup, v.nGranted > 0)
+	m.releaseBy(ctx, value, tomb, v.cleanup, v.nGranted > 0)
 	o := m.lostRound(ctx, &v, took)
 	o.start = start
 	return o
@@ -395,10 +394,14 @@ type votes struct {
 	// handed: a release granted us the hold, under "<nonce>.<handed>".
 	handed                     int64
 	nGranted, fenced, answered int
-	permanent, rejoin          bool
-	writerWaits                bool          // a granting node said a writer waits
-	ttl                        time.Duration // the shortest holder's TTL seen, -1 if none
-	errs                       []error
+	// silent counts the nodes that were sent the call and did not answer
+	// (an error, or no reply by ctx's end), of which cut those whose call
+	// ctx's cancellation cut short (see lostRound).
+	silent, cut       int
+	permanent, rejoin bool
+	writerWaits       bool          // a granting node said a writer waits
+	ttl               time.Duration // the shortest holder's TTL seen, -1 if none
+	errs              []error
 }
 
 // tally reads the nodes' replies to an acquire round into v, and each
@@ -414,6 +417,12 @@ func (m *NetMutex) tally(v *votes, reads []acquireReply, replies []nodeReply) {
 			v.errs = append(v.errs, r.err)
 			v.permanent = v.permanent || r.permanent
 			v.cleanup[i] = !r.unsent
+			if !r.unsent {
+				v.silent++
+				if errors.Is(r.err, context.Canceled) {
+					v.cut++
+				}
+			}
 			continue
 		}
 		a := m.kind.acquireReply(r.vals)
@@ -480,9 +489,14 @@ func (m *NetMutex) lostRound(ctx context.Context, v *votes, took time.Duration) 
 	switch err := ctxEnded(ctx); {
 	case err != nil:
 		o := outcome{kind: ended, err: err, took: took}
-		if failed := notCutShort(v.errs); failed > len(m.nodes)-m.quorum {
-			// So many nodes failed, not only cut short by ctx, that no
-			// quorum could have answered: Redis could not be asked.
+		// So many nodes were asked and did not answer that no quorum
+		// could: Redis could not be asked, which is not a lock held by
+		// another. A node whose answer did not come by ctx's deadline
+		// counts (it could not answer within the caller's time); one whose
+		// call ctx's cancellation cut short does not (a cancellation says
+		// nothing of Redis), nor one this process's own crowd of calls
+		// kept from being sent (see call).
+		if v.silent-v.cut > len(m.nodes)-m.quorum {
 			o.down = &quorumError{nodes: len(m.nodes), answered: v.answered, need: m.quorum, errs: v.errs}
 		}
 		return o
@@ -518,19 +532,47 @@ func (m *NetMutex) learn(counter int64) {
 	}
 }
 
-// releaseDetached releases value (whose tombstone key is tomb, "" to
-// derive it) on the targeted nodes under a context that ctx's cancellation
-// does not reach (the caller may have given up; the key must go anyway),
-// each call still bounded by the node timeout. held: some node granted
-// the acquire (see release).
-func (m *NetMutex) releaseDetached(ctx context.Context, value, tomb string, targets []bool, held bool) {
+// releaseBy releases value (whose tombstone key is tomb, "" to derive it)
+// on the targeted nodes, under a context that ctx's cancellation does not
+// reach but that ends a moment after ctx does (see cleanupBound): the
+// caller returns then, and what is not answered by then the reaper
+// delivers in the background, so that the key goes anyway. held: some node
+// granted the acquire (see release).
+func (m *NetMutex) releaseBy(ctx context.Context, value, tomb string, targets []bool, held bool) {
 	any := false
 	for _, t := range targets {
 		any = any || t
 	}
 	if any {
-		m.release(detached(ctx), value, tomb, targets, held)
+		cctx, cancel := cleanupBound(ctx)
+		m.release(cctx, value, tomb, targets, held)
+		cancel()
 	}
+}
+
+// cleanupGrace is how long past the end of the caller's ctx the cleanup
+// of a call that failed (a release of what an acquire round may have
+// taken, a leave of the waiters' queue) may keep the caller: time for one
+// round trip to a server that answers, so that the cleanup is done when
+// the call returns, and no more, so that a server that does not answer
+// keeps the caller no longer than that past its ctx. What is not answered
+// by then, the reaper sends again.
+const cleanupGrace = 5 * time.Millisecond
+
+// cleanupBound returns the context of a cleanup made by a call whose
+// context is ctx: ctx's values, not its cancellation, and a deadline
+// cleanupGrace past ctx's deadline (or past now, if ctx has ended or its
+// deadline has passed). Without a deadline, and not ended, ctx's calls
+// are bounded by the node timeout alone.
+func cleanupBound(ctx context.Context) (context.Context, context.CancelFunc) {
+	dl, ok := ctx.Deadline()
+	if !ok && ctx.Err() == nil {
+		return detached(ctx), func() {}
+	}
+	if now := time.Now(); !ok || ctx.Err() != nil || dl.Before(now) {
+		dl = now
+	}
+	return context.WithDeadline(context.WithoutCancel(ctx), dl.Add(cleanupGrace))
 }
 
 // detached returns ctx without its cancellation (context.WithoutCancel),
@@ -615,14 +657,26 @@ func (k *keys) lockCall(tomb, arg1, arg2, arg3 string) (keys, args []string) {
 
 // leave takes member off the waiters' queue of the targeted nodes (all when
 // targets is nil), and passes our turn on where a release gave it to us
-// already (see lua/leave.lua), under a context detached from ctx's
-// cancellation: a waiter that gives up must not be woken later in the place
-// of one still waiting, nor keep a turn (or a lock granted to it) it will
-// not take. Best effort: a member left behind is skipped by a release, since
-// nobody listens for it any more.
+// already (see lua/leave.lua): a waiter that gives up must not be woken
+// later in the place of one still waiting, nor keep a turn (or a lock
+// granted to it) it will not take. It is sent under cleanupBound(ctx), as
+// releaseBy's release: what is not answered by then, or what a node cannot
+// take yet, the reaper sends again in the background.
 func (m *NetMutex) leave(ctx context.Context, member string, targets []bool) {
+	cctx, cancel := cleanupBound(ctx)
 	s, keys, args := m.kind.leaveCall(member)
-	m.fanout(context.WithoutCancel(ctx), s, keys, args, targets)
+	replies := m.fanout(cctx, s, keys, args, targets)
+	cancel()
+	var left []redelivery
+	giveUp := m.clk.Now().Add(tombstoneExpiries * m.cfg.expiry)
+	for i, r := range replies {
+		if (targets == nil || targets[i]) && r.err != nil && !r.over() {
+			left = append(left, &pendingLeave{node: i, member: member, giveUp: giveUp})
+		}
+	}
+	if len(left) > 0 {
+		m.reapNow(left...)
+	}
 }
 
 // settle counts the replies of a release or extend: nil when a quorum did
@@ -648,21 +702,6 @@ func (m *NetMutex) settle(replies []nodeReply) error {
 		return ErrLockLost
 	}
 	return &quorumError{nodes: len(m.nodes), answered: ok + gone, need: m.quorum, errs: errs}
-}
-
-// notCutShort counts the errors that are not the caller's ctx ending under
-// a call: a context's end, or a timeout (a client library that turns the
-// deadline into a socket deadline, as redigo does, reports an i/o timeout).
-// A call cut short says nothing of an outage.
-func notCutShort(errs []error) int {
-	n := 0
-	for _, err := range errs {
-		var ne net.Error
-		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) && !(errors.As(err, &ne) && ne.Timeout()) {
-			n++
-		}
-	}
-	return n
 }
 
 // ctxEnded returns ctx's cause if ctx is done or its deadline has passed. A

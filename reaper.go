@@ -16,9 +16,13 @@ import (
 // tombstone it leaves, if it arrives first) keeps the key from being
 // stranded until its TTL runs out.
 //
-// It also sends a Semaphore lease's count again after a call's reply was
-// lost (see Semaphore.resend): each thing pending is a redelivery, which
-// knows what to send and when it is over.
+// It also sends a waiter's leave of the queue that could not be sent, or
+// was cut short by the caller's ctx (see NetMutex.leave), and a Semaphore
+// lease's count again after a call's reply was lost (see Semaphore.resend):
+// each thing pending is a redelivery, which knows what to send and when it
+// is over. A leave is sent again at once (reapNow): a turn a release may
+// have given the waiter that left is another waiter's time; the rest after
+// a pause.
 //
 // Its goroutine runs only while redeliveries are pending and ends when
 // every one is over: a release is over once answered, its client was
@@ -28,6 +32,9 @@ type reaper struct {
 	mu      sync.Mutex
 	pending []redelivery
 	running bool
+	// now asks the running goroutine for a pass at once (see reapNow);
+	// buffered, made with the first.
+	now chan struct{}
 }
 
 // A redelivery is one thing the reaper sends again until it is over.
@@ -35,6 +42,28 @@ type redelivery interface {
 	// deliver sends it once more, and reports whether it is over; if not,
 	// the reaper sends it again after a pause.
 	deliver(m *NetMutex) bool
+}
+
+// A pendingLeave is a leave of a waiters' queue by member on one node (see
+// NetMutex.leave).
+type pendingLeave struct {
+	node   int
+	member string
+	giveUp time.Time
+}
+
+// deliver sends the leave once more (see redelivery). It is over once
+// answered, or once nothing can take it; after ten expiries, whatever the
+// queue kept of member is long gone.
+func (p *pendingLeave) deliver(m *NetMutex) bool {
+	if m.clk.Now().After(p.giveUp) {
+		return true
+	}
+	sent, cancel := m.bound(context.Background())
+	s, keys, args := m.kind.leaveCall(p.member)
+	rep := m.call(context.Background(), sent, p.node, s, keys, args)
+	unbound(sent, cancel)
+	return rep.err == nil || rep.over()
 }
 
 // A pendingRelease is a release of value on one node.
@@ -53,11 +82,25 @@ func (m *NetMutex) reapLater(value string, replies []nodeReply, targets []bool, 
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for i, rep := range replies {
-		if (targets == nil || targets[i]) && rep.err != nil && !finalErr(m.nodes[i], rep.err) {
+		if (targets == nil || targets[i]) && rep.err != nil && !rep.over() {
 			r.pending = append(r.pending, &pendingRelease{node: i, value: value, giveUp: m.clk.Now().Add(tombstoneExpiries * m.cfg.expiry), err: rep.err, held: held})
 		}
 	}
 	m.reapLocked()
+}
+
+// resending reports whether a release of value waits in the reaper to be
+// sent again.
+func (m *NetMutex) resending(value string) bool {
+	r := &m.reaper
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, p := range r.pending {
+		if p, ok := p.(*pendingRelease); ok && p.value == value {
+			return true
+		}
+	}
+	return false
 }
 
 // reapAgain queues d, and starts the reaper's goroutine if it is not
@@ -70,13 +113,29 @@ func (m *NetMutex) reapAgain(d redelivery) {
 	m.reapLocked()
 }
 
+// reapNow queues ds and has them sent at once, on the reaper's goroutine.
+func (m *NetMutex) reapNow(ds ...redelivery) {
+	r := &m.reaper
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.pending = append(r.pending, ds...)
+	m.reapLocked()
+	select {
+	case r.now <- struct{}{}:
+	default: // a pass is asked for already
+	}
+}
+
 // reapLocked starts the reaper's goroutine if redeliveries are pending and
 // it is not running. The caller holds m.reaper.mu.
 func (m *NetMutex) reapLocked() {
 	r := &m.reaper
+	if r.now == nil {
+		r.now = make(chan struct{}, 1)
+	}
 	if len(r.pending) > 0 && !r.running {
 		r.running = true
-		go m.reap()
+		go m.reap(r.now)
 	}
 }
 
@@ -89,14 +148,17 @@ const (
 )
 
 // reap retries the pending redeliveries, with a growing pause between
-// passes, until none is left.
-func (m *NetMutex) reap() {
+// passes, until none is left, and at once when asked on now.
+func (m *NetMutex) reap(now <-chan struct{}) {
 	r := &m.reaper
 	pause := reapFirstPause
 	t := time.NewTimer(pause) // a retry delay: the real clock
 	defer t.Stop()
 	for {
-		<-t.C
+		select {
+		case <-t.C:
+		case <-now:
+		}
 		r.mu.Lock()
 		batch := r.pending
 		r.pending = nil
@@ -135,44 +197,54 @@ func (p *pendingRelease) deliver(m *NetMutex) bool {
 	switch {
 	case rep.err == nil:
 		return true
-	case finalErr(m.nodes[p.node], rep.err):
-		m.reapGaveUp(*p, "the node answered with an error, refused the connection, or its client is closed", rep.err)
+	case rep.over():
+		m.reapGaveUp(*p, "the node answered with an error that sending again cannot change, refused the connection, or its client is closed", rep.err)
 		return true
 	}
 	p.err = rep.err
 	return false
 }
 
-// permanentErr reports whether err, from a call to b, is an answer that
-// retrying cannot change: an error reply (a key of another type, a missing
-// permission, a script the server refuses) other than those of a server that
-// is loading, busy, failing over or full; or a closed client. A waiter gives
-// up at once on it, where it rides out anything else (see WithOutageWindow).
-func permanentErr(b Backend, err error) bool {
+// permanentErr reports whether err, from a call to b of a script doing op,
+// is an answer that retrying cannot change: an error reply (a key of
+// another type, a missing permission, a script the server refuses) other
+// than a refusal for the moment (see transientReply); or a closed client.
+// A waiter gives up at once on it, where it rides out anything else (see
+// WithOutageWindow), and a release is sent again unless its reply was
+// permanent (see nodeReply.over). Every Backend's errors go through here,
+// raw, as the Backend returned them: this is the one place that tells
+// them apart.
+func permanentErr(b Backend, op scriptOp, err error) bool {
 	f, ok := b.(ErrorClassifier)
-	return ok && f.Final(err) && !transientReply(err.Error())
+	return ok && f.Final(err) && !transientReply(op, err.Error())
 }
 
-// transientReply reports whether msg is an error reply that a moment can
-// change: a server loading its data after a restart, busy running a script,
-// a cluster or replica set reconfiguring, out of clients or unable to
-// persist. UNBLOCKED is what a WAIT (WithSyncReplicas) gets when its
-// master turns replica under it in a failover.
-func transientReply(msg string) bool {
-	for _, p := range []string{"LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "NOREPLICAS", "MISCONF", "UNBLOCKED", "ERR max number of clients"} {
+// transientReply reports whether msg is an error reply by which the server
+// refuses a call of a script doing op for the moment, having done nothing
+// of it: a server loading its data after a restart, busy running a
+// script, a replica (a failover demoted it), a cluster or replica set
+// reconfiguring, out of clients, or unable to persist. UNBLOCKED is what
+// a WAIT (WithSyncReplicas) gets when its master turns replica under it in
+// a failover. A server out of memory (maxmemory with noeviction) refuses a
+// release only until a moment frees memory, as the release itself would:
+// for an acquire, OOM is an answer.
+func transientReply(op scriptOp, msg string) bool {
+	for _, p := range transientReplies {
 		if strings.HasPrefix(msg, p) {
 			return true
 		}
 	}
-	return false
+	return op == opRelease && strings.HasPrefix(msg, "OOM")
 }
 
-func finalErr(b Backend, err error) bool {
-	if errors.Is(err, syscall.ECONNREFUSED) {
-		// Nothing listens: whatever we sent to the node before died with
-		// its process (and a key it had persisted keeps its TTL).
-		return true
-	}
-	f, ok := b.(ErrorClassifier)
-	return ok && f.Final(err)
+// transientReplies are the prefixes of the error replies that transientReply
+// takes for a refusal for the moment, whatever the script.
+var transientReplies = []string{"LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "NOREPLICAS", "MISCONF", "UNBLOCKED", "ERR max number of clients"}
+
+// over reports whether r, an error, leaves nothing to send again: the
+// answer will not change (see permanentErr), or nothing listens on the
+// node (a connection refused: whatever we sent it before died with its
+// process, and a key it had persisted keeps its TTL).
+func (r nodeReply) over() bool {
+	return r.permanent || errors.Is(r.err, syscall.ECONNREFUSED)
 }

@@ -196,7 +196,7 @@ func (b *rwPropBackend) Eval(ctx context.Context, s *Script, keys, args []string
 func (b *rwPropBackend) Hub() *Hub { return b.inner.(Subscriber).Hub() }
 
 func (b *rwPropBackend) Final(err error) bool {
-	return errors.Is(err, errCrashed) || finalErr(b.inner, err)
+	return errors.Is(err, errCrashed) || innerFinal(b.inner, err)
 }
 
 // rwPropOp is a lock call running on a goroutine of its own: another

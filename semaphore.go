@@ -872,7 +872,7 @@ func (s *Semaphore) callFailed(ctx context.Context, value string, r nodeReply) s
 		lease, total := s.lease, s.held
 		s.m.mu.Unlock()
 		s.send(ctx, value, total, lease)
-	case !r.unsent && !r.permanent && !finalErr(s.m.nodes[0], r.err):
+	case !r.unsent && !r.over():
 		s.m.mu.Lock()
 		s.dirty = true // it may have been granted
 		s.fixLaterLocked()
@@ -1123,10 +1123,10 @@ func (s *Semaphore) send(ctx context.Context, value string, total int64, lease *
 	defer s.m.mu.Unlock()
 	if r.err != nil {
 		// Sent again in the background, unless nothing could take it: a
-		// closed client, a server gone, an error reply (a count the
-		// lease keeps expires with it).
+		// closed client, a server gone, an error reply that sending again
+		// cannot change (a count the lease keeps expires with it).
 		if s.value == value && !r.unsent {
-			if finalErr(m.nodes[0], r.err) {
+			if r.over() {
 				s.dirty = false // nothing will take it: resend stops
 			} else {
 				s.dirty = true

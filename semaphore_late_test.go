@@ -282,7 +282,7 @@ type lateSubBackend struct{ heldBackBackend }
 
 func (b *lateSubBackend) Hub() *Hub { return b.Backend.(Subscriber).Hub() }
 
-func (b *lateSubBackend) Final(err error) bool { return finalErr(b.Backend, err) }
+func (b *lateSubBackend) Final(err error) bool { return innerFinal(b.Backend, err) }
 
 // TestSemaphoreLateCallAfterAdoptedGrant is TestSemaphoreLateReleaseAfterAdoptedGrant
 // at the scripts, for both kinds of late call: a release's grant to a

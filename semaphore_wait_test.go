@@ -69,7 +69,7 @@ func (b *semFaultBackend) Eval(ctx context.Context, s *Script, keys, args []stri
 func (b *semFaultBackend) Hub() *Hub { return b.inner.(Subscriber).Hub() }
 
 func (b *semFaultBackend) Final(err error) bool {
-	return errors.Is(err, errCrashed) || finalErr(b.inner, err)
+	return errors.Is(err, errCrashed) || innerFinal(b.inner, err)
 }
 
 // newFaultSem returns a Semaphore on a semFaultBackend of its own, as

@@ -241,7 +241,7 @@ func (p *probeBackend) Eval(ctx context.Context, s *Script, keys, args []string)
 
 func (p *probeBackend) Hub() *Hub { return p.hub }
 
-func (p *probeBackend) Final(err error) bool { return finalErr(p.Backend, err) }
+func (p *probeBackend) Final(err error) bool { return innerFinal(p.Backend, err) }
 
 // owns reports whether the lock value v (the key's "<value>:<token>:<holder>"
 // without the token and holder) was proposed through p, or granted to one of its nonces.

@@ -416,22 +416,29 @@ func TestPermanentErrorNotRiddenOut(t *testing.T) {
 
 func TestTransientReply(t *testing.T) {
 	for _, c := range []struct {
+		op   scriptOp
 		msg  string
 		want bool
 	}{
-		{"LOADING Redis is loading the dataset in memory", true},
-		{"BUSY Redis is busy running a script", true},
-		{"READONLY You can't write against a read only replica.", true},
-		{"ERR max number of clients reached", true},
+		{opAcquire, "LOADING Redis is loading the dataset in memory", true},
+		{opAcquire, "BUSY Redis is busy running a script", true},
+		{opAcquire, "READONLY You can't write against a read only replica.", true},
+		{opAcquire, "ERR max number of clients reached", true},
 		// A WAIT whose master became a replica (CLUSTER FAILOVER): seen in
 		// TestClusterFailover/syncReplicas, where the waiter gave up.
-		{"UNBLOCKED force unblock from blocking operation, instance state changed (master -> replica?)", true},
-		{"WRONGTYPE Operation against a key holding the wrong kind of value", false},
-		{"NOPERM this user has no permissions to run the 'evalsha' command", false},
-		{"ERR unknown command", false},
+		{opAcquire, "UNBLOCKED force unblock from blocking operation, instance state changed (master -> replica?)", true},
+		{opAcquire, "WRONGTYPE Operation against a key holding the wrong kind of value", false},
+		{opAcquire, "NOPERM this user has no permissions to run the 'evalsha' command", false},
+		{opAcquire, "ERR unknown command", false},
+		{opRelease, "MISCONF Errors writing to the AOF file", true},
+		{opExtend, "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.", true},
+		{opAcquire, "NOREPLICAS Not enough good replicas to write.", true},
+		// A release frees memory; an acquire takes it.
+		{opRelease, "OOM command not allowed when used memory > 'maxmemory'.", true},
+		{opAcquire, "OOM command not allowed when used memory > 'maxmemory'.", false},
 	} {
-		if got := transientReply(c.msg); got != c.want {
-			t.Errorf("transientReply(%q): got %v, want %v", c.msg, got, c.want)
+		if got := transientReply(c.op, c.msg); got != c.want {
+			t.Errorf("transientReply(%v, %q): got %v, want %v", c.op, c.msg, got, c.want)
 		}
 	}
 }

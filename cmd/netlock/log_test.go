@@ -25,8 +25,8 @@ func TestLineHandler(t *testing.T) {
 			l.Warn("netlock: lock lost", "lock", "job1", "token", uint64(3), "reason", "extend")
 		}, "netlock run: lock lost: job1 (token 3, reason extend)\n"},
 		{"release not delivered", func(l *slog.Logger) {
-			l.Warn("netlock: release not delivered to every node; it is retried in the background", "lock", "job1", "token", uint64(3), "error", refused.Error())
-		}, "netlock run: release not delivered to every node; it is retried in the background: job1 (token 3, error node 1: dial tcp 10.0.0.2:6379: connect: connection refused)\n"},
+			l.Warn("netlock: release not delivered to every node; nothing will send it again (the key expires with its TTL)", "lock", "job1", "token", uint64(3), "error", refused.Error())
+		}, "netlock run: release not delivered to every node; nothing will send it again (the key expires with its TTL): job1 (token 3, error node 1: dial tcp 10.0.0.2:6379: connect: connection refused)\n"},
 		{"node by address", func(l *slog.Logger) {
 			l.Warn("netlock: gave up delivering a release", "lock", "job1", "node", 1, "reason", "final", "error", "NOPERM")
 		}, "netlock run: gave up delivering a release: job1 (node redis://10.0.0.2:6379/1, reason final, error NOPERM)\n"},
