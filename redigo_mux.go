@@ -3,6 +3,8 @@ package netlock
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
 	"sync"
 	"time"
 
@@ -28,11 +30,15 @@ import (
 // function, if any, is asked about it as about an idle connection of the
 // pool, whenever a call finds no other waiting on it.
 //
-// A reply that does not come by the latest deadline of the calls waiting
-// for one means the server or the connection stalled: the connection is
-// closed, every call waiting on it fails with the read's error, and the
-// next call dials anew. A call whose own deadline passes before its reply
-// returns its context's error at once; its reply is read and dropped.
+// Each call waits for its reply until its own deadline, never another's:
+// the reader reads without a deadline, and one timer per connection wakes
+// the calls that have no timer of their own (the usual case: a call whose
+// deadline is the latest so far) at their deadlines. A call whose deadline
+// passes before its reply returns its context's error; its reply is read and
+// dropped. The timer also ends a stall: once every call pending has
+// passed its deadline (and lateRead more) without a reply, the server or the
+// connection stalled: the connection is closed, the calls still waiting
+// fail with a timeout, and the next call dials anew.
 type redigoMux struct {
 	pool *redis.Pool
 
@@ -50,7 +56,13 @@ type muxConn struct {
 	pending []*redigoMuxed // sent, in order, waiting for their replies
 	reading bool           // a goroutine reads the replies (while pending is not empty)
 	broken  bool
-	latest  time.Time // the latest deadline of the calls waiting (or answered since the reader began)
+	latest  time.Time // the latest deadline of the calls sent since the reader began
+
+	// timer runs expire at timerAt (zero: not set). While calls are
+	// pending it is set, no later than the deadline of any call on it
+	// (see redigoMuxed) still waiting.
+	timer   *time.Timer
+	timerAt time.Time
 }
 
 const (
@@ -64,13 +76,22 @@ const (
 // A redigoMuxed is one call sent on the pipeline's connection.
 type redigoMuxed struct {
 	deadline time.Time
+	onTimer  bool             // no timer of its own: the connection's wakes it at deadline
+	woken    bool             // woken by the timer: its reply, when read, is dropped
 	done     chan redigoReply // buffered: the reader never waits for the caller
 }
 
 type redigoReply struct {
 	reply any
 	err   error
+	woken bool // the call is still pending: its caller must not recycle it
 }
+
+// errMuxStalled fails the calls still waiting on the pipeline's connection
+// when it is closed because no reply came by the latest of their deadlines.
+// It matches os.ErrDeadlineExceeded, as the i/o timeout of a connection of
+// the pool does: the calls may have run.
+var errMuxStalled = fmt.Errorf("netlock: no reply on the pipelined connection by the deadline of its calls: %w", os.ErrDeadlineExceeded)
 
 // eval sends EVALSHA argv on the pipeline's connection and waits for its
 // reply, bounded by ctx. ok is false when the call was not sent: no
@@ -103,15 +124,24 @@ func (m *redigoMux) eval(ctx context.Context, argv []any) (reply any, err error,
 		return nil, nil, false
 	}
 	call := muxedPool.Get().(*redigoMuxed)
-	call.deadline = dl
+	call.deadline, call.woken = dl, false
+	if dl.IsZero() {
+		call.deadline = time.Now().Add(DefaultNodeTimeout) // when the connection counts as stalled
+	}
+	// A call whose deadline is the latest so far (the usual case: calls
+	// sent later end later) costs no timer of its own: the connection's
+	// timer, set no later than its deadline, wakes it then if its reply
+	// has not come. A call with a deadline earlier than one sent before
+	// waits on its context's Done. A call on the connection's timer notices
+	// a cancellation of its context only when its reply comes, by its
+	// deadline, as a call on a connection of the pool does (see evalOn).
+	call.onTimer = !dl.IsZero() && !dl.Before(mc.latest)
+	mc.latest = later(mc.latest, call.deadline)
 	mc.pending = append(mc.pending, call)
-	// The reader gives up on the connection when no reply came by the
-	// latest deadline of the calls waiting: a call whose deadline is the
-	// latest so far (the usual case: calls sent later end later) is bounded
-	// by its deadline without a timer of its own.
-	latest := !dl.Before(mc.latest)
-	if latest {
-		mc.latest = dl
+	if call.onTimer && (mc.timerAt.IsZero() || dl.Before(mc.timerAt)) {
+		m.setTimer(mc, dl)
+	} else if mc.timerAt.IsZero() {
+		m.setTimer(mc, call.deadline.Add(lateRead))
 	}
 	m.lastUse = time.Now()
 	if !mc.reading {
@@ -120,18 +150,24 @@ func (m *redigoMux) eval(ctx context.Context, argv []any) (reply any, err error,
 	}
 	m.mu.Unlock()
 
-	if latest {
-		r := <-call.done
-		muxedPool.Put(call)
-		return r.reply, r.err, true
+	var r redigoReply
+	if call.onTimer {
+		r = <-call.done
+	} else {
+		select {
+		case r = <-call.done:
+		case <-ctx.Done():
+			return nil, ctxErr(ctx), true // call is the reader's to drop
+		}
 	}
-	select {
-	case r := <-call.done:
-		muxedPool.Put(call)
-		return r.reply, r.err, true
-	case <-ctx.Done():
-		return nil, ctxErr(ctx), true // call is the reader's to drop
+	if r.woken {
+		if err := ctxErr(ctx); err != nil {
+			return nil, err, true
+		}
+		return nil, context.DeadlineExceeded, true // ctx's own timer is a moment behind
 	}
+	muxedPool.Put(call)
+	return r.reply, r.err, true
 }
 
 // muxedPool recycles the calls whose reply their caller took.
@@ -195,7 +231,11 @@ func (m *redigoMux) dial(ctx context.Context) bool {
 }
 
 // read reads mc's replies and hands each to its call, in order, until no
-// call waits for one.
+// call waits for one. A read has no deadline: mc's timer closes the
+// connection, which ends the read, once every call pending has passed its
+// deadline (see expire). Closing a redigo connection while another goroutine
+// reads it is safe: Close takes the connection's mutex, the read does not,
+// and the net.Conn's Close ends a Read in progress with an error.
 func (m *redigoMux) read(mc *muxConn) {
 	for {
 		m.mu.Lock()
@@ -205,27 +245,15 @@ func (m *redigoMux) read(mc *muxConn) {
 			m.mu.Unlock()
 			return
 		}
-		latest := mc.pending[0].deadline
-		for _, c := range mc.pending[1:] {
-			if c.deadline.After(latest) {
-				latest = c.deadline
-			}
-		}
 		m.mu.Unlock()
 
-		timeout := DefaultNodeTimeout
-		if !latest.IsZero() {
-			timeout = max(time.Until(latest), lateRead)
-		}
-		reply, err := redis.ReceiveWithTimeout(mc.conn, timeout)
+		reply, err := redis.ReceiveWithTimeout(mc.conn, 0) // 0: no deadline
 		var rerr redis.Error
 		m.mu.Lock()
 		if err != nil && !errors.As(err, &rerr) {
-			// No reply by the latest deadline of the calls waiting, or
-			// the connection failed.
-			m.failLocked(mc, err)
+			m.failLocked(mc, err) // the connection failed, or expire closed it
 		}
-		if mc.broken { // here, or by a failed write meanwhile
+		if mc.broken { // here, or by a failed write or expire meanwhile
 			mc.reading = false
 			m.mu.Unlock()
 			return
@@ -233,9 +261,73 @@ func (m *redigoMux) read(mc *muxConn) {
 		call := mc.pending[0]
 		mc.pending[0] = nil
 		mc.pending = mc.pending[1:]
+		woken := call.woken
 		m.mu.Unlock()
-		call.done <- redigoReply{reply, err}
+		if !woken {
+			call.done <- redigoReply{reply: reply, err: err}
+		}
 	}
+}
+
+// setTimer sets mc's timer to run expire at at, with m.mu held.
+func (m *redigoMux) setTimer(mc *muxConn, at time.Time) {
+	mc.timerAt = at
+	if mc.timer == nil {
+		mc.timer = time.AfterFunc(time.Until(at), func() { m.expire(mc) })
+		return
+	}
+	mc.timer.Reset(time.Until(at))
+}
+
+// expire runs when mc's timer fires. It wakes the calls on the timer whose
+// deadline has passed, each with a timeout (their caller returns its
+// context's error). If every call pending has passed its deadline by
+// lateRead, the connection stalled: expire closes it and fails the calls
+// still waiting with errMuxStalled. Otherwise it sets the timer again, to
+// the next deadline of a call on the timer, or else to lateRead after the
+// latest deadline of the calls pending.
+//
+// Neither a reply nor a call with a timer of its own moves the timer: it
+// may fire before it must, and is set again then. Under a steady load it
+// fires about once per node timeout, where keeping it at the earliest
+// deadline of the calls on it would cost a Reset per reply.
+func (m *redigoMux) expire(mc *muxConn) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	mc.timerAt = time.Time{}
+	if mc.broken || len(mc.pending) == 0 {
+		return
+	}
+	now := time.Now()
+	var next, latest time.Time
+	for _, c := range mc.pending {
+		latest = later(latest, c.deadline)
+		switch {
+		case !c.onTimer || c.woken:
+		case !now.Before(c.deadline):
+			c.woken = true
+			c.done <- redigoReply{err: context.DeadlineExceeded, woken: true}
+		case next.IsZero() || c.deadline.Before(next):
+			next = c.deadline
+		}
+	}
+	stall := latest.Add(lateRead)
+	if !now.Before(stall) {
+		m.failLocked(mc, errMuxStalled)
+		return
+	}
+	if next.IsZero() {
+		next = stall
+	}
+	m.setTimer(mc, next)
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // failLocked closes mc's connection, broken by err, and fails the calls
@@ -244,15 +336,25 @@ func (m *redigoMux) failLocked(mc *muxConn, err error) {
 	if mc.broken {
 		return
 	}
+	m.closeLocked(mc)
+	for _, c := range mc.pending {
+		if !c.woken {
+			c.done <- redigoReply{err: err}
+		}
+	}
+	mc.pending = nil
+}
+
+// closeLocked closes mc's connection and stops its timer.
+func (m *redigoMux) closeLocked(mc *muxConn) {
 	mc.broken = true
 	mc.conn.Close()
+	if mc.timer != nil {
+		mc.timer.Stop()
+	}
 	if m.cur == mc {
 		m.cur = nil
 	}
-	for _, c := range mc.pending {
-		c.done <- redigoReply{nil, err}
-	}
-	mc.pending = nil
 }
 
 // closeIdle closes the pipeline's connection if no call used it for
@@ -268,7 +370,5 @@ func (m *redigoMux) closeIdle() {
 		m.idle.Reset(max(left, muxIdle/4)) // reading: look again later
 		return
 	}
-	mc.broken = true
-	mc.conn.Close()
-	m.cur = nil
+	m.closeLocked(mc)
 }

@@ -86,9 +86,8 @@ func TestRedigoMux(t *testing.T) {
 }
 
 // TestRedigoMuxStalled: with the server stalled, pipelined calls fail by
-// their deadline (the reader gives up at the latest one, a call with an
-// earlier one than others waiting returns at its own), nothing hangs, and
-// once the server is back the pipeline dials a new connection.
+// their own deadlines, nothing hangs, and once the server is back the
+// pipeline dials a new connection.
 func TestRedigoMuxStalled(t *testing.T) {
 	server := redistest.Start(t)
 	b, rb := muxBackend(t, server.Addr())
@@ -303,5 +302,150 @@ func TestRedigoMuxTestOnBorrow(t *testing.T) {
 	rb.mux.mu.Unlock()
 	if after == before {
 		t.Error("the pipeline still sends on the connection dialed before the restart")
+	}
+}
+
+// TestMuxShortDeadlineSparesOthers: on a Backend shared by callers with
+// deadlines of 200µs and callers with none of their own (bounded by the
+// node timeout), a server slowed by another client's commands fails only
+// the short calls: every lock and unlock of the others succeeds.
+func TestMuxShortDeadlineSparesOthers(t *testing.T) {
+	server := redistest.Start(t, "--enable-debug-command", "yes")
+	b := newBackend(t, "redigo", server.Addr())
+	mutex := func(name string) *NetMutex {
+		m, err := New(name, []Backend{b})
+		if err != nil {
+			t.Fatalf("New(%q): %v", name, err)
+		}
+		return m
+	}
+	short, others := mutex("short"), []*NetMutex{mutex("b"), mutex("c")}
+
+	slow, err := redis.Dial("tcp", server.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Close()
+
+	const run = 2 * time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), run)
+	defer cancel()
+	var wg sync.WaitGroup
+	// Another client keeps the server slow: each DEBUG SLEEP holds the
+	// replies to every other client for 5ms.
+	wg.Go(func() {
+		for ctx.Err() == nil {
+			if _, err := slow.Do("DEBUG", "SLEEP", "0.005"); err != nil {
+				t.Errorf("DEBUG SLEEP: %v", err)
+				return
+			}
+		}
+	})
+	wg.Go(func() {
+		for ctx.Err() == nil {
+			c, cancel := context.WithTimeout(ctx, 200*time.Microsecond)
+			if ok, _ := short.TryLockCtx(c); ok {
+				short.UnlockCtx(ctx)
+			}
+			cancel()
+		}
+	})
+	var calls, failed atomic.Int64
+	failures := make(chan error, 8)
+	fail := func(err error) {
+		failed.Add(1)
+		select {
+		case failures <- err:
+		default:
+		}
+	}
+	for _, m := range others {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				calls.Add(1)
+				ok, err := m.TryLockCtx(context.Background())
+				if !ok {
+					fail(fmt.Errorf("TryLockCtx(%q): got %v, %v; want true, nil", m.Name(), ok, err))
+					continue
+				}
+				calls.Add(1)
+				if err := m.UnlockCtx(context.Background()); err != nil {
+					fail(fmt.Errorf("UnlockCtx(%q): %v", m.Name(), err))
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(failures)
+	for err := range failures {
+		t.Log(err)
+	}
+	t.Logf("%d calls of b and c", calls.Load())
+	if n := failed.Load(); n != 0 {
+		t.Errorf("got %d failed calls of %d, want 0", n, calls.Load())
+	}
+}
+
+// TestMuxCallReturnsAtOwnDeadline: with the server stalled, each pipelined
+// call returns its context's error at its own deadline, neither before (at
+// an earlier deadline of another call) nor long after (at a later one),
+// the call whose deadline is the latest included; then the connection is
+// closed.
+func TestMuxCallReturnsAtOwnDeadline(t *testing.T) {
+	server := redistest.Start(t)
+	b, rb := muxBackend(t, server.Addr())
+	if err := concurrentEchoes(b, 8, 50, 5*time.Second); err != nil {
+		t.Fatal(err) // warm up: script loaded, pipeline dialed
+	}
+	server.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			server.Resume()
+		}
+	}()
+
+	// The first call, alone, takes a connection of the pool; the others
+	// are pipelined: one of 600ms, one of 300ms ending before it, and one
+	// of 900ms ending after it, the latest.
+	type result struct {
+		timeout time.Duration
+		late    time.Duration // after its deadline
+		err     error
+	}
+	timeouts := []time.Duration{time.Second, 600 * time.Millisecond, 300 * time.Millisecond, 900 * time.Millisecond}
+	results := make([]result, len(timeouts))
+	var wg sync.WaitGroup
+	for i, timeout := range timeouts {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			dl, _ := ctx.Deadline()
+			_, err := b.Eval(ctx, echoScript, []string{"k"}, []string{fmt.Sprint(i)})
+			results[i] = result{timeout, time.Since(dl), err}
+		})
+		eventually(t, 10*time.Second, fmt.Sprintf("%d calls in flight", i+1), func() bool { return rb.inFlight.Load() == int32(i+1) })
+	}
+	redistest.Within(t, 5*time.Second, "the calls with the server stalled", wg.Wait)
+	for i, r := range results[1:] {
+		t.Logf("pipelined call %d of %v: %v after its deadline", i+1, r.timeout, r.late)
+		if !errors.Is(r.err, context.DeadlineExceeded) {
+			t.Errorf("pipelined call %d of %v, server stalled: got %v, want DeadlineExceeded", i+1, r.timeout, r.err)
+		}
+		// Measured: a few ms at most; the bound is for a loaded machine.
+		if r.late < 0 || r.late > 150*time.Millisecond {
+			t.Errorf("pipelined call %d of %v returned %v after its deadline, want 0 to 150ms", i+1, r.timeout, r.late)
+		}
+	}
+	eventually(t, 5*time.Second, "the stalled pipeline's connection closed", func() bool {
+		rb.mux.mu.Lock()
+		defer rb.mux.mu.Unlock()
+		return rb.mux.cur == nil
+	})
+
+	server.Resume()
+	resumed = true
+	if err := concurrentEchoes(b, 8, 50, 5*time.Second); err != nil {
+		t.Fatalf("after the server came back: %v", err)
 	}
 }
