@@ -75,10 +75,11 @@ func (s *Script) withOp(op scriptOp) *Script {
 // newTelling returns the script name, whose source src tells waiters with
 // handOn: the variant that publishes with PUBLISH, whose sharded variant
 // publishes with SPUBLISH. One source, two SHA1s: the command is set by a
-// first line, not passed by the caller.
+// first line, not passed by the caller, and noPublish (lua/nopublish.lua)
+// follows it.
 func newTelling(name, src string) *Script {
-	s := newScript(name, "local publish = 'PUBLISH'\n"+src)
-	s.sharded = newScript(name, "local publish = 'SPUBLISH'\n"+src)
+	s := newScript(name, "local publish = 'PUBLISH'\n"+noPublishLua+src)
+	s.sharded = newScript(name, "local publish = 'SPUBLISH'\n"+noPublishLua+src)
 	return s
 }
 
@@ -120,6 +121,12 @@ var (
 	// put where release says (withHandOn).
 	//go:embed lua/handon.lua
 	handOnLua string
+	// noPublish, which tells a script whether this user may publish on a
+	// channel, is put before every script that tells (see newTelling).
+	//go:embed lua/nopublish.lua
+	noPublishLua string
+	//go:embed lua/channels.lua
+	channelsLua string
 	//go:embed lua/inspect.lua
 	inspectLua string
 	// readstate's functions, which read a lock key and the server's memory
@@ -178,6 +185,8 @@ var (
 	extendScript  = newScript("extend", extendLua).withOp(opExtend)
 	leaveScript   = newTelling("leave", handOnLua+leaveLua).withOp(opRelease)
 	inspectScript = newScript("inspect", packLua+readStateLua+inspectLua)
+	// The ACL check of a lock's channels (see acl.go).
+	channelsScript = newTelling("channels", channelsLua)
 
 	// Election's (see election.go).
 	electProclaimScript = newTelling("elect_proclaim", electProclaimLua)

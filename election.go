@@ -184,7 +184,9 @@ func checkValue(value string) error {
 // error returned; ErrLockLost if the leadership was lost as it began (the
 // nodes so slow that its validity ran out). It returns an error at once for an empty or oversized
 // value, while another Campaign of e runs, and while e leads (Proclaim
-// changes the value).
+// changes the value); and, taking nothing, if the Backend's Redis user may
+// not publish and subscribe on the election's channels (the error names the
+// ACL rule to add: see docs/deployments.md).
 func (e *Election) Campaign(ctx context.Context, value string) error {
 	if err := e.check(); err != nil {
 		return err
@@ -203,6 +205,12 @@ func (e *Election) Campaign(ctx context.Context, value string) error {
 	if h := m.current(); h != nil {
 		// A leadership lost before Resign: its hold is still m's.
 		m.UnlockCtx(context.WithoutCancel(ctx))
+	}
+	// The value is told on the election's channel, and its release would
+	// be: a user who may not publish there is told so before it takes
+	// anything (see NetMutex.checkChannels).
+	if err := m.checkChannels(ctx, nil); err != nil {
+		return err
 	}
 	if err := m.LockCtx(ctx); err != nil {
 		return err
@@ -677,7 +685,7 @@ func (o *observer) refresh(ctx context.Context) {
 			if old := o.watches[i]; old != nil {
 				old.stop()
 			}
-			o.watches[i] = e.m.watchChannel(ctx, i, e.keys.Changes, o.wakes[i])
+			o.watches[i], _ = e.m.watchChannel(ctx, i, e.keys.Changes, o.wakes[i])
 		}
 	}
 	views := slices.Clone(o.views)

@@ -27,7 +27,9 @@ import (
 // for the outage window (WithOutageWindow, default the expiry); if the nodes
 // still do not answer, it returns an error matching ErrQuorum that names
 // each node's last error. An answer that retrying cannot change (a key of another type, a missing
-// permission) is returned at once, the same way.
+// permission) is returned at once, the same way: so is, before it first
+// waits on a Backend, a Redis user that may not publish and subscribe on
+// the lock's channels (the error names the ACL rule to add).
 func (m *NetMutex) LockCtx(ctx context.Context) (err error) {
 	if err := m.check(); err != nil {
 		return err

@@ -94,6 +94,10 @@ type Hub struct {
 	// (see NetMutex.checkServers). The Hub is the one per-Backend place
 	// netlock has.
 	checked atomic.Bool
+	// channels holds the prefixes on whose channels the server said the
+	// Backend's user may publish and subscribe (see
+	// NetMutex.checkChannels).
+	channels sync.Map
 	// calls bounds the script calls in flight on this Backend, from all
 	// its NetMutexes.
 	calls *limiter
@@ -105,6 +109,9 @@ type link struct {
 	node string
 	conn Listener
 	down chan struct{} // closed when conn fails or is closed
+	// err is the error conn failed with, if it did: set before down is
+	// closed, read after.
+	err error
 	// pending lists, per channel, the topics whose SUBSCRIBE the server has
 	// not confirmed yet, in the order sent: the server confirms in order.
 	pending map[string][]*topic
@@ -228,6 +235,9 @@ func (h *Hub) watchFor(ctx context.Context, channel string, wake chan<- string, 
 		if err := l.conn.Subscribe(ctx, channel); err != nil {
 			h.failLocked(l)
 			h.mu.Unlock()
+			if aclRefusal(err) {
+				return nil, subscribeRefused(channel, err)
+			}
 			return nil, err
 		}
 		l.pending[channel] = append(l.pending[channel], t)
@@ -250,6 +260,11 @@ func (h *Hub) watchFor(ctx context.Context, channel string, wake chan<- string, 
 		return w, nil
 	case <-t.down:
 		w.stop()
+		if err := t.link.err; aclRefusal(err) {
+			// The server refused the SUBSCRIBE: watching again, or
+			// polling, would hide it (see NetMutex.checkChannels).
+			return nil, subscribeRefused(channel, err)
+		}
 		return nil, errHubDown
 	case <-ctx.Done():
 		w.stop()
@@ -466,6 +481,7 @@ func (h *Hub) read(l *link) {
 			return
 		}
 		if err != nil {
+			l.err = err
 			h.failLocked(l)
 			h.mu.Unlock()
 			return

@@ -158,7 +158,7 @@ func (rw *NetRWMutex) newLeaseWatch() *leaseWatch {
 			continue
 		}
 		go func() {
-			wt := r.watchChannel(context.Background(), i, rw.joined, lw.wake)
+			wt, _ := r.watchChannel(context.Background(), i, rw.joined, lw.wake)
 			if wt == nil {
 				return
 			}

@@ -196,9 +196,12 @@ func (w *waiter) refused(ctx context.Context, o outcome) (bool, error) {
 		// the moves made while it was on its way, and is no measure
 		// of the others' cleanup.
 		_, _, err = w.sleepFor(ctx, w.m.clk.Now(), mrand.N(2*o.took+1))
-	case w.listen(ctx):
-		// Listening just now: attempt, and so queue, before sleeping.
 	default:
+		var fresh bool
+		if fresh, err = w.listen(ctx); fresh || err != nil {
+			// Listening just now: attempt, and so queue, before sleeping.
+			return false, err
+		}
 		var g grant
 		if g, err = w.await(ctx, o); err == nil && !g.start.IsZero() {
 			return w.acquired(ctx, g, nil)
@@ -503,7 +506,9 @@ func (w *waiter) yield(ctx context.Context) error {
 	if m.yieldLeft() <= 0 {
 		return nil
 	}
-	w.listen(ctx)
+	if _, err := w.listen(ctx); err != nil {
+		return err
+	}
 	d := m.yieldLeft()
 	if d <= 0 || !w.listening() {
 		return nil
@@ -528,8 +533,10 @@ func (m *NetMutex) yieldLeft() time.Duration {
 // several, each bounded by the node timeout. It reports whether a new watch
 // was set up: then an attempt must follow before sleeping, for a release
 // published before the subscription reached nobody, and the attempt joins
-// the queue.
-func (w *waiter) listen(ctx context.Context) bool {
+// the queue. A node whose user may not publish or subscribe on our
+// channels (see NetMutex.checkChannels) fails it with that error: no
+// release could tell us, nor could ours tell the waiters behind us.
+func (w *waiter) listen(ctx context.Context) (bool, error) {
 	m := w.m
 	w.init()
 	need := make([]bool, len(m.nodes)) // decided once: a watch may die meanwhile
@@ -537,22 +544,27 @@ func (w *waiter) listen(ctx context.Context) bool {
 		h := m.hubs[i]
 		need[i] = h != nil && (w.failed[i] < maxWatchFailures || h.sharded()) && (w.watches[i] == nil || w.watches[i].dead())
 	}
+	if err := m.checkChannels(ctx, need); err != nil {
+		return false, err
+	}
 	got := make([]*watch, len(m.nodes))
+	errs := make([]error, len(m.nodes))
 	wake := w.wake
 	if len(m.nodes) == 1 {
 		if need[0] {
-			got[0] = m.watch(ctx, 0, wake)
+			got[0], errs[0] = m.watch(ctx, 0, wake)
 		}
 	} else {
 		var wg sync.WaitGroup
 		for i := range m.nodes {
 			if need[i] {
-				wg.Go(func() { got[i] = m.watch(ctx, i, wake) })
+				wg.Go(func() { got[i], errs[i] = m.watch(ctx, i, wake) })
 			}
 		}
 		wg.Wait()
 	}
 	fresh := false
+	var refused error
 	for i := range m.nodes {
 		if !need[i] {
 			continue
@@ -563,50 +575,49 @@ func (w *waiter) listen(ctx context.Context) bool {
 		w.watches[i] = got[i]
 		if got[i] == nil {
 			w.failed[i]++
+			if refused == nil && aclRefusal(errs[i]) {
+				refused = nodeError(i, errs[i])
+			}
 		} else {
 			w.failed[i] = 0 // only failures in a row make a node's waiters poll
 			fresh = true
 		}
 	}
-	return fresh
+	return fresh, refused
 }
 
 // watch watches m's release channel on node i's hub, bounded by the node
-// timeout; nil if it could not.
-func (m *NetMutex) watch(ctx context.Context, i int, wake chan<- string) *watch {
-	wt := m.watchChannelFor(ctx, i, m.waitChan, wake, m.orphan)
+// timeout; nil and the error if it could not.
+func (m *NetMutex) watch(ctx context.Context, i int, wake chan<- string) (*watch, error) {
+	wt, err := m.watchChannelFor(ctx, i, m.waitChan, wake, m.orphan)
 	// A MultiMutex waits in the queue of whichever of its names is held:
 	// it watches the release channel of each, all or none.
 	for _, c := range m.alsoChans {
 		if wt == nil {
-			return nil
+			return nil, err
 		}
-		a := m.watchChannel(ctx, i, c, wake)
+		a, err := m.watchChannel(ctx, i, c, wake)
 		if a == nil {
 			wt.stop()
-			return nil
+			return nil, err
 		}
 		wt.also = append(wt.also, a)
 	}
-	return wt
+	return wt, err
 }
 
 // watchChannel watches channel on node i's hub, bounded by the node
-// timeout; nil if it could not.
-func (m *NetMutex) watchChannel(ctx context.Context, i int, channel string, wake chan<- string) *watch {
+// timeout; nil and the error if it could not.
+func (m *NetMutex) watchChannel(ctx context.Context, i int, channel string, wake chan<- string) (*watch, error) {
 	return m.watchChannelFor(ctx, i, channel, wake, nil)
 }
 
 // watchChannelFor is watchChannel with the Hub's orphan handler of channel
 // (see Hub.watchFor).
-func (m *NetMutex) watchChannelFor(ctx context.Context, i int, channel string, wake chan<- string, orphan func(string)) *watch {
+func (m *NetMutex) watchChannelFor(ctx context.Context, i int, channel string, wake chan<- string, orphan func(string)) (*watch, error) {
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.nodeTimeout)
 	defer cancel()
-	wt, err := m.hubs[i].watchFor(ctx, channel, wake, orphan)
-	if err != nil {
-		return nil
-	}
-	return wt
+	return m.hubs[i].watchFor(ctx, channel, wake, orphan)
 }
 
 // orphan takes a message on m's release channel that reached no waiter:

@@ -17,7 +17,9 @@
 -- The change is told on p{name}:elect:changes (the lock key followed by
 -- ":changes") as "l:<term>:<rev>:<pttl>:<value>", pttl the lock's remaining
 -- TTL in ms. A revision below the one recorded for the same term (a retry
--- of an earlier Proclaim, arriving late) writes and tells nothing.
+-- of an earlier Proclaim, arriving late) writes and tells nothing. A user
+-- who may not publish on the channel (see lua/nopublish.lua) gets an error
+-- NOPERM, and nothing is written.
 -- (publish is set by a first line, see handon.lua: PUBLISH, or SPUBLISH
 -- where observers listen with sharded pub/sub.)
 --
@@ -38,6 +40,10 @@ local pttl = redis.call('PTTL', KEYS[1])
 local had = redis.call('HMGET', KEYS[2], 'term', 'rev')
 if had[1] == term and tonumber(had[2] or '0') > tonumber(ARGV[2]) then
   return {1, tonumber(term), pttl}
+end
+local no = noPublish(KEYS[1] .. ':changes')
+if no then
+  return no
 end
 redis.call('HSET', KEYS[2], 'term', term, 'rev', ARGV[2], 'value', ARGV[4])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])

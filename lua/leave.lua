@@ -26,6 +26,11 @@ local ours = cur and nonce ~= '' and string.sub(cur, 1, #nonce + 1) == nonce .. 
 if cur and not ours then
   return {0, 0, 0, 0}
 end
--- Free, or granted to us: ours to release.
+-- Free, or granted to us: ours to release. A user who may not tell the
+-- next waiter is refused first (see lua/nopublish.lua), if one is queued.
+local no = noPublish(KEYS[2] .. ':released:*')
+if no and redis.call('EXISTS', KEYS[1]) == 1 then
+  return no
+end
 local heard, granted, skipped = handOn(KEYS[2], KEYS[1], KEYS[3], KEYS[2] .. ':released', tonumber(ARGV[2]), ours)
 return {0, heard, granted, skipped}

@@ -68,6 +68,16 @@ for i = 1, n do
 end
 
 if busy > 0 then
+  if queued and turn then
+    -- A turn may be passed on below: a user who may not tell a name's
+    -- waiters is refused first, if one is queued (see lua/nopublish.lua).
+    for j = 1, n do
+      local no = noPublish(KEYS[j] .. ':released:*')
+      if j ~= busy and no and redis.call('EXISTS', KEYS[n + j]) == 1 then
+        return no
+      end
+    end
+  end
   if queued then
     for j = 1, n do
       if j ~= busy and redis.call('ZREM', KEYS[n + j], waiter) == 0 and turn and not redis.call('GET', KEYS[j]) then

@@ -26,6 +26,14 @@ end
 if removed > 0 then
   return {1}
 end
+-- A user who may not tell a name's waiters is refused before a turn is
+-- passed on, if one is queued (see lua/nopublish.lua).
+for i = 1, n do
+  local no = noPublish(KEYS[i] .. ':released:*')
+  if no and redis.call('EXISTS', KEYS[n + i]) == 1 then
+    return no
+  end
+end
 local heard = 0
 for i = 1, n do
   if not redis.call('GET', KEYS[i]) then

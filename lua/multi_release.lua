@@ -22,6 +22,14 @@
 local n = tonumber(ARGV[4])
 local fenced = #KEYS > 3 * n
 local mine = ARGV[1] .. ':'
+-- A user who may not tell a name's waiters is refused before anything is
+-- done, if one is queued (see lua/nopublish.lua).
+for i = 1, n do
+  local no = noPublish(KEYS[i] .. ':released:*')
+  if no and redis.call('EXISTS', KEYS[n + i]) == 1 then
+    return no
+  end
+end
 local released, other, heard, granted, skipped = 0, 0, 0, 0, 0
 for i = 1, n do
   local cur = redis.call('GET', KEYS[i])

@@ -38,6 +38,8 @@
 --                  listened for were taken off the queue first
 --   { 0}           absent: the key expired or was deleted
 --   {-1}           held by another value: not ours, left untouched
+--   error NOPERM   a waiter is queued, and this user may not tell it (see
+--                  lua/nopublish.lua): nothing done, the hold left as it was
 local cur = redis.call('GET', KEYS[1])
 local mine = ARGV[1] .. ':'
 local ours = cur and string.sub(cur, 1, #mine) == mine
@@ -48,12 +50,23 @@ if not ours then
   end
   return {0}
 end
+-- A value without the queue's mark (43 is '+'; see acquire.lua) has
+-- nobody queued behind it.
+local queued = string.byte(cur, -1) == 43
+if queued then
+  -- A waiter may be told: a user who may not is refused before anything
+  -- is done (see lua/nopublish.lua), if a waiter is queued.
+  local no = noPublish(KEYS[1] .. ':released:*')
+  if no and redis.call('EXISTS', KEYS[3]) == 1 then
+    return no
+  end
+end
+-- Before the first write: refused, it leaves the hold as it was.
 if KEYS[5] then
   redis.call(publish, KEYS[1] .. ':changes', 'n:' .. string.match(cur, '^%d+', #mine + 1))
 end
--- A value without the queue's mark (43 is '+'; see acquire.lua) has
--- nobody queued behind it: delete it, two calls in all.
-if string.byte(cur, -1) ~= 43 then
+-- Nobody queued: delete it, two calls in all.
+if not queued then
   redis.call('DEL', KEYS[1])
   return {1, 0, 0, 0}
 end

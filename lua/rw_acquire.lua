@@ -110,6 +110,14 @@ local function wait(ttl)
   if member ~= '' then
     local dl = redis.call('ZSCORE', KEYS[5], place)
     if not dl or -tonumber(dl) - now < placeMS / 2 then
+      if mode == 'w' then
+        -- A writer that joins tells, below: a user who may not is
+        -- refused before anything is written (see lua/nopublish.lua).
+        local no = noPublish(KEYS[1] .. ':joined')
+        if no then
+          return no
+        end
+      end
       -- The deadline first: a leases key of another type fails here,
       -- before the queue is written.
       redis.call('ZADD', KEYS[5], -(now + placeMS), place)

@@ -15,6 +15,13 @@
 -- Reply: {1, n} removed, n clients heard; {2, n} its grant released, n
 -- clients heard; {0} it was neither queued nor granted.
 local fence = KEYS[5]
+-- A user who may not tell the waiters is refused before anything is
+-- written, if one is queued (see lua/nopublish.lua): the leaving waiter
+-- itself, when it is.
+local no = noWake(KEYS[4], KEYS[1], KEYS[2])
+if no then
+  return no
+end
 local writer = redis.call('ZREM', KEYS[1], ARGV[1])
 local n = writer + redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], 'q:' .. ARGV[1])

@@ -23,6 +23,10 @@ if mode == 'w' then
   local cur = redis.call('GET', KEYS[1])
   local mine = value .. ':'
   if cur and string.sub(cur, 1, #mine) == mine then
+    local no = noWake(KEYS[1], KEYS[3], KEYS[4])
+    if no then
+      return no
+    end
     redis.call('DEL', KEYS[1])
     local heard, granted = wake(KEYS[1], KEYS[3], KEYS[4], KEYS[5], fence, false)
     return {1, heard, granted, 0}
@@ -37,11 +41,17 @@ local s = redis.call('ZSCORE', KEYS[5], value)
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 if s and tonumber(s) > now then
+  -- Only a writer waits for readers: look when one waits, and the last
+  -- live lease is gone. A user who may not tell it is refused first (see
+  -- lua/nopublish.lua).
+  local writing = redis.call('EXISTS', KEYS[3]) == 1
+  local no = writing and (noPublish(KEYS[1] .. ':released:*') or noPublish(KEYS[1] .. ':joined'))
+  if no then
+    return no
+  end
   redis.call('ZREM', KEYS[5], value)
   local heard, granted = 0, 0
-  -- Only a writer waits for readers: look when one waits, and the last
-  -- live lease is gone.
-  if redis.call('EXISTS', KEYS[3]) == 1 and redis.call('ZCOUNT', KEYS[5], now + 1, '+inf') == 0 then
+  if writing and redis.call('ZCOUNT', KEYS[5], now + 1, '+inf') == 0 then
     heard, granted = wake(KEYS[1], KEYS[3], KEYS[4], KEYS[5], fence, false)
   end
   return {1, heard, granted, 0}

@@ -125,3 +125,15 @@ local function wake(writer, writers, readers, leases, fence, live)
   end
   return heard, granted
 end
+
+-- noWake returns, if a user who may not tell writer's waiters (see
+-- lua/nopublish.lua) would tell one, the error to refuse the call with
+-- before anything is written; nil otherwise. wake tells only while a
+-- waiter is queued.
+local function noWake(writer, writers, readers)
+  local no = noPublish(writer .. ':released:*') or noPublish(writer .. ':joined')
+  if no and (redis.call('EXISTS', writers) == 1 or redis.call('EXISTS', readers) == 1) then
+    return no
+  end
+  return nil
+end

@@ -71,6 +71,10 @@ for n, a in string.gmatch(batch, '(%d+)@(%d+)') do
   ns[#ns + 1] = tonumber(n)
   arrivals[#arrivals + 1] = tonumber(a)
 end
+local no = noWake(K)
+if no then
+  return no
+end
 
 -- Keys of another type fail in survey, before anything is written.
 local now = servertime()

@@ -18,6 +18,10 @@ local now = servertime()
 local dl = redis.call('ZSCORE', K.leases, value)
 if not dl or tonumber(dl) <= now then
   if dl then
+    local no = noWake(K)
+    if no then
+      return no
+    end
     purge(K, now)
     wake(K, now, tonumber(redis.call('HGET', K.permits, '#size') or '0') - used(K), exp)
     tidy(K)

@@ -18,6 +18,10 @@ if not member then
   return redis.error_reply('ERR netlock sem_leave: malformed argument ' .. ARGV[1])
 end
 exp, tomb = tonumber(exp), tonumber(tomb)
+local no = noWake(K)
+if no then
+  return no
+end
 local head = redis.call('ZRANGE', K.queue, 0, 0)
 redis.call('ZREM', K.queue, member)
 redis.call('ZREM', K.places, member)

@@ -26,6 +26,10 @@ if not value then
   return redis.error_reply('ERR netlock sem_release: malformed argument ' .. ARGV[1])
 end
 total, seq, exp, tomb = tonumber(total), tonumber(seq), tonumber(exp), tonumber(tomb)
+local no = noWake(K)
+if no then
+  return no
+end
 
 -- Keys of another type fail here, before anything is written.
 local size = tonumber(redis.call('HGET', K.permits, '#size') or '0')

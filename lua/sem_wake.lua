@@ -228,4 +228,16 @@ local function buried(K, seq)
   return t and tonumber(t) >= seq
 end
 
+-- noWake returns, if a user who may not tell the waiters (see
+-- lua/nopublish.lua) may have one to tell, the error to refuse the call
+-- with before anything is written; nil otherwise. wake tells only while a
+-- waiter is queued.
+local function noWake(K)
+  local no = noPublish(K.leases .. ':wake:*')
+  if no and redis.call('EXISTS', K.queue) == 1 then
+    return no
+  end
+  return nil
+end
+
 local K = {leases = KEYS[1], permits = KEYS[2], queue = KEYS[3], places = KEYS[4], wants = KEYS[5], gone = KEYS[6]}
