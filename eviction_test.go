@@ -171,3 +171,33 @@ func TestMemoryFullNoeviction(t *testing.T) {
 		}
 	})
 }
+
+// Under noeviction a full Redis still lets a release hand the lock on to a
+// waiter queued before memory filled: the release's first write takes the
+// waiter off the queue (it frees memory), and the writes after it are let
+// through (Redis refuses only a script's first write that may grow
+// memory).
+func TestMemoryFullReleaseHandsOn(t *testing.T) {
+	forEachEnv(t, realOnly, func(t *testing.T, e *env) {
+		holder := e.newMutex(t, "fullhand", WithLogger(slog.New(slog.DiscardHandler)))
+		waiter := e.newMutex(t, "fullhand", WithNodeTimeout(3*time.Second), WithLogger(slog.New(slog.DiscardHandler)))
+		mustLock(t, holder)
+		done := async(waiter.LockCtx)
+		eventually(t, 5*time.Second, "the waiter queued", func() bool {
+			n, _ := redis.Int(e.do(t, "ZCARD", waiter.keys.waiters), nil)
+			return n == 1
+		})
+		if _, err := fillMemory(t, e, "noeviction", func() bool { return false }); err == nil || !strings.Contains(err.Error(), "OOM") {
+			t.Fatalf("filling memory under noeviction: %v; want an OOM refusal", err)
+		}
+		start := time.Now()
+		if err := holder.UnlockCtx(context.Background()); err != nil {
+			t.Fatalf("UnlockCtx with a waiter queued, out of memory: %v", err)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("the waiter's LockCtx, out of memory: %v", err)
+		}
+		redistest.Report(t, "memory full (%s, noeviction): the release handed the lock to the queued waiter in %v", e.client, time.Since(start).Round(100*time.Microsecond))
+		mustUnlock(t, waiter)
+	})
+}
