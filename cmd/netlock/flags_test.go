@@ -121,3 +121,26 @@ func TestHolderFlagAgrees(t *testing.T) {
 		}
 	}
 }
+
+// TestHelpDefaults: each flag in a command's --help says its default at
+// most once: a usage text that says it already gets none from the flag
+// package.
+func TestHelpDefaults(t *testing.T) {
+	for _, c := range commands {
+		t.Run(c.name, func(t *testing.T) {
+			code, stdout, _ := runCmd(t, t.Context(), c.name, "--help")
+			if code != exitOK {
+				t.Fatalf("exit %d, want %d", code, exitOK)
+			}
+			_, flags, ok := strings.Cut(stdout, "\nFlags:\n")
+			if !ok {
+				t.Fatalf("no Flags: section in\n%s", stdout)
+			}
+			for _, entry := range strings.Split(flags, "\n  -")[1:] {
+				if n := strings.Count(entry, "(default"); n > 1 {
+					t.Errorf("--help says the default %d times, want at most 1:\n  -%s", n, entry)
+				}
+			}
+		})
+	}
+}
