@@ -132,6 +132,10 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return r.run(ctx)
 }
 
+// runHint follows every usage error of "netlock run", as the other
+// commands' follow theirs.
+const runHint = `Run "netlock run --help" for usage.`
+
 // parseRunFlags parses and validates args. When ok is false, the caller
 // should exit with code: help was shown (0) or the command line is bad
 // (exitUsage, the message already on stderr).
@@ -157,7 +161,7 @@ func parseRunFlags(args []string, stdout, stderr io.Writer) (cfg runConfig, code
 	fs.Var(holder, "holder", "the holder's `identity`, written with the hold, which \"netlock status\" and \"netlock list\"\nshow: up to 256 bytes of printable UTF-8, \"\" for none (default: host/pid of netlock)")
 	bad := func(format string, a ...any) (runConfig, int, bool) {
 		fmt.Fprintf(stderr, "netlock run: "+format+"\n", a...)
-		fmt.Fprintln(stderr, `Run "netlock run --help" for usage.`)
+		fmt.Fprintln(stderr, runHint)
 		return cfg, exitUsage, false
 	}
 
@@ -304,6 +308,7 @@ func (r *runner) run(ctx context.Context) int {
 		// The flags are checked already: what is left is the name, which
 		// New checks as Inspect does for status: bad usage.
 		r.errorf("%s", oneLine(err))
+		fmt.Fprintln(r.msgs, runHint)
 		return exitUsage
 	}
 
