@@ -316,7 +316,7 @@ func TestListBadInput(t *testing.T) {
 		{[]string{"--limit", "0"}, `invalid value "0" for --limit: want a whole number from 1 up`},
 		{[]string{"--limit", "x"}, `invalid value "x" for --limit`},
 		{[]string{"job"}, `unexpected "job": list takes no arguments`},
-		{[]string{"--redis", "nohost"}, `invalid value "nohost" for --redis`},
+		{[]string{"--redis", "nohost:"}, `invalid value "nohost:" for --redis`},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			code, stdout, stderr := runCmd(t, t.Context(), append([]string{"list", "--redis", unused}, tc.args...)...)
