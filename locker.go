@@ -326,10 +326,10 @@ func (m *NetMutex) TryLock() bool {
 
 // Unlock unlocks m. Like sync.Mutex.Unlock, it panics only on misuse: if m
 // is not locked (a panic whose value matches ErrNotHeld), or was not made by
-// New or Client.Mutex. Whatever Redis does, it returns, with m unlocked in this process: a
-// hold that had been lost is logged at Warn (and Lost was closed when it
-// was found lost); a release that could not reach every node is logged at
-// Warn and delivered in the background when the nodes answer.
+// New or Client.Mutex. Whatever Redis does, it returns, with m unlocked in
+// this process: a hold that had been lost is logged at Warn (and Lost was
+// closed when it was found lost); a release that could not reach every node
+// is logged at Warn and delivered in the background when the nodes answer.
 // Use UnlockCtx to get these as errors.
 func (m *NetMutex) Unlock() {
 	err := m.UnlockCtx(context.Background())
