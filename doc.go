@@ -43,8 +43,9 @@
 //	...
 //	mu, err := locks.Mutex("balance:" + account)
 //
-// TryDo runs a function under the lock only if it was free, for a job that
-// one replica of many must run.
+// TryDo runs a function under the lock only if the lock is free right now
+// ("skip if busy"): a process that tries while another runs it skips it,
+// and one that tries after that run has returned runs it again.
 //
 // ErrNotObtained means the lock was held by another when a call stopped; a
 // wait that ended while Redis could not be asked matches ErrQuorum instead.

@@ -11,7 +11,7 @@ import (
 	"testing"
 )
 
-// The user documentation: README.md and the guides in docs/.
+// The documentation: README.md, CONTRIBUTING.md and the guides in docs/.
 func docFiles(t *testing.T) []string {
 	t.Helper()
 	guides, err := filepath.Glob(filepath.Join("docs", "*.md"))
@@ -21,7 +21,7 @@ func docFiles(t *testing.T) []string {
 	if len(guides) == 0 {
 		t.Fatal("no guide in docs/")
 	}
-	return append([]string{"README.md"}, guides...)
+	return append([]string{"README.md", "CONTRIBUTING.md"}, guides...)
 }
 
 // A snippet is one ```go block of a document.
@@ -129,7 +129,7 @@ var snippetImports = []struct{ path, name, use string }{
 	{"github.com/netlock-go/netlock/otelnetlock", "otelnetlock", "otelnetlock.NewObserver"},
 }
 
-// TestDocSnippetsBuild builds every ```go block of README.md and docs/*.md
+// TestDocSnippetsBuild builds every ```go block of the documentation (docFiles)
 // against this checkout, in a module of its own as a user's program would
 // be: a whole file (the README's quick start) as a program of its own,
 // statements as the body of a function that returns an error, beside

@@ -9,7 +9,8 @@ import (
 // Sentinel errors. Every error a NetMutex method returns wraps one of these
 // (or a context error), so callers test them with errors.Is; the exceptions
 // are misuse found before any work: New's validation errors and the use of a
-// NetMutex not made by New, which say what is wrong in their message.
+// NetMutex not made by New or Client.Mutex, which say what is wrong in their
+// message.
 var (
 	// ErrNotObtained means the lock was held by another when the call
 	// stopped: at once (TryLock, TryLockCtx), or when the caller's context

@@ -46,8 +46,9 @@ func ExampleClient() {
 	// Output: alice: 0
 }
 
-// TryDo runs a job only where the lock was free: of the replicas that tick
-// together, one runs it and the others skip it, without waiting.
+// TryDo runs a job only where the lock is free right now: a replica skips
+// it, without waiting, while another runs it, and runs it once that run has
+// returned.
 func ExampleTryDo() {
 	srv := miniredis.NewMiniRedis()
 	if err := srv.Start(); err != nil {
@@ -79,8 +80,8 @@ func ExampleTryDo() {
 	_, ran, err := netlock.TryDo(ctx, replicas[0], func(ctx context.Context) (string, error) {
 		return "done", nil
 	})
-	fmt.Printf("next tick, replica 0 ran the job: %v (err %v)\n", ran, err)
+	fmt.Printf("once the other is done, replica 0 ran the job: %v (err %v)\n", ran, err)
 	// Output:
 	// replica 0 ran the job: false (err <nil>)
-	// next tick, replica 0 ran the job: true (err <nil>)
+	// once the other is done, replica 0 ran the job: true (err <nil>)
 }

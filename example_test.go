@@ -79,8 +79,8 @@ func ExampleNetMutex_LockCtx() {
 	// Output: true true
 }
 
-// TryLock makes one attempt, like sync.Mutex.TryLock: a cron job that must
-// run on one host skips its turn when another host has it.
+// TryLock makes one attempt, like sync.Mutex.TryLock: a job skips its turn
+// while another host holds the lock.
 func ExampleNetMutex_TryLock() {
 	srv := miniredis.NewMiniRedis()
 	if err := srv.Start(); err != nil {

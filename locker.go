@@ -36,7 +36,8 @@ import (
 // hold straight to the first of them, without a round trip to Redis, a
 // bounded number of times in a row (WithLocalHandoffs).
 //
-// A NetMutex must be created with New and must not be copied after first use.
+// A NetMutex must be created with New or Client.Mutex and must not be copied
+// after first use.
 type NetMutex struct {
 	name       string
 	cfg        config
@@ -325,10 +326,10 @@ func (m *NetMutex) TryLock() bool {
 
 // Unlock unlocks m. Like sync.Mutex.Unlock, it panics only on misuse: if m
 // is not locked (a panic whose value matches ErrNotHeld), or was not made by
-// New. Whatever Redis does, it returns, with m unlocked in this process: a
-// hold that had been lost is logged at Warn (and Lost was closed when it
-// was found lost); a release that could not reach every node is logged at
-// Warn and delivered in the background when the nodes answer.
+// New or Client.Mutex. Whatever Redis does, it returns, with m unlocked in
+// this process: a hold that had been lost is logged at Warn (and Lost was
+// closed when it was found lost); a release that could not reach every node
+// is logged at Warn and delivered in the background when the nodes answer.
 // Use UnlockCtx to get these as errors.
 func (m *NetMutex) Unlock() {
 	err := m.UnlockCtx(context.Background())
@@ -380,8 +381,8 @@ func (m *NetMutex) current() *hold {
 	return m.hold
 }
 
-// errZero is returned by a NetMutex that was not made by New.
-var errZero = errors.New("netlock: NetMutex not created by New (the zero value is not usable)")
+// errZero is returned by a NetMutex that was not made by New or Client.Mutex.
+var errZero = errors.New("netlock: NetMutex not created by New or Client.Mutex (the zero value is not usable)")
 
 func (m *NetMutex) check() error {
 	if m == nil || m.nodes == nil {

@@ -273,8 +273,8 @@ func Do[T any](ctx context.Context, m *NetMutex, fn func(ctx context.Context) (T
 // and fn's error joined with the unlock's. It returns the zero T, false and
 // nil when another goroutine of this process or another client holds the
 // lock, and the zero T, false and the error when the attempt could not be
-// made (ctx ended, Redis could not be asked). It fits a job that must run
-// on one replica per tick: the others skip it.
+// made (ctx ended, Redis could not be asked). It means "skip if busy right
+// now": others skip fn only while one runs it, not once it has returned.
 func TryDo[T any](ctx context.Context, m *NetMutex, fn func(ctx context.Context) (T, error)) (result T, ran bool, err error) {
 	ok, err := m.TryLockCtx(ctx)
 	if !ok {

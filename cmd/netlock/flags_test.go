@@ -28,7 +28,7 @@ func TestBadFlagValues(t *testing.T) {
 		wantExitCode = "want a whole number from 0 to 255"
 		wantBool     = "want true or false"
 		wantPrefix   = "want no '{' or '}', which netlock puts around the lock name"
-		wantAddr     = "want host:port, such as 127.0.0.1:6379, or a redis://, rediss:// or unix:// URL"
+		wantAddr     = "want host or host:port, such as localhost or 127.0.0.1:6379, or a redis://, rediss:// or unix:// URL"
 		wantWorkers  = "want a whole number from 1 to 10000"
 		wantProcs    = "want a whole number from 1 up"
 		wantIncr     = "want a whole number from 1 to 100000"
@@ -52,20 +52,20 @@ func TestBadFlagValues(t *testing.T) {
 		{"run", "--tls", []value{{"2", wantBool}}},
 		{"run", "--elect", []value{{"maybe", wantBool}}},
 		{"run", "--prefix", []value{{"a{b", wantPrefix}, {"}", wantPrefix}}},
-		{"run", "--redis", []value{{"localhost", wantAddr}, {"127.0.0.1:99999", wantAddr}, {"", wantAddr}}},
+		{"run", "--redis", []value{{"localhost:", wantAddr}, {"a:b:c", wantAddr}, {"127.0.0.1:99999", wantAddr}, {"", wantAddr}}},
 		{"run", "--tls-ca", []value{{missing, wantMissing}, {notPEM, wantNotPEM}}},
 		{"run", "--holder", []value{{"a\tb", wantHolder + "; U+0009 at byte 1 is not printable"}, {"web-1\n", wantHolder + "; U+000A at byte 5 is not printable"},
 			{strings.Repeat("h", 257), wantHolder + "; it is 257 bytes"}, {"h\xff", wantHolder + "; byte 1 is not UTF-8"}}},
 		{"status", "--json", []value{{"maybe", wantBool}}},
 		{"status", "--prefix", []value{{"a{", wantPrefix}}},
-		{"status", "--redis", []value{{"nope", wantAddr}}},
+		{"status", "--redis", []value{{"nope:", wantAddr}}},
 		{"status", "--tls-ca", []value{{missing, wantMissing}}},
 		{"demo", "--workers", []value{{"0", wantWorkers}, {"-5", wantWorkers}, {"10001", wantWorkers}, {"many", wantWorkers}}},
 		{"demo", "--procs", []value{{"0", wantProcs}, {"x", wantProcs}}},
 		{"demo", "--increments", []value{{"0", wantIncr}, {"100001", wantIncr}, {"x", wantIncr}}},
 		{"demo", "--pause", []value{{"-1ms", wantPause}, {"11s", wantPause}, {"1", wantPause}}},
 		{"demo", "--backend", []value{{"go-redis", wantBackend}, {"", wantBackend}}},
-		{"demo", "--redis", []value{{"localhost", wantAddr}}},
+		{"demo", "--redis", []value{{"localhost:", wantAddr}}},
 		{"demo", "--tls-ca", []value{{missing, wantMissing}}},
 	} {
 		for _, v := range tc.values {
@@ -119,5 +119,28 @@ func TestHolderFlagAgrees(t *testing.T) {
 		if flagErr == nil && got != s {
 			t.Errorf("%q: --holder set %q", s, got)
 		}
+	}
+}
+
+// TestHelpDefaults: each flag in a command's --help says its default at
+// most once: a usage text that says it already gets none from the flag
+// package.
+func TestHelpDefaults(t *testing.T) {
+	for _, c := range commands {
+		t.Run(c.name, func(t *testing.T) {
+			code, stdout, _ := runCmd(t, t.Context(), c.name, "--help")
+			if code != exitOK {
+				t.Fatalf("exit %d, want %d", code, exitOK)
+			}
+			_, flags, ok := strings.Cut(stdout, "\nFlags:\n")
+			if !ok {
+				t.Fatalf("no Flags: section in\n%s", stdout)
+			}
+			for _, entry := range strings.Split(flags, "\n  -")[1:] {
+				if n := strings.Count(entry, "(default"); n > 1 {
+					t.Errorf("--help says the default %d times, want at most 1:\n  -%s", n, entry)
+				}
+			}
+		})
 	}
 }

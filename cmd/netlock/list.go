@@ -60,7 +60,7 @@ wrote one; none for a value netlock did not write).
 Exit status: 0 listed, 1 --limit reached (the list is incomplete), 64 bad
 usage, 69 a node could not be listed (not reachable, not answering, not a
 Redis server, or answering with an error; the other nodes' locks are
-listed).
+listed, and nothing is printed on stdout when no node could be).
 
 ` + connHelp + `
 Flags:
@@ -187,6 +187,14 @@ func runList(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			break
 		}
 	}
+	if failed && l.listed == 0 {
+		// No node was listed: an empty table (or []) would read as "no
+		// locks held"; stderr says why instead.
+		if ctx.Err() != nil {
+			return exitInterrupted
+		}
+		return exitUnavailable
+	}
 	rows := l.rows
 	slices.SortStableFunc(rows, func(a, b listRow) int {
 		return cmp.Or(strings.Compare(a.Name, b.Name),
@@ -272,6 +280,7 @@ type lister struct {
 	truncated bool
 	rows      []listRow
 	nodeOrder map[string]int // the nodes listed, in order
+	listed    int            // the nodes (cluster masters) whose scan completed
 	stderr    io.Writer
 }
 
@@ -413,12 +422,14 @@ func (l *lister) scan(ctx context.Context, conn redis.Conn, n node) bool {
 			return false
 		}
 		if cursor == "0" || l.truncated {
+			l.listed++
 			return true
 		}
 		if l.seen == l.limit {
 			// More may follow: one more SCAN would tell, but the limit
 			// is on what is looked at.
 			l.truncated = true
+			l.listed++
 			return true
 		}
 	}

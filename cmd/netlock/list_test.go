@@ -316,7 +316,7 @@ func TestListBadInput(t *testing.T) {
 		{[]string{"--limit", "0"}, `invalid value "0" for --limit: want a whole number from 1 up`},
 		{[]string{"--limit", "x"}, `invalid value "x" for --limit`},
 		{[]string{"job"}, `unexpected "job": list takes no arguments`},
-		{[]string{"--redis", "nohost"}, `invalid value "nohost" for --redis`},
+		{[]string{"--redis", "nohost:"}, `invalid value "nohost:" for --redis`},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			code, stdout, stderr := runCmd(t, t.Context(), append([]string{"list", "--redis", unused}, tc.args...)...)
@@ -326,22 +326,22 @@ func TestListBadInput(t *testing.T) {
 		})
 	}
 
+	// No node listed: nothing on stdout, which would read as "no locks".
 	t.Run("unreachable", func(t *testing.T) {
-		code, stdout, stderr := runCmd(t, t.Context(), "list", "--redis", unused)
 		want := "netlock list: Redis at " + unused + " not answering: dial tcp " + unused + ": connect: connection refused\n"
-		if code != exitUnavailable || stderr != want || stdout != "NAME  KIND  TOKEN  TTL  HELD  HOLDER\n" {
-			t.Errorf("exit %d, stdout %q, stderr %q; want %d, an empty table and %q", code, stdout, stderr, exitUnavailable, want)
-		}
-		if rows := listJSON(t, exitUnavailable, "--redis", unused); len(rows) != 0 {
-			t.Errorf("--json: %+v, want []", rows)
+		for _, args := range [][]string{{"list", "--redis", unused}, {"list", "--json", "--redis", unused}} {
+			code, stdout, stderr := runCmd(t, t.Context(), args...)
+			if code != exitUnavailable || stderr != want || stdout != "" {
+				t.Errorf("%v: exit %d, stdout %q, stderr %q; want %d, nothing and %q", args, code, stdout, stderr, exitUnavailable, want)
+			}
 		}
 	})
 	for kind, addr := range notRedisServers(t) {
 		t.Run("not redis "+kind, func(t *testing.T) {
-			code, _, stderr := runCmd(t, t.Context(), "list", "--redis", addr)
+			code, stdout, stderr := runCmd(t, t.Context(), "list", "--redis", addr)
 			want := regexp.MustCompile(`^netlock list: ` + regexp.QuoteMeta(addr) + ` does not answer as a Redis server \(redigo: [^)]+\)` + "\n$")
-			if code != exitUnavailable || !want.MatchString(stderr) {
-				t.Errorf("exit %d, stderr %q; want %d and a match for %v", code, stderr, exitUnavailable, want)
+			if code != exitUnavailable || !want.MatchString(stderr) || stdout != "" {
+				t.Errorf("exit %d, stdout %q, stderr %q; want %d, nothing and a match for %v", code, stdout, stderr, exitUnavailable, want)
 			}
 		})
 	}

@@ -320,7 +320,7 @@ func TestDemoBadFlags(t *testing.T) {
 		{[]string{"--pause", "1"}, "-pause"},
 		{[]string{"--pause", "1h"}, "--pause"},
 		{[]string{"--backend", "go-redis"}, "--backend"},
-		{[]string{"--redis", "localhost"}, "--redis"},
+		{[]string{"--redis", "localhost:"}, "--redis"},
 		{[]string{"--redis", ""}, "--redis"},
 		{[]string{"--redis", "a:1", "--redis", "b:1"}, "--redis given more than once"},
 		{[]string{"--redis", "redis://a:1/x"}, `invalid value "redis://a:1/x" for --redis: database "x"`},

@@ -41,12 +41,13 @@ type connFlags struct {
 }
 
 // addrHelp says which addresses --redis takes.
-const addrHelp = `--redis takes host:port, redis://[[user]:password@]host[:port][/db],
-rediss://... (the same over TLS), or unix:///path/to/socket[?db=N]. A URL's
-user and password are used for that server; otherwise --user and
-$NETLOCK_PASSWORD are (a URL with one word before @, redis://secret@host,
-gives a password, as redis-cli reads it). A password in a URL on the command
-line shows in ps: prefer $NETLOCK_PASSWORD.
+const addrHelp = `--redis takes host:port, a host alone (port 6379, as redis-cli),
+redis://[[user]:password@]host[:port][/db], rediss://... (the same over
+TLS), or unix:///path/to/socket[?db=N]. A URL's user and password are used
+for that server; otherwise --user and $NETLOCK_PASSWORD are (a URL with one
+word before @, redis://secret@host, gives a password, as redis-cli reads
+it). A password in a URL on the command line shows in ps: prefer
+$NETLOCK_PASSWORD.
 `
 
 // connHelp is the part of run's and status's help about reaching Redis.
@@ -63,9 +64,9 @@ show it.
 // them; for the demo (one server, keys of its own) all but --prefix.
 func (c *connFlags) register(fs *flag.FlagSet, demo bool) {
 	if demo {
-		fs.Var(&c.addrs, "redis", "use the Redis server at `address` (host:port or a URL, see above) instead of\nthe embedded one")
+		fs.Var(&c.addrs, "redis", "use the Redis server at `address` (host[:port] or a URL, see above) instead of\nthe embedded one")
 	} else {
-		fs.Var(&c.addrs, "redis", "Redis server at `address` (host:port or a URL, see above); repeat for a\nquorum over independent servers (default $"+envRedis+", else "+defaultAddr+")")
+		fs.Var(&c.addrs, "redis", "Redis server at `address` (host[:port] or a URL, see above); repeat for a\nquorum over independent servers (default $"+envRedis+", else "+defaultAddr+")")
 		fs.StringVar(&c.prefix, "prefix", netlock.DefaultPrefix, "prefix of the lock's Redis keys, as netlock.WithPrefix")
 	}
 	fs.StringVar(&c.user, "user", "", "authenticate as the ACL `user` (password from $"+envPassword+")")
@@ -197,7 +198,7 @@ func (c *connFlags) nodes(addrs []string, from string, getenv func(string) strin
 	return nodes, nil
 }
 
-// parseNode parses one address: host:port, redis://, rediss:// (TLS, also
+// parseNode parses one address: host[:port], redis://, rediss:// (TLS, also
 // reported as useTLS) or unix://. The error says what is wrong, for
 // badValue: it does not repeat the address (nor so its password).
 func parseNode(s string) (n node, useTLS bool, err error) {
@@ -238,11 +239,28 @@ func parseNode(s string) (n node, useTLS bool, err error) {
 }
 
 // parseHostPort parses an address that is not a URL: host:port, with a
-// port from 1 to 65535. Its node has no credentials and no TLS.
+// port from 1 to 65535, or a host alone ("localhost", "10.0.0.1", "::1" or
+// "[::1]"), on port 6379 as redis-cli takes it. Its node has no credentials
+// and no TLS.
 func parseHostPort(s string) (node, bool, error) {
+	bad := errors.New("want host or host:port, such as localhost or 127.0.0.1:6379, or a redis://, rediss:// or unix:// URL")
 	host, port, err := net.SplitHostPort(s)
-	if p, perr := strconv.Atoi(port); err != nil || host == "" || perr != nil || p < 1 || p > 65535 {
-		return node{}, false, errors.New("want host:port, such as 127.0.0.1:6379, or a redis://, rediss:// or unix:// URL")
+	if err != nil {
+		// Not host:port: a host alone, an IPv6 address in brackets or not.
+		host = s
+		if inner, ok := strings.CutPrefix(s, "["); ok {
+			if host, ok = strings.CutSuffix(inner, "]"); !ok || net.ParseIP(host) == nil {
+				return node{}, false, bad
+			}
+		}
+		if host == "" || strings.ContainsAny(host, "[]/ \t") || (strings.Contains(host, ":") && net.ParseIP(host) == nil) {
+			return node{}, false, bad
+		}
+		address := net.JoinHostPort(host, defaultPort)
+		return node{name: address, network: "tcp", address: address}, false, nil
+	}
+	if p, perr := strconv.Atoi(port); host == "" || perr != nil || p < 1 || p > 65535 {
+		return node{}, false, bad
 	}
 	return node{name: s, network: "tcp", address: s}, false, nil
 }

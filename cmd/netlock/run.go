@@ -132,6 +132,10 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return r.run(ctx)
 }
 
+// runHint follows every usage error of "netlock run", as the other
+// commands' follow theirs.
+const runHint = `Run "netlock run --help" for usage.`
+
 // parseRunFlags parses and validates args. When ok is false, the caller
 // should exit with code: help was shown (0) or the command line is bad
 // (exitUsage, the message already on stderr).
@@ -145,8 +149,10 @@ func parseRunFlags(args []string, stdout, stderr io.Writer) (cfg runConfig, code
 	// No default shown: without --wait, netlock waits as long as it takes.
 	fs.Func("wait", "wait at most `duration` for the lock, 0 to try once (default: as long as it takes)", (&durationValue{p: &cfg.wait}).Set)
 	fs.Var(&durationValue{p: &cfg.grace}, "grace", "when the hold is lost: `duration` between SIGTERM and SIGKILL to the program\n(0: SIGKILL at once)")
-	fs.Var(&durationValue{p: &cfg.maxTime}, "max-time", "end the hold `duration` after it was taken, as if lost: the program gets\nSIGTERM (then SIGKILL after --grace), and netlock exits with 75; the key\nexpires at the latest --expiry later (default 0: no bound)")
-	fs.Var(&durationValue{p: &cfg.minHold}, "min-hold", "keep the lock taken at least `duration` after it was taken, even if the program\nexits sooner, so that it runs at most once per duration on any host (default 0)")
+	// Their usage says the default, 0, and what it means: the flag package
+	// adds none for a Func flag, as for --wait.
+	fs.Func("max-time", "end the hold `duration` after it was taken, as if lost: the program gets\nSIGTERM (then SIGKILL after --grace), and netlock exits with 75; the key\nexpires at the latest --expiry later (default 0: no bound)", (&durationValue{p: &cfg.maxTime}).Set)
+	fs.Func("min-hold", "keep the lock taken at least `duration` after it was taken, even if the program\nexits sooner, so that it runs at most once per duration on any host (default 0)", (&durationValue{p: &cfg.minHold}).Set)
 	fs.Var(&intValue{p: &cfg.conflict, min: 0, max: 255}, "conflict-exit-code", "exit `code` when the lock is held elsewhere, 0 to 255")
 	fs.BoolVar(&cfg.verbose, "v", false, "tell on stderr what netlock does, and while waiting who holds the lock")
 	fs.BoolVar(&cfg.elect, "elect", false, "NAME is an election: campaign to lead it and run the program while leading")
@@ -155,7 +161,7 @@ func parseRunFlags(args []string, stdout, stderr io.Writer) (cfg runConfig, code
 	fs.Var(holder, "holder", "the holder's `identity`, written with the hold, which \"netlock status\" and \"netlock list\"\nshow: up to 256 bytes of printable UTF-8, \"\" for none (default: host/pid of netlock)")
 	bad := func(format string, a ...any) (runConfig, int, bool) {
 		fmt.Fprintf(stderr, "netlock run: "+format+"\n", a...)
-		fmt.Fprintln(stderr, `Run "netlock run --help" for usage.`)
+		fmt.Fprintln(stderr, runHint)
 		return cfg, exitUsage, false
 	}
 
@@ -302,6 +308,7 @@ func (r *runner) run(ctx context.Context) int {
 		// The flags are checked already: what is left is the name, which
 		// New checks as Inspect does for status: bad usage.
 		r.errorf("%s", oneLine(err))
+		fmt.Fprintln(r.msgs, runHint)
 		return exitUsage
 	}
 

@@ -537,6 +537,9 @@ func TestRunBadInput(t *testing.T) {
 			if first, _, _ := strings.Cut(stderr, "\n"); !strings.HasPrefix(first, "netlock run: ") || !strings.Contains(first, tc.want) || strings.Contains(first, "netlock run: netlock: ") {
 				t.Errorf("stderr's first line %q does not say %q (with the prefix once)", first, tc.want)
 			}
+			if !strings.HasSuffix(stderr, "\n"+runHint+"\n") {
+				t.Errorf("stderr %q does not end with %q", stderr, runHint)
+			}
 			if strings.Contains(stderr, "hunter2") {
 				t.Errorf("stderr shows the password")
 			}

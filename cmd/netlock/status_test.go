@@ -183,7 +183,7 @@ func TestStatusBadInput(t *testing.T) {
 		{[]string{""}, "empty lock name"},
 		{[]string{"}x"}, `lock name "}x" starts with '}'`},
 		{[]string{"--prefix", "a{", "x"}, `invalid value "a{" for --prefix: want no '{' or '}'`},
-		{[]string{"--redis", "nope", "a"}, `invalid value "nope" for --redis: want host:port`},
+		{[]string{"--redis", "nope:", "a"}, `invalid value "nope:" for --redis: want host or host:port`},
 		{[]string{"--wait", "0", "a"}, "unknown flag --wait"},
 		{[]string{"--json=maybe", "a"}, `invalid value "maybe" for --json`},
 		{[]string{"--kind", "lock", "a"}, `invalid value "lock" for --kind: want mutex, rw or semaphore`},
