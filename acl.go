@@ -24,7 +24,9 @@ import (
 // answered yes for m's prefix is not asked again; without a Hub, a node is
 // asked each time. Any other answer (a node that does not answer, a server
 // that cannot tell) returns nil and is not kept: the call that follows
-// reports it, and the node is asked again next time.
+// reports it, and the node is asked again next time; but if ctx ended
+// while nodes did not answer, it returns ctx's cause joined with their
+// errors (matching ErrQuorum).
 func (m *NetMutex) checkChannels(ctx context.Context, need []bool) error {
 	targets := make([]bool, len(m.nodes))
 	any := false
@@ -43,6 +45,7 @@ func (m *NetMutex) checkChannels(ctx context.Context, need []bool) error {
 		return nil
 	}
 	replies := m.fanout(ctx, channelsScript, []string{m.waitChan}, nil, targets)
+	var errs []error
 	for i, r := range replies {
 		switch {
 		case !targets[i]:
@@ -52,7 +55,14 @@ func (m *NetMutex) checkChannels(ctx context.Context, need []bool) error {
 			}
 		case aclRefusal(r.err):
 			return r.err
+		default:
+			errs = append(errs, r.err)
 		}
+	}
+	if cause := ctxEnded(ctx); cause != nil && len(errs) > 0 {
+		// ctx ended while nodes did not answer: Redis could not be asked
+		// (not a lock held by another, which nobody asked about).
+		return unreachable(cause, &quorumError{nodes: len(m.nodes), answered: len(m.nodes) - len(errs), need: m.quorum, errs: errs})
 	}
 	return nil
 }

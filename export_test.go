@@ -69,3 +69,26 @@ func innerFinal(b Backend, err error) bool {
 	f, ok := b.(ErrorClassifier)
 	return ok && f.Final(err)
 }
+
+// resendingTo reports whether m's reaper has something to send to node i,
+// or is sending it.
+func (m *NetMutex) resendingTo(i int) bool {
+	r := &m.reaper
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, ps := range [][]redelivery{r.pending, r.passing} {
+		for _, p := range ps {
+			switch p := p.(type) {
+			case *pendingRelease:
+				if p.node == i {
+					return true
+				}
+			case *pendingLeave:
+				if p.node == i {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}

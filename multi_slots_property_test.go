@@ -308,8 +308,10 @@ func (mc *slotsMachine) lockShort(rt *rapid.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rapid.IntRange(1, 30).Draw(rt, "ms"))*time.Millisecond)
 	defer cancel()
-	if err := l.lock(ctx); !errors.Is(err, ErrNotObtained) || !errors.Is(err, context.DeadlineExceeded) {
-		rt.Fatalf("lock %d %q LockCtx while held elsewhere: got %v, want ErrNotObtained and DeadlineExceeded", i, l.names, err)
+	// A deadline of a few milliseconds may pass before Redis answers on a
+	// loaded machine: then the error says Redis could not be asked in time.
+	if err := l.lock(ctx); !errors.Is(err, context.DeadlineExceeded) || !(errors.Is(err, ErrNotObtained) || errors.Is(err, ErrQuorum)) {
+		rt.Fatalf("lock %d %q LockCtx while held elsewhere: got %v, want DeadlineExceeded, and ErrNotObtained or ErrQuorum", i, l.names, err)
 	}
 	l.cut = true
 }

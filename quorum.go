@@ -534,8 +534,8 @@ func (m *NetMutex) learn(counter int64) {
 
 // releaseBy releases value (whose tombstone key is tomb, "" to derive it)
 // on the targeted nodes, under a context that ctx's cancellation does not
-// reach but that ends a moment after ctx does (see cleanupBound): the
-// caller returns then, and what is not answered by then the reaper
+// reach but that ends a moment after ctx's deadline (see cleanupBound):
+// the caller returns then, and what is not answered by then the reaper
 // delivers in the background, so that the key goes anyway. held: some node
 // granted the acquire (see release).
 func (m *NetMutex) releaseBy(ctx context.Context, value, tomb string, targets []bool, held bool) {
@@ -550,26 +550,29 @@ func (m *NetMutex) releaseBy(ctx context.Context, value, tomb string, targets []
 	}
 }
 
-// cleanupGrace is how long past the end of the caller's ctx the cleanup
-// of a call that failed (a release of what an acquire round may have
-// taken, a leave of the waiters' queue) may keep the caller: time for one
-// round trip to a server that answers, so that the cleanup is done when
-// the call returns, and no more, so that a server that does not answer
-// keeps the caller no longer than that past its ctx. What is not answered
-// by then, the reaper sends again.
+// cleanupGrace is how long past the caller's deadline the cleanup of a
+// call that failed (a release of what an acquire round may have taken, a
+// leave of the waiters' queue) may keep the caller: time for one round trip
+// to a server that answers, so that the cleanup is done when the call
+// returns, and no more, so that a server that does not answer keeps the
+// caller no longer than that past its deadline. What is not answered by
+// then, the reaper sends again.
 const cleanupGrace = 5 * time.Millisecond
 
 // cleanupBound returns the context of a cleanup made by a call whose
-// context is ctx: ctx's values, not its cancellation, and a deadline
-// cleanupGrace past ctx's deadline (or past now, if ctx has ended or its
-// deadline has passed). Without a deadline, and not ended, ctx's calls
-// are bounded by the node timeout alone.
+// context is ctx: ctx's values, not its cancellation. A ctx whose deadline
+// ended it, or will, bounds the cleanup to cleanupGrace past that deadline
+// (past now, if it has passed): a deadline is the time the caller gave the
+// call. A ctx cancelled before its deadline, or without one, leaves the
+// cleanup bounded by the node timeout alone: a cancellation is the
+// caller's own act, and the cleanup it waits for leaves nothing behind
+// when the call returns.
 func cleanupBound(ctx context.Context) (context.Context, context.CancelFunc) {
 	dl, ok := ctx.Deadline()
-	if !ok && ctx.Err() == nil {
+	if !ok || errors.Is(ctx.Err(), context.Canceled) {
 		return detached(ctx), func() {}
 	}
-	if now := time.Now(); !ok || ctx.Err() != nil || dl.Before(now) {
+	if now := time.Now(); dl.Before(now) {
 		dl = now
 	}
 	return context.WithDeadline(context.WithoutCancel(ctx), dl.Add(cleanupGrace))

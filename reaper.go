@@ -35,6 +35,8 @@ type reaper struct {
 	// now asks the running goroutine for a pass at once (see reapNow);
 	// buffered, made with the first.
 	now chan struct{}
+	// passing is the batch a pass is sending, out of pending meanwhile.
+	passing []redelivery
 }
 
 // A redelivery is one thing the reaper sends again until it is over.
@@ -95,9 +97,11 @@ func (m *NetMutex) resending(value string) bool {
 	r := &m.reaper
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, p := range r.pending {
-		if p, ok := p.(*pendingRelease); ok && p.value == value {
-			return true
+	for _, ps := range [][]redelivery{r.pending, r.passing} {
+		for _, p := range ps {
+			if p, ok := p.(*pendingRelease); ok && p.value == value {
+				return true
+			}
 		}
 	}
 	return false
@@ -161,7 +165,7 @@ func (m *NetMutex) reap(now <-chan struct{}) {
 		}
 		r.mu.Lock()
 		batch := r.pending
-		r.pending = nil
+		r.pending, r.passing = nil, batch
 		r.mu.Unlock()
 
 		var left []redelivery
@@ -172,7 +176,7 @@ func (m *NetMutex) reap(now <-chan struct{}) {
 		}
 
 		r.mu.Lock()
-		r.pending = append(left, r.pending...)
+		r.pending, r.passing = append(left, r.pending...), nil
 		if len(r.pending) == 0 {
 			r.running = false
 			r.mu.Unlock()

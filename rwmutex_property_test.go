@@ -1229,8 +1229,10 @@ func (mc *rwMachine) writerVsReaders() {
 		mc.rt.Fatalf("client %d TryRLockCtx of a new process while a writer waits: got %v, %v; want false", n, ok, err)
 	}
 	rctx, rcancel := context.WithTimeout(ctx, 10*time.Millisecond)
-	if err := mc.cs[n].rw.RLockCtx(rctx); !errors.Is(err, ErrNotObtained) {
-		mc.rt.Fatalf("client %d RLockCtx of a new process while a writer waits: got %v, want ErrNotObtained", n, err)
+	// ErrNotObtained; or ErrQuorum if the 10 ms passed before Redis
+	// answered (a loaded machine).
+	if err := mc.cs[n].rw.RLockCtx(rctx); !errors.Is(err, ErrNotObtained) && !errors.Is(err, ErrQuorum) {
+		mc.rt.Fatalf("client %d RLockCtx of a new process while a writer waits: got %v, want ErrNotObtained or ErrQuorum", n, err)
 	}
 	rcancel()
 	stillWaits("while readers hold")
