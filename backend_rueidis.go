@@ -51,6 +51,8 @@ type rueidisBackend struct {
 	client rueidis.Client
 	hub    *Hub
 	push   atomic.Int32 // a pushMode: where the Hub of a client that is not a cluster's listens
+	// unanswered: the last call got no answer from the server (see Eval).
+	unanswered atomic.Bool
 
 	// slots maps a cluster's hash slots to their masters, from CLUSTER
 	// SLOTS; nil until a waiter needs it, and again once a master's
@@ -67,8 +69,46 @@ type slotRange struct {
 	master      string
 }
 
+// Eval runs s on the client (see rueidisEval).
+//
+// rueidis makes a call that comes while the client dials a connection wait
+// for that dial, whatever the call's context: against a server that
+// accepts connections and does not answer, as long as the dial's own bound
+// (up to seconds). So after a call that got no answer from the server, and
+// until one does, Eval runs each call on a goroutine of its own and
+// returns when ctx ends: the caller waits for its own deadline only, and
+// a call while the server answers costs no goroutine.
 func (b *rueidisBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
-	return rueidisEval(ctx, b.client, s, keys, args)
+	if !b.unanswered.Load() {
+		reply, err := rueidisEval(ctx, b.client, s, keys, args)
+		b.answered(err)
+		return reply, err
+	}
+	type result struct {
+		reply []int64
+		err   error
+	}
+	done := make(chan result, 1) // the goroutine never waits for the caller
+	go func() {
+		reply, err := rueidisEval(ctx, b.client, s, keys, args)
+		b.answered(err)
+		done <- result{reply, err}
+	}()
+	select {
+	case r := <-done:
+		return r.reply, r.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// answered notes whether err, a call's, is an answer of the server: nil or
+// an error reply.
+func (b *rueidisBackend) answered(err error) {
+	_, reply := rueidis.IsRedisErr(err)
+	if no := err != nil && !reply; b.unanswered.Load() != no {
+		b.unanswered.Store(no)
+	}
 }
 
 // rueidisEval runs s on c with EVALSHA, and EVAL on NOSCRIPT.

@@ -194,15 +194,6 @@ func TestCallsEndByTheirDeadline(t *testing.T) {
 				} else {
 					srv.Kill()
 				}
-				// rueidis makes a call that comes while the client redials
-				// wait for that dial, whatever the call's context: a server
-				// that accepts and does not answer keeps it up to the
-				// dialing call's own bound, at most a node timeout (see
-				// docs/clients.md).
-				late := late
-				if client == "rueidis" && fault == "frozen" {
-					late = DefaultNodeTimeout + late
-				}
 				var worst time.Duration
 				for _, c := range []struct {
 					name string
