@@ -74,10 +74,10 @@ var loadClients = []string{"rueidis", "goredis"}
 // more than loadLate after its context's deadline, that free names are
 // acquired on the new primary, and waited for, within recoveryBound, and,
 // after a SIGKILL with WithSyncReplicas(1), that no holds overlapped, no
-// token was refused and no hold was lost. A SENTINEL FAILOVER promotes a
-// replica while the old primary still takes writes, which the other
-// replica acknowledges until Sentinel moves it (see WithSyncReplicas):
-// there its figures are reported, not asserted.
+// token was refused and no hold was gone on the new primary. A SENTINEL
+// FAILOVER promotes a replica while the old primary still takes writes,
+// which the other replica acknowledges until Sentinel moves it (see
+// WithSyncReplicas): there its figures are reported, not asserted.
 func TestSentinelFailoverUnderLoad(t *testing.T) {
 	for _, kind := range []string{forced, killed} {
 		for _, replicas := range []int{0, 1} {
@@ -108,6 +108,7 @@ type loadRun struct {
 	primary string    // the new primary's port, once Sentinel names it
 	named   chan struct{}
 	clients map[string]*clientLoad
+	again   string // what the sentinels said at the end, if not the primary of the failover
 }
 
 // clientLoad is what the workers and the probe of one client library saw.
@@ -292,6 +293,12 @@ func runLoad(t *testing.T, kind string, replicas int) *loadRun {
 	time.Sleep(loadSettleAfter) // more load on the new primary
 	stop()
 	wg.Wait()
+	// Sentinel may have failed the new primary over in its turn: a
+	// primary that does not answer within down-after-milliseconds, on a
+	// loaded machine, is down to it.
+	if last, err := s.Primary(); err != nil || last != next {
+		l.again = fmt.Sprintf("; Sentinel named %s (%v) at the end, not %s", last, err, next)
+	}
 	return l
 }
 
@@ -598,6 +605,7 @@ func recoveryBound(kind string) time.Duration {
 func (l *loadRun) check(t *testing.T, client string) {
 	c := l.clients[client]
 	recovery, recovered := c.recovery(l.fault)
+	gone := c.reasons[netlock.LostExtend] + c.reasons[netlock.LostRelease]
 	var errs []string
 	for _, k := range errKinds {
 		errs = append(errs, fmt.Sprintf("%s %d", k, c.errs[k]))
@@ -605,11 +613,11 @@ func (l *loadRun) check(t *testing.T, client string) {
 	redistest.Report(t, "%s, WithSyncReplicas(%d), %s: %d holds, %d overlapping another client's, %d tokens refused, "+
 		"%d lost (key gone on the new primary %d, deadline passed %d; of %d holds across the fault, %d); "+
 		"a free name acquired on the new primary %v after the fault, longest wait for a free name %v; "+
-		"errors: %s; latest return after a context's deadline %v",
+		"errors: %s; latest return after a context's deadline %v%s",
 		client, l.replicas, l.kind, c.acquired, c.overlaps, c.refused,
-		c.lost, c.reasons[netlock.LostExtend]+c.reasons[netlock.LostRelease], c.reasons[netlock.LostDeadline], c.spanned, c.spanLost,
+		c.lost, gone, c.reasons[netlock.LostDeadline], c.spanned, c.spanLost,
 		recovery.Round(time.Millisecond), c.longestWait().Round(time.Millisecond),
-		strings.Join(errs, ", "), c.late.Round(time.Millisecond))
+		strings.Join(errs, ", "), c.late.Round(time.Millisecond), l.again)
 	if c.firstOther != nil {
 		t.Errorf("an error of no kind netlock names: %v", c.firstOther)
 	}
@@ -623,8 +631,12 @@ func (l *loadRun) check(t *testing.T, client string) {
 	if wait := c.longestWait(); wait > bound {
 		t.Errorf("a wait for a free name took %v, want at most %v", wait, bound)
 	}
-	if l.kind == killed && l.replicas > 0 && (c.overlaps > 0 || c.refused > 0 || c.lost > 0) {
-		t.Errorf("with WithSyncReplicas(%d), after a SIGKILL: %d holds overlapping another client's, %d tokens refused, %d holds lost; want 0, 0 and 0",
-			l.replicas, c.overlaps, c.refused, c.lost)
+	// A hold lost at its deadline is not one the failover lost: with the
+	// option, an extend that no replica acknowledges does not count, and
+	// after a second failover (see runLoad) the new primary has no replica
+	// until Sentinel converts the old one, seconds later.
+	if l.kind == killed && l.replicas > 0 && (c.overlaps > 0 || c.refused > 0 || gone > 0) {
+		t.Errorf("with WithSyncReplicas(%d), after a SIGKILL: %d holds overlapping another client's, %d tokens refused, %d holds gone on the new primary; want 0, 0 and 0",
+			l.replicas, c.overlaps, c.refused, gone)
 	}
 }
