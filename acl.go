@@ -2,6 +2,7 @@ package netlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 )
@@ -24,9 +25,9 @@ import (
 // answered yes for m's prefix is not asked again; without a Hub, a node is
 // asked each time. Any other answer (a node that does not answer, a server
 // that cannot tell) returns nil and is not kept: the call that follows
-// reports it, and the node is asked again next time; but if ctx ended
-// while nodes did not answer, it returns ctx's cause joined with their
-// errors (matching ErrQuorum).
+// reports it, and the node is asked again next time; but if ctx's
+// deadline passed while nodes did not answer, it returns ctx's cause joined
+// with their errors (matching ErrQuorum).
 func (m *NetMutex) checkChannels(ctx context.Context, need []bool) error {
 	targets := make([]bool, len(m.nodes))
 	any := false
@@ -54,8 +55,12 @@ func (m *NetMutex) checkChannels(ctx context.Context, need []bool) error {
 				h.channels.Store(m.cfg.prefix, struct{}{})
 			}
 		case aclRefusal(r.err):
-			return r.err
-		default:
+			// An answer that retrying cannot change: as the acquire's,
+			// it matches ErrQuorum.
+			return &quorumError{nodes: len(m.nodes), need: m.quorum, errs: []error{r.err}}
+		case !errors.Is(r.err, context.Canceled):
+			// A call the caller's cancellation cut short says nothing of
+			// Redis (see lostRound).
 			errs = append(errs, r.err)
 		}
 	}

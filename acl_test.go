@@ -47,8 +47,8 @@ var noChannels = []string{"~*", "+@all", "resetchannels"}
 // to add.
 func wantACLError(t *testing.T, what string, err error) {
 	t.Helper()
-	if err == nil || !strings.Contains(err.Error(), "NOPERM netlock:") || !strings.Contains(err.Error(), "&"+DefaultPrefix+"*") {
-		t.Errorf("%s: got %v, want the error NOPERM netlock: ... &%s*", what, err, DefaultPrefix)
+	if !errors.Is(err, ErrQuorum) || !strings.Contains(err.Error(), "NOPERM netlock:") || !strings.Contains(err.Error(), "&"+DefaultPrefix+"*") {
+		t.Errorf("%s: got %v, want an error matching ErrQuorum: NOPERM netlock: ... &%s*", what, err, DefaultPrefix)
 	}
 }
 

@@ -76,8 +76,8 @@ type slotRange struct {
 // accepts connections and does not answer, as long as the dial's own bound
 // (up to seconds). So after a call that got no answer from the server, and
 // until one does, Eval runs each call on a goroutine of its own and
-// returns when ctx ends: the caller waits for its own deadline only, and
-// a call while the server answers costs no goroutine.
+// returns at ctx's deadline: the caller waits for its own deadline only,
+// and a call while the server answers costs no goroutine.
 func (b *rueidisBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
 	if !b.unanswered.Load() {
 		reply, err := rueidisEval(ctx, b.client, s, keys, args)
@@ -98,13 +98,24 @@ func (b *rueidisBackend) Eval(ctx context.Context, s *Script, keys, args []strin
 	case r := <-done:
 		return r.reply, r.err
 	case <-ctx.Done():
+		if errors.Is(ctx.Err(), context.Canceled) {
+			// A cancellation waits for the call: rueidis, told of it,
+			// returns at once unless it waits for a dial; and a call
+			// given up here might be sent after the next one of the
+			// caller's (a leave of the queue it joins).
+			r := <-done
+			return r.reply, r.err
+		}
 		return nil, ctx.Err()
 	}
 }
 
 // answered notes whether err, a call's, is an answer of the server: nil or
-// an error reply.
+// an error reply. A call its caller cancelled tells nothing.
 func (b *rueidisBackend) answered(err error) {
+	if errors.Is(err, context.Canceled) {
+		return
+	}
 	_, reply := rueidis.IsRedisErr(err)
 	if no := err != nil && !reply; b.unanswered.Load() != no {
 		b.unanswered.Store(no)

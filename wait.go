@@ -576,7 +576,9 @@ func (w *waiter) listen(ctx context.Context) (bool, error) {
 		if got[i] == nil {
 			w.failed[i]++
 			if refused == nil && aclRefusal(errs[i]) {
-				refused = nodeError(i, errs[i])
+				// An answer that retrying cannot change: as the
+				// acquire's, it matches ErrQuorum.
+				refused = &quorumError{nodes: len(m.nodes), need: m.quorum, errs: []error{nodeError(i, errs[i])}}
 			}
 		} else {
 			w.failed[i] = 0 // only failures in a row make a node's waiters poll
