@@ -254,7 +254,7 @@ func runChaosLocks(t *testing.T, ls locksSetup, s chaosSetup) {
 		})
 	}
 	start := time.Now()
-	faults, timeline := runFaults(t, s, servers, links, stall, start, duration, time.Sleep)
+	faults, timeline, _ := runFaults(t, s, servers, links, stall, start, duration, time.Sleep)
 	stop()
 	wg.Wait()
 	elapsed := time.Since(start)

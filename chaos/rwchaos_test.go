@@ -94,7 +94,7 @@ func TestChaosRWSingle(t *testing.T) {
 func runChaosRW(t *testing.T, s chaosSetup) {
 	duration := chaosDuration(t)
 	t.Cleanup(func() { waitNetlockDone(t, 5*time.Second) })
-	servers := startServers(t, s.nodes, "--appendonly", "yes", "--appendfsync", "always")
+	servers := startServers(t, s.nodes, serverArgs...)
 	x := toxi.New(t)
 	links := make([][]*toxi.Proxy, rwClients) // [client][node]
 	for i := range links {
@@ -329,7 +329,7 @@ func runChaosRW(t *testing.T, s chaosSetup) {
 		}
 	}
 
-	faults, timeline := runFaults(t, s, servers, links, stall, start, duration, time.Sleep)
+	faults, timeline, _ := runFaults(t, s, servers, links, stall, start, duration, time.Sleep)
 	stop()
 	// Every call of the clients is bounded once ctx ends: a lock call at
 	// once, an unlock by the node timeout (after a wait for a slot of at
