@@ -135,10 +135,12 @@ type chaosSetup struct {
 // strictly increasing, every stale write rejected, every loss signalled by
 // Lost() in time. Errors must be the documented sentinels (or a
 // refusal of the user's rights, NOPERM), and no release may grant the
-// lock (a quorum's waiters are only told to attempt). Once the clients
-// stop, no lock key may stay on a server (checkStranded), and once they
-// are closed, no goroutine of netlock may run. The figures are logged and
-// reported.
+// lock (a quorum's waiters are only told to attempt). Once a fault has
+// cleared, the lock may not stay free while clients wait for it
+// (checkFreed: a key left that nobody holds, waiters not told). Once the
+// clients stop, no lock key may stay on a server (checkStranded), and
+// once they are closed, no goroutine of netlock may run. The figures are
+// logged and reported.
 //
 // It runs chaosCI by default; NETLOCK_SOAK=10m runs it for ten minutes (add
 // -timeout 30m). NETLOCK_CHAOS_SEED=N runs the faults of the run that
@@ -294,19 +296,21 @@ func runChaos(t *testing.T, s chaosSetup) {
 	// Faults, from the test goroutine as redistest requires.
 	var quietMessages []int64 // holds by message in each quiet time
 	start := time.Now()
-	faults, timeline, _ := runFaults(t, s, servers, links, stall, start, duration, func(d time.Duration) {
+	faults, timeline, episodes := runFaults(t, s, servers, links, stall, start, duration, func(d time.Duration) {
 		before := messages.Load()
 		time.Sleep(d)
 		quietMessages = append(quietMessages, messages.Load()-before)
 	})
+	stopping := time.Now()
 	stop()
 	wg.Wait()
 	elapsed := time.Since(start)
 	stranded := checkStranded(t, servers, lockKey("chaos"))
 
-	violations, fig := checkHistory(holds, resource.writes, func(from, to time.Time) time.Duration {
-		return chaosSlack + probe.longest(from, to)
-	})
+	slack := func(from, to time.Time) time.Duration { return chaosSlack + probe.longest(from, to) }
+	violations, fig := checkHistory(holds, resource.writes, slack)
+	freed, freedMax := checkFreed(holds, episodes, start, stopping, slack)
+	violations = append(violations, freed...)
 	violations = append(violations, unexplained...)
 	violations = append(violations, stranded...)
 	for _, e := range slices.Sorted(maps.Keys(errs)) {
@@ -333,8 +337,9 @@ func runChaos(t *testing.T, s chaosSetup) {
 	for i := range chaosClients {
 		mix[chaosClient(i)]++
 	}
-	figures := fmt.Sprintf("%v, %d clients %v on %d servers: %d acquisitions, %d lost, %d stale writes rejected, latest Lost() %v after until (longest process stall %v); faults (servers hit, by kind) %v, client stalls %d; refusals the scripts met, by code %v; errors %v; violations %d",
-		elapsed.Round(time.Second), chaosClients, mix, s.nodes, fig.holds, fig.lost, fig.staleRejected, fig.maxLate.Round(time.Millisecond), probe.longest(start, time.Now()).Round(time.Millisecond), faults, stalls.Load(), refusals, errs, len(violations))
+	figures := fmt.Sprintf("%v, %d clients %v on %d servers: %d acquisitions, %d lost, %d stale writes rejected, latest Lost() %v after until (longest process stall %v); stranded after the fault cleared: max %v (bound %v); faults (servers hit, by kind) %v, client stalls %d; refusals the scripts met, by code %v; errors %v; violations %d",
+		elapsed.Round(time.Second), chaosClients, mix, s.nodes, fig.holds, fig.lost, fig.staleRejected, fig.maxLate.Round(time.Millisecond), probe.longest(start, time.Now()).Round(time.Millisecond),
+		freedMax.Round(time.Millisecond), freedBound, faults, stalls.Load(), refusals, errs, len(violations))
 	if s.nodes == 1 {
 		slices.Sort(quietMessages)
 		adopted := 0

@@ -15,6 +15,10 @@
 // misconf faults are left out unless NETLOCK_CHAOS_ALL=1: under them,
 // rueidis panics when it unsubscribes (TestRueidisUnsubscribeRefused).
 //
+// Besides each workload's own checks, the NetMutex and Election tests
+// check that a lock never stays free while clients wait for it once a
+// fault has cleared (checkFreed, DESIGN §12).
+//
 // It is a module of its own, github.com/netlock-go/netlock/chaos, so that
 // toxiproxy and what it brings (prometheus, gorilla/mux, zerolog, protobuf)
 // stay out of the library's go.mod. It tests the library checked out next

@@ -114,6 +114,9 @@ type locksSetup struct {
 	names []string
 	keys  []string
 	locks func(t *testing.T, backends []netlock.Backend) []multiLock
+	// contended: every client waits for the one name whenever it does
+	// not hold it, so that the name is never free for long (checkFreed).
+	contended bool
 }
 
 var multiSetup = locksSetup{
@@ -254,7 +257,8 @@ func runChaosLocks(t *testing.T, ls locksSetup, s chaosSetup) {
 		})
 	}
 	start := time.Now()
-	faults, timeline, _ := runFaults(t, s, servers, links, stall, start, duration, time.Sleep)
+	faults, timeline, episodes := runFaults(t, s, servers, links, stall, start, duration, time.Sleep)
+	stopping := time.Now()
 	stop()
 	wg.Wait()
 	elapsed := time.Since(start)
@@ -263,8 +267,14 @@ func runChaosLocks(t *testing.T, ls locksSetup, s chaosSetup) {
 	slack := func(from, to time.Time) time.Duration { return chaosSlack + probe.longest(from, to) }
 	var held, lost, stale int
 	var late time.Duration
+	var freedMax time.Duration
 	for _, n := range ls.names {
 		v, fig := checkHistory(hist.holds[n], hist.resources[n].writes, slack)
+		if ls.contended {
+			freed, longest := checkFreed(hist.holds[n], episodes, start, stopping, slack)
+			v = append(v, freed...)
+			freedMax = max(freedMax, longest)
+		}
 		for _, line := range v {
 			violations = append(violations, n+": "+line)
 		}
@@ -287,9 +297,13 @@ func runChaosLocks(t *testing.T, ls locksSetup, s chaosSetup) {
 	if s.cluster {
 		on = fmt.Sprintf("a Redis Cluster of %d masters", s.nodes)
 	}
-	redistest.Report(t, "%v, %d clients on %s, %s: %d acquisitions, %d holds of a name (%d lost, %d stale writes rejected), latest Lost() %v after its deadline's bound (longest process stall %v); faults %v, client stalls %d; errors %v; violations %d",
+	freedFig := ""
+	if ls.contended {
+		freedFig = fmt.Sprintf("stranded after the fault cleared: max %v (bound %v); ", freedMax.Round(time.Millisecond), freedBound)
+	}
+	redistest.Report(t, "%v, %d clients on %s, %s: %d acquisitions, %d holds of a name (%d lost, %d stale writes rejected), latest Lost() %v after its deadline's bound (longest process stall %v); %sfaults %v, client stalls %d; errors %v; violations %d",
 		elapsed.Round(time.Second), chaosClients, on, ls.what, hist.sections, held, lost, stale, late.Round(time.Millisecond),
-		probe.longest(start, time.Now()).Round(time.Millisecond), faults, stalls.Load(), hist.errs, len(violations))
+		probe.longest(start, time.Now()).Round(time.Millisecond), freedFig, faults, stalls.Load(), hist.errs, len(violations))
 	for i, v := range violations {
 		if i == 20 {
 			t.Errorf("... and %d more", len(violations)-i)
