@@ -137,10 +137,11 @@ type chaosSetup struct {
 // refusal of the user's rights, NOPERM), and no release may grant the
 // lock (a quorum's waiters are only told to attempt). Once a fault has
 // cleared, the lock may not stay free while clients wait for it
-// (checkFreed: a key left that nobody holds, waiters not told). Once the
-// clients stop, no lock key may stay on a server (checkStranded), and
-// once they are closed, no goroutine of netlock may run. The figures are
-// logged and reported.
+// (checkFreed: a key left that nobody holds, waiters not told); the
+// resource's history must be linearizable as a fenced register
+// (checkLinearizable, by porcupine). Once the clients stop, no lock key
+// may stay on a server (checkStranded), and once they are closed, no
+// goroutine of netlock may run. The figures are logged and reported.
 //
 // It runs chaosCI by default; NETLOCK_SOAK=10m runs it for ten minutes (add
 // -timeout 30m). NETLOCK_CHAOS_SEED=N runs the faults of the run that
@@ -268,6 +269,7 @@ func runChaos(t *testing.T, s chaosSetup) {
 				}
 				mu.Unlock()
 
+				resource.read(id)
 				resource.write(id, h.token)
 				time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
 				if stall[i].CompareAndSwap(true, false) {
@@ -311,6 +313,10 @@ func runChaos(t *testing.T, s chaosSetup) {
 	violations, fig := checkHistory(holds, resource.writes, slack)
 	freed, freedMax := checkFreed(holds, episodes, start, stopping, slack)
 	violations = append(violations, freed...)
+	checking := time.Now()
+	linearizable, notLinearizable := checkLinearizable("the lock's resource", resource.ops)
+	violations = append(violations, notLinearizable...)
+	linearizeTook := time.Since(checking)
 	violations = append(violations, unexplained...)
 	violations = append(violations, stranded...)
 	for _, e := range slices.Sorted(maps.Keys(errs)) {
@@ -337,9 +343,9 @@ func runChaos(t *testing.T, s chaosSetup) {
 	for i := range chaosClients {
 		mix[chaosClient(i)]++
 	}
-	figures := fmt.Sprintf("%v, %d clients %v on %d servers: %d acquisitions, %d lost, %d stale writes rejected, latest Lost() %v after until (longest process stall %v); stranded after the fault cleared: max %v (bound %v); faults (servers hit, by kind) %v, client stalls %d; refusals the scripts met, by code %v; errors %v; violations %d",
+	figures := fmt.Sprintf("%v, %d clients %v on %d servers: %d acquisitions, %d lost, %d stale writes rejected, latest Lost() %v after until (longest process stall %v); stranded after the fault cleared: max %v (bound %v); linearizable (porcupine, fenced register): %v, %d calls checked in %v; faults (servers hit, by kind) %v, client stalls %d; refusals the scripts met, by code %v; errors %v; violations %d",
 		elapsed.Round(time.Second), chaosClients, mix, s.nodes, fig.holds, fig.lost, fig.staleRejected, fig.maxLate.Round(time.Millisecond), probe.longest(start, time.Now()).Round(time.Millisecond),
-		freedMax.Round(time.Millisecond), freedBound, faults, stalls.Load(), refusals, errs, len(violations))
+		freedMax.Round(time.Millisecond), freedBound, linearizable, len(resource.ops), linearizeTook.Round(time.Millisecond), faults, stalls.Load(), refusals, errs, len(violations))
 	if s.nodes == 1 {
 		slices.Sort(quietMessages)
 		adopted := 0

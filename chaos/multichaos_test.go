@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/anishathalye/porcupine"
+
 	"github.com/netlock-go/netlock"
 	"github.com/netlock-go/netlock/chaos/internal/toxi"
 	"github.com/netlock-go/netlock/internal/redistest"
@@ -184,6 +186,7 @@ func (h *multiHistory) section(i int, l multiLock, rng *rand.Rand, stall func() 
 	}
 	h.mu.Unlock()
 	for k, n := range l.names {
+		h.resources[n].read(ids[k])
 		h.resources[n].write(ids[k], tokens[k])
 	}
 	time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
@@ -268,6 +271,8 @@ func runChaosLocks(t *testing.T, ls locksSetup, s chaosSetup) {
 	var held, lost, stale int
 	var late time.Duration
 	var freedMax time.Duration
+	linearizable := map[porcupine.CheckResult]int{} // names by porcupine's result
+	var calls int
 	for _, n := range ls.names {
 		v, fig := checkHistory(hist.holds[n], hist.resources[n].writes, slack)
 		if ls.contended {
@@ -275,6 +280,10 @@ func runChaosLocks(t *testing.T, ls locksSetup, s chaosSetup) {
 			v = append(v, freed...)
 			freedMax = max(freedMax, longest)
 		}
+		result, notLinearizable := checkLinearizable(n, hist.resources[n].ops)
+		linearizable[result]++
+		calls += len(hist.resources[n].ops)
+		violations = append(violations, notLinearizable...)
 		for _, line := range v {
 			violations = append(violations, n+": "+line)
 		}
@@ -301,9 +310,9 @@ func runChaosLocks(t *testing.T, ls locksSetup, s chaosSetup) {
 	if ls.contended {
 		freedFig = fmt.Sprintf("stranded after the fault cleared: max %v (bound %v); ", freedMax.Round(time.Millisecond), freedBound)
 	}
-	redistest.Report(t, "%v, %d clients on %s, %s: %d acquisitions, %d holds of a name (%d lost, %d stale writes rejected), latest Lost() %v after its deadline's bound (longest process stall %v); %sfaults %v, client stalls %d; errors %v; violations %d",
+	redistest.Report(t, "%v, %d clients on %s, %s: %d acquisitions, %d holds of a name (%d lost, %d stale writes rejected), latest Lost() %v after its deadline's bound (longest process stall %v); %slinearizable (porcupine, fenced register, names by result): %v, %d calls; faults %v, client stalls %d; errors %v; violations %d",
 		elapsed.Round(time.Second), chaosClients, on, ls.what, hist.sections, held, lost, stale, late.Round(time.Millisecond),
-		probe.longest(start, time.Now()).Round(time.Millisecond), freedFig, faults, stalls.Load(), hist.errs, len(violations))
+		probe.longest(start, time.Now()).Round(time.Millisecond), freedFig, linearizable, calls, faults, stalls.Load(), hist.errs, len(violations))
 	for i, v := range violations {
 		if i == 20 {
 			t.Errorf("... and %d more", len(violations)-i)
