@@ -18,8 +18,9 @@
 // Besides each workload's own checks, the NetMutex and Election tests
 // check that a lock never stays free while clients wait for it once a
 // fault has cleared (checkFreed, DESIGN §12), and the fenced resources'
-// histories are checked for linearizability against a fenced register by
-// porcupine (checkLinearizable).
+// histories (NetMutex, RW, Multi, Election) are checked for
+// linearizability against a fenced register by porcupine
+// (checkLinearizable).
 //
 // It is a module of its own, github.com/netlock-go/netlock/chaos, so that
 // toxiproxy and what it brings (prometheus, gorilla/mux, zerolog, protobuf)

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -119,4 +120,33 @@ func TestCheckLinearizable(t *testing.T) {
 			}
 		})
 	}
+}
+
+// rwOps returns the calls to an RW lock's resource as fencedOps: its
+// writes, and the reads of the read sections (by their client), each at
+// the moment the resource's mutex gave it (the resource takes the time
+// under it).
+func rwOps(r *rwResource, reads []readRecord) []fencedOp {
+	var ops []fencedOp
+	for i, w := range r.writes {
+		ops = append(ops, fencedOp{hold: w.hold, write: true, token: w.token, call: r.at[i], ret: r.at[i], accepted: w.accepted})
+	}
+	value := func(write int) fencedValue {
+		if write < 0 {
+			return fencedValue{}
+		}
+		return fencedValue{hold: r.writes[write].hold, token: r.writes[write].token}
+	}
+	for _, rd := range reads {
+		for _, read := range []struct {
+			write int
+			at    time.Time
+		}{{rd.first, rd.firstAt}, {rd.second, rd.secondAt}} {
+			if !read.at.IsZero() {
+				ops = append(ops, fencedOp{hold: rd.client, call: read.at, ret: read.at, value: value(read.write)})
+			}
+		}
+	}
+	slices.SortFunc(ops, func(a, b fencedOp) int { return a.call.Compare(b.call) })
+	return ops
 }
