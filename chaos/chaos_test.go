@@ -399,7 +399,7 @@ func runFaults(t *testing.T, s chaosSetup, servers []*redistest.Server, links []
 	t.Logf("faults from seed %d (%s=%d replays them)", seed, seedEnv, seed)
 	rng := rand.New(rand.NewPCG(seed, 5))
 	faults = map[string]int{}
-	refusals := map[string]map[string]int{} // error replies of the victims during each kind of fault, by code
+	refusals := map[string]map[string]int{} // by kind of fault: the refusals its victims answered, by code, and what refuse reported
 	clients := len(links)
 	kinds := faultKinds(s)
 	addFillers(t, s, servers)
@@ -411,10 +411,10 @@ func runFaults(t *testing.T, s chaosSetup, servers []*redistest.Server, links []
 		victims := s.victims(rng)
 		hit := rng.Perm(clients)[:1+rng.IntN(clients)] // the clients whose links a network fault hits
 		hold := time.Duration(50+rng.IntN(1500)) * time.Millisecond
-		// A killed server restarts only after the expiry: with Redlock, a
-		// server that restarted at once without a lock it had granted
-		// could grant it again while the first holder still holds on
-		// the others (a delayed restart).
+		// A killed server restarts only after the expiry, as Redlock's
+		// delayed restart: by then every hold on it has lapsed, and a
+		// release it refused meanwhile (a connection refused, which the
+		// reaper does not send again) has nothing left to delete.
 		wait := chaosExpiry + time.Duration(rng.IntN(500))*time.Millisecond
 		faults[kind] += len(victims)
 		before := errorStats(servers, victims)

@@ -61,16 +61,17 @@ const (
 	// replicate: nothing listens on it, so the server never syncs (a
 	// sync would flush its data) and keeps retrying.
 	deadPort = "1"
-	// fillers is how many filler keys (fillerKey) each server holds, in
-	// the base of its AOF, for a restart to load slowly: one millisecond
-	// each (loadingArgs), a second or so in all.
+	// fillers is how many filler keys (fillerKey) each server holds, for
+	// a restart to load slowly: one millisecond each (loadingArgs), a
+	// second or so in all.
 	fillers = 1000
 	// fillerKey is the prefix of the filler keys, outside netlock's.
 	fillerKey = "chaos-filler:"
 )
 
 // loadingArgs make a restarted server load its data slowly, a millisecond
-// a key, and answer the clients (LOADING) every KiB loaded.
+// a key of its AOF's base and a command after it, and answer the clients
+// (LOADING) every KiB of the base loaded.
 var loadingArgs = []string{"--key-load-delay", "1000", "--loading-process-events-interval-bytes", "1024"}
 
 // busyScript runs for ARGV[1] microseconds, reading the clock, and writes
