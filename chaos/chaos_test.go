@@ -118,6 +118,11 @@ type chaosSetup struct {
 //   - blackhole: the links of some or all clients drop everything, and are
 //     cut (connections closed) when it ends;
 //   - reset: the links of some or all clients are reset at their next data;
+//   - Redis's refusals (refusalKinds): a demotion and promotion
+//     (READONLY), a slow load after a restart (LOADING), a failed save
+//     (MISCONF), maxmemory below use (OOM), a long script (BUSY), CLIENT
+//     PAUSE WRITE, SCRIPT FLUSH, CLIENT KILL of the clients' connections,
+//     and the user's channel rights taken away and given back (NOPERM);
 //
 // and now and then a client stalls inside its critical section for longer
 // than the expiry with its network frozen (a process pause, as in a GC
@@ -128,11 +133,15 @@ type chaosSetup struct {
 // deadline as a recorder computes it from the client's calls) is checked by
 // checkHistory: no overlap between holds never reported lost, tokens
 // strictly increasing, every stale write rejected, every loss signalled by
-// Lost() in time. Errors must be the documented sentinels, and no release
-// may grant the lock (a quorum's waiters are only told to attempt). Once
-// the clients stop, no lock key may stay on a server (checkStranded), and
-// once they are closed, no goroutine of netlock may run. The figures are
-// logged and reported.
+// Lost() in time. Errors must be the documented sentinels (or a
+// refusal of the user's rights, NOPERM), and no release may grant the
+// lock (a quorum's waiters are only told to attempt). Once a fault has
+// cleared, the lock may not stay free while clients wait for it
+// (checkFreed: a key left that nobody holds, waiters not told); the
+// resource's history must be linearizable as a fenced register
+// (checkLinearizable, by porcupine). Once the clients stop, no lock key
+// may stay on a server (checkStranded), and once they are closed, no
+// goroutine of netlock may run. The figures are logged and reported.
 //
 // It runs chaosCI by default; NETLOCK_SOAK=10m runs it for ten minutes (add
 // -timeout 30m). NETLOCK_CHAOS_SEED=N runs the faults of the run that
@@ -182,7 +191,7 @@ func runChaos(t *testing.T, s chaosSetup) {
 	// Registered first, so it runs last: after the clients are closed and
 	// the servers and proxies stopped.
 	t.Cleanup(func() { waitNetlockDone(t, 5*time.Second) })
-	servers := startServers(t, s.nodes, "--appendonly", "yes", "--appendfsync", "always")
+	servers := startServers(t, s.nodes, serverArgs...)
 	x := toxi.New(t)
 	links := make([][]*toxi.Proxy, chaosClients) // [client][node]
 	for i := range links {
@@ -260,6 +269,7 @@ func runChaos(t *testing.T, s chaosSetup) {
 				}
 				mu.Unlock()
 
+				resource.read(id)
 				resource.write(id, h.token)
 				time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
 				if stall[i].CompareAndSwap(true, false) {
@@ -288,19 +298,25 @@ func runChaos(t *testing.T, s chaosSetup) {
 	// Faults, from the test goroutine as redistest requires.
 	var quietMessages []int64 // holds by message in each quiet time
 	start := time.Now()
-	faults, timeline := runFaults(t, s, servers, links, stall, start, duration, func(d time.Duration) {
+	faults, timeline, episodes := runFaults(t, s, servers, links, stall, start, duration, func(d time.Duration) {
 		before := messages.Load()
 		time.Sleep(d)
 		quietMessages = append(quietMessages, messages.Load()-before)
 	})
+	stopping := time.Now()
 	stop()
 	wg.Wait()
 	elapsed := time.Since(start)
 	stranded := checkStranded(t, servers, lockKey("chaos"))
 
-	violations, fig := checkHistory(holds, resource.writes, func(from, to time.Time) time.Duration {
-		return chaosSlack + probe.longest(from, to)
-	})
+	slack := func(from, to time.Time) time.Duration { return chaosSlack + probe.longest(from, to) }
+	violations, fig := checkHistory(holds, resource.writes, slack)
+	freed, freedMax := checkFreed(holds, episodes, start, stopping, slack)
+	violations = append(violations, freed...)
+	checking := time.Now()
+	linearizable, notLinearizable := checkLinearizable("the lock's resource", resource.ops)
+	violations = append(violations, notLinearizable...)
+	linearizeTook := time.Since(checking)
 	violations = append(violations, unexplained...)
 	violations = append(violations, stranded...)
 	for _, e := range slices.Sorted(maps.Keys(errs)) {
@@ -314,8 +330,9 @@ func runChaos(t *testing.T, s chaosSetup) {
 		}
 	}
 	var granted, skipped int
+	refusals := map[string]int{}
 	for _, r := range recs {
-		g, s := r.figures()
+		g, s := r.figures(refusals)
 		granted += g
 		skipped += s
 	}
@@ -326,8 +343,9 @@ func runChaos(t *testing.T, s chaosSetup) {
 	for i := range chaosClients {
 		mix[chaosClient(i)]++
 	}
-	figures := fmt.Sprintf("%v, %d clients %v on %d servers: %d acquisitions, %d lost, %d stale writes rejected, latest Lost() %v after until (longest process stall %v); faults (servers hit, by kind) %v, client stalls %d; errors %v; violations %d",
-		elapsed.Round(time.Second), chaosClients, mix, s.nodes, fig.holds, fig.lost, fig.staleRejected, fig.maxLate.Round(time.Millisecond), probe.longest(start, time.Now()).Round(time.Millisecond), faults, stalls.Load(), errs, len(violations))
+	figures := fmt.Sprintf("%v, %d clients %v on %d servers: %d acquisitions, %d lost, %d stale writes rejected, latest Lost() %v after until (longest process stall %v); stranded after the fault cleared: max %v (bound %v); linearizable (porcupine, fenced register): %v, %d calls checked in %v; faults (servers hit, by kind) %v, client stalls %d; refusals the scripts met, by code %v; errors %v; violations %d",
+		elapsed.Round(time.Second), chaosClients, mix, s.nodes, fig.holds, fig.lost, fig.staleRejected, fig.maxLate.Round(time.Millisecond), probe.longest(start, time.Now()).Round(time.Millisecond),
+		freedMax.Round(time.Millisecond), freedBound, linearizable, len(resource.ops), linearizeTook.Round(time.Millisecond), faults, stalls.Load(), refusals, errs, len(violations))
 	if s.nodes == 1 {
 		slices.Sort(quietMessages)
 		adopted := 0
@@ -367,32 +385,41 @@ func runChaos(t *testing.T, s chaosSetup) {
 
 // runFaults injects faults as TestChaos describes them, from the calling
 // (test) goroutine as redistest requires, until duration has passed since
-// start: each episode hits s.victims of servers, one kind at a time in
-// shuffled rounds, on the links of a random set of clients for the network
-// faults (links is [client][node]); every fourth episode sets the stall
-// flag of a random client, for it to take in its next critical section.
-// After each episode it calls quiet with the quiet time s.quiet picked,
-// which must sleep that long. Its random choices come from faultSeed. It
-// returns the servers hit by kind and the timeline of the faults, for a
-// report of violations.
-func runFaults(t *testing.T, s chaosSetup, servers []*redistest.Server, links [][]*toxi.Proxy, stall []atomic.Bool, start time.Time, duration time.Duration, quiet func(time.Duration)) (faults map[string]int, timeline []string) {
+// start: each episode hits s.victims of servers, one kind of faultKinds at
+// a time in shuffled rounds, on the links of a random set of clients for
+// the network faults (links is [client][node]); every fourth episode sets
+// the stall flag of a random client, for it to take in its next critical
+// section. After each episode it calls quiet with the quiet time s.quiet
+// picked, which must sleep that long. Its random choices come from
+// faultSeed. It returns the servers hit by kind, the episodes, and their
+// timeline as text, for a report of violations.
+func runFaults(t *testing.T, s chaosSetup, servers []*redistest.Server, links [][]*toxi.Proxy, stall []atomic.Bool, start time.Time, duration time.Duration, quiet func(time.Duration)) (faults map[string]int, timeline []string, episodes []episode) {
 	t.Helper()
 	seed := faultSeed(t)
 	t.Logf("faults from seed %d (%s=%d replays them)", seed, seedEnv, seed)
 	rng := rand.New(rand.NewPCG(seed, 5))
 	faults = map[string]int{}
+	refusals := map[string]map[string]int{} // by kind of fault: the refusals its victims answered, by code, and what refuse reported
 	clients := len(links)
-	kinds := []string{"pause", "kill", "latency", "blackhole", "reset"}
-	for episode := 0; time.Since(start) < duration; episode++ {
-		if episode%len(kinds) == 0 {
+	kinds := faultKinds(s)
+	addFillers(t, s, servers)
+	for n := 0; time.Since(start) < duration; n++ {
+		if n%len(kinds) == 0 {
 			rng.Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
 		}
-		kind := kinds[episode%len(kinds)]
+		kind := kinds[n%len(kinds)]
 		victims := s.victims(rng)
 		hit := rng.Perm(clients)[:1+rng.IntN(clients)] // the clients whose links a network fault hits
 		hold := time.Duration(50+rng.IntN(1500)) * time.Millisecond
+		// A killed server restarts only after the expiry, as Redlock's
+		// delayed restart: by then every hold on it has lapsed, and a
+		// release it refused meanwhile (a connection refused, which the
+		// reaper does not send again) has nothing left to delete.
+		wait := chaosExpiry + time.Duration(rng.IntN(500))*time.Millisecond
 		faults[kind] += len(victims)
-		from := time.Since(start)
+		before := errorStats(servers, victims)
+		var did map[string]int
+		from := time.Now()
 		switch kind {
 		case "pause":
 			for _, v := range victims {
@@ -406,7 +433,7 @@ func runFaults(t *testing.T, s chaosSetup, servers []*redistest.Server, links []
 			for _, v := range victims {
 				servers[v].Kill()
 			}
-			time.Sleep(chaosExpiry + time.Duration(rng.IntN(500))*time.Millisecond)
+			time.Sleep(wait)
 			for _, v := range victims {
 				servers[v].Restart()
 			}
@@ -439,21 +466,61 @@ func runFaults(t *testing.T, s chaosSetup, servers []*redistest.Server, links []
 					}
 				}
 			}
+		default:
+			hitServers := make([]*redistest.Server, len(victims))
+			for k, v := range victims {
+				hitServers[k] = servers[v]
+			}
+			did = refuse(t, kind, hitServers, hold, wait)
+		}
+		e := episode{kind: kind, from: from, cleared: time.Now()}
+		e.settled = e.cleared
+		if kind == "acl" {
+			e.settled = e.cleared.Add(permanentLapse)
+		}
+		episodes = append(episodes, e)
+		answered := answeredSince(before, errorStats(servers, victims))
+		maps.Copy(answered, did)
+		if refusals[kind] == nil {
+			refusals[kind] = map[string]int{}
+		}
+		for code, n := range answered {
+			refusals[kind][code] += n
 		}
 		if kind == "latency" || kind == "blackhole" || kind == "reset" {
-			timeline = append(timeline, fmt.Sprintf("%v-%v %s: servers %v, clients %v", from.Round(time.Millisecond), time.Since(start).Round(time.Millisecond), kind, victims, hit))
+			timeline = append(timeline, fmt.Sprintf("%v-%v %s: servers %v, clients %v", from.Sub(start).Round(time.Millisecond), time.Since(start).Round(time.Millisecond), kind, victims, hit))
 		} else {
-			timeline = append(timeline, fmt.Sprintf("%v-%v %s: servers %v", from.Round(time.Millisecond), time.Since(start).Round(time.Millisecond), kind, victims))
+			timeline = append(timeline, fmt.Sprintf("%v-%v %s: servers %v, answering %v", from.Sub(start).Round(time.Millisecond), time.Since(start).Round(time.Millisecond), kind, victims, answered))
 		}
-		if episode%4 == 3 {
+		if n%4 == 3 {
 			c := rng.IntN(clients)
 			stall[c].Store(true)
 			timeline = append(timeline, fmt.Sprintf("%v client %d to stall", time.Since(start).Round(time.Millisecond), c))
 		}
 		quiet(s.quiet(rng))
 	}
-	return faults, timeline
+	t.Logf("refusals the servers hit answered, by fault: %v", refusals)
+	return faults, timeline, episodes
 }
+
+// An episode is one fault of runFaults: from when it began to when it
+// cleared (every victim takes every call again).
+type episode struct {
+	kind          string
+	from, cleared time.Time
+	// settled is when what the fault left may have lasted until: when it
+	// cleared, or, after an acl fault, the expiry later (see
+	// permanentLapse).
+	settled time.Time
+}
+
+// permanentLapse is how long after an acl fault cleared a lock key may
+// still be there that nobody holds: a release refused for want of the
+// right to publish (NOPERM) is not sent again, the refusal being one that
+// sending again cannot change (DESIGN §12), and its key stays until it
+// expires, at most the expiry after the round that set it began, which
+// ran by a node timeout (100ms) after the fault cleared.
+const permanentLapse = chaosExpiry + 100*time.Millisecond
 
 // checkStranded looks at the lock key on every server, every client
 // stopped and every fault over, and returns a violation for each server on

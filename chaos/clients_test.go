@@ -97,7 +97,9 @@ func isOpen(c <-chan struct{}) bool {
 	}
 }
 
-// errKind names an error by the sentinels it matches, for counting.
+// errKind names an error by the sentinels it matches, for counting, and
+// by NOPERM if it is a refusal of the user's rights (an acl fault), which
+// docs/deployments.md documents in its own words rather than a sentinel.
 func errKind(err error) string {
 	var kinds []string
 	for _, s := range []struct {
@@ -110,6 +112,9 @@ func errKind(err error) string {
 		if errors.Is(err, s.err) {
 			kinds = append(kinds, s.name)
 		}
+	}
+	if strings.Contains(err.Error(), "NOPERM") {
+		kinds = append(kinds, "NOPERM")
 	}
 	if len(kinds) == 0 {
 		return "UNDOCUMENTED " + err.Error()

@@ -4,7 +4,23 @@
 // client reaching each server through a toxiproxy of its own (package
 // chaos/internal/toxi), and break things while the clients lock: servers
 // paused, killed and restarted, links slowed, blackholed, reset and cut
-// mid-reply, clients frozen in their critical sections.
+// mid-reply, clients frozen in their critical sections; and Redis's own
+// refusals (refusals_test.go): a server demoted to a replica and promoted
+// again (READONLY), restarted with a slow load (LOADING), failing to save
+// (MISCONF), out of memory (OOM), busy with a long script (BUSY), paused
+// for writes (CLIENT PAUSE WRITE), its scripts flushed (SCRIPT FLUSH),
+// its clients' connections killed (CLIENT KILL), and the user's channel
+// rights taken away and given back (NOPERM). Each run logs, by kind of
+// fault, the refusals the servers hit answered meanwhile. The busy and
+// misconf faults are left out unless NETLOCK_CHAOS_ALL=1: under them,
+// rueidis panics when it unsubscribes (TestRueidisUnsubscribeRefused).
+//
+// Besides each workload's own checks, the NetMutex and Election tests
+// check that a lock never stays free while clients wait for it once a
+// fault has cleared (checkFreed, DESIGN §12), and the fenced resources'
+// histories (NetMutex, RW, Multi, Election) are checked for
+// linearizability against a fenced register by porcupine
+// (checkLinearizable).
 //
 // It is a module of its own, github.com/netlock-go/netlock/chaos, so that
 // toxiproxy and what it brings (prometheus, gorilla/mux, zerolog, protobuf)

@@ -38,10 +38,11 @@ func electionLocks(t *testing.T, backends []netlock.Backend) []multiLock {
 }
 
 var electionSetup = locksSetup{
-	what:  "an Election's leaders, fenced by term",
-	names: []string{electionName},
-	keys:  []string{lockKey(electionName) + ":elect"},
-	locks: electionLocks,
+	what:      "an Election's leaders, fenced by term",
+	names:     []string{electionName},
+	keys:      []string{lockKey(electionName) + ":elect"},
+	locks:     electionLocks,
+	contended: true,
 }
 
 // TestChaosElection runs TestChaosMulti's faults and checks against eight

@@ -10,6 +10,7 @@ replace github.com/netlock-go/netlock => ../
 
 require (
 	github.com/Shopify/toxiproxy/v2 v2.12.0
+	github.com/anishathalye/porcupine v1.3.1
 	github.com/gomodule/redigo v1.9.3
 	github.com/netlock-go/netlock v0.0.0-20261124022100-c5f098386197
 	github.com/redis/go-redis/v9 v9.23.0

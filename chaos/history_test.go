@@ -14,11 +14,14 @@ import (
 
 // fencedResource is the resource a lock protects, fenced as DESIGN §4 asks
 // of it: it accepts a write only with a token at least the highest it has
-// accepted. It logs every write, accepted or not, for checkHistory.
+// accepted. It logs every write, accepted or not, for checkHistory, and
+// every call with its times, for checkLinearizable.
 type fencedResource struct {
 	mu      sync.Mutex
 	highest uint64
+	last    fencedValue // the last write accepted
 	writes  []writeRecord
+	ops     []fencedOp
 }
 
 // writeRecord is one write to a fencedResource.
@@ -31,14 +34,29 @@ type writeRecord struct {
 // write writes with token on behalf of hold and reports whether it was
 // accepted.
 func (r *fencedResource) write(hold int, token uint64) bool {
+	// A call begins before it waits for the resource's mutex, and returns
+	// after its answer was made: the times bound the moment it took
+	// effect, as a client's would.
+	call := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	ok := token >= r.highest
 	if ok {
 		r.highest = token
+		r.last = fencedValue{hold: hold, token: token}
 	}
 	r.writes = append(r.writes, writeRecord{hold: hold, token: token, accepted: ok})
+	r.ops = append(r.ops, fencedOp{hold: hold, write: true, token: token, call: call, ret: time.Now(), accepted: ok})
 	return ok
+}
+
+// read returns the last write accepted, on behalf of hold.
+func (r *fencedResource) read(hold int) fencedValue {
+	call := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ops = append(r.ops, fencedOp{hold: hold, call: call, ret: time.Now(), value: r.last})
+	return r.last
 }
 
 // holdRecord is one hold of a lock, as its client saw it, from LockCtx

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/anishathalye/porcupine"
+
 	"github.com/netlock-go/netlock"
 	"github.com/netlock-go/netlock/chaos/internal/toxi"
 	"github.com/netlock-go/netlock/internal/redistest"
@@ -114,6 +116,9 @@ type locksSetup struct {
 	names []string
 	keys  []string
 	locks func(t *testing.T, backends []netlock.Backend) []multiLock
+	// contended: every client waits for the one name whenever it does
+	// not hold it, so that the name is never free for long (checkFreed).
+	contended bool
 }
 
 var multiSetup = locksSetup{
@@ -181,6 +186,7 @@ func (h *multiHistory) section(i int, l multiLock, rng *rand.Rand, stall func() 
 	}
 	h.mu.Unlock()
 	for k, n := range l.names {
+		h.resources[n].read(ids[k])
 		h.resources[n].write(ids[k], tokens[k])
 	}
 	time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
@@ -254,7 +260,8 @@ func runChaosLocks(t *testing.T, ls locksSetup, s chaosSetup) {
 		})
 	}
 	start := time.Now()
-	faults, timeline := runFaults(t, s, servers, links, stall, start, duration, time.Sleep)
+	faults, timeline, episodes := runFaults(t, s, servers, links, stall, start, duration, time.Sleep)
+	stopping := time.Now()
 	stop()
 	wg.Wait()
 	elapsed := time.Since(start)
@@ -263,8 +270,20 @@ func runChaosLocks(t *testing.T, ls locksSetup, s chaosSetup) {
 	slack := func(from, to time.Time) time.Duration { return chaosSlack + probe.longest(from, to) }
 	var held, lost, stale int
 	var late time.Duration
+	var freedMax time.Duration
+	linearizable := map[porcupine.CheckResult]int{} // names by porcupine's result
+	var calls int
 	for _, n := range ls.names {
 		v, fig := checkHistory(hist.holds[n], hist.resources[n].writes, slack)
+		if ls.contended {
+			freed, longest := checkFreed(hist.holds[n], episodes, start, stopping, slack)
+			v = append(v, freed...)
+			freedMax = max(freedMax, longest)
+		}
+		result, notLinearizable := checkLinearizable(n, hist.resources[n].ops)
+		linearizable[result]++
+		calls += len(hist.resources[n].ops)
+		violations = append(violations, notLinearizable...)
 		for _, line := range v {
 			violations = append(violations, n+": "+line)
 		}
@@ -287,9 +306,13 @@ func runChaosLocks(t *testing.T, ls locksSetup, s chaosSetup) {
 	if s.cluster {
 		on = fmt.Sprintf("a Redis Cluster of %d masters", s.nodes)
 	}
-	redistest.Report(t, "%v, %d clients on %s, %s: %d acquisitions, %d holds of a name (%d lost, %d stale writes rejected), latest Lost() %v after its deadline's bound (longest process stall %v); faults %v, client stalls %d; errors %v; violations %d",
+	freedFig := ""
+	if ls.contended {
+		freedFig = fmt.Sprintf("stranded after the fault cleared: max %v (bound %v); ", freedMax.Round(time.Millisecond), freedBound)
+	}
+	redistest.Report(t, "%v, %d clients on %s, %s: %d acquisitions, %d holds of a name (%d lost, %d stale writes rejected), latest Lost() %v after its deadline's bound (longest process stall %v); %slinearizable (porcupine, fenced register, names by result): %v, %d calls; faults %v, client stalls %d; errors %v; violations %d",
 		elapsed.Round(time.Second), chaosClients, on, ls.what, hist.sections, held, lost, stale, late.Round(time.Millisecond),
-		probe.longest(start, time.Now()).Round(time.Millisecond), faults, stalls.Load(), hist.errs, len(violations))
+		probe.longest(start, time.Now()).Round(time.Millisecond), freedFig, linearizable, calls, faults, stalls.Load(), hist.errs, len(violations))
 	for i, v := range violations {
 		if i == 20 {
 			t.Errorf("... and %d more", len(violations)-i)

@@ -90,9 +90,9 @@ func slotsLocks(t *testing.T, backends []netlock.Backend) []multiLock {
 func deploy(t *testing.T, s chaosSetup) []*redistest.Server {
 	t.Helper()
 	if !s.cluster {
-		return startServers(t, s.nodes, "--appendonly", "yes", "--appendfsync", "always")
+		return startServers(t, s.nodes, serverArgs...)
 	}
-	return redistest.StartClusterReplicas(t, s.nodes, 0, "--appendonly", "yes", "--appendfsync", "always").Servers()
+	return redistest.StartClusterReplicas(t, s.nodes, 0, serverArgs...).Servers()
 }
 
 // clientBackends returns client i's Backends on the servers of s, through

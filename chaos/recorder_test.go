@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -51,6 +52,10 @@ type recorder struct {
 	// waiter (see lua/handon.lua); not those whose reply a fault lost.
 	granted int
 	skipped int // queued waiters they skipped, nobody listening for them
+	// refusals counts the error replies of the scripts' calls by their
+	// code (LOADING, READONLY, ...), to show which refusals the faults
+	// made the clients meet.
+	refusals map[string]int
 }
 
 // A round is one acquire round as its calls show it.
@@ -77,6 +82,7 @@ func newRecorder(nodes int, expiry time.Duration, drift float64) *recorder {
 		byToken:   map[uint64]*round{},
 		joins:     map[string]time.Time{},
 		holds:     map[uint64]holdTiming{},
+		refusals:  map[string]int{},
 	}
 }
 
@@ -145,12 +151,35 @@ func (r *recorder) extended(_ context.Context, d netlock.ExtendDone) {
 	}
 }
 
-// figures returns what the releases and leaves the recorder saw reported.
-func (r *recorder) figures() (granted, skipped int) {
+// figures returns what the releases and leaves the recorder saw
+// reported, and the error replies it saw by code, added to refusals.
+func (r *recorder) figures(refusals map[string]int) (granted, skipped int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	for code, n := range r.refusals {
+		refusals[code] += n
+	}
 	return r.granted, r.skipped
 }
+
+// replyCode returns the code of err if it is one of the error replies by
+// which Redis refuses a call (refusalCodes), or "".
+func replyCode(err error) string {
+	if err == nil {
+		return ""
+	}
+	code, _, _ := strings.Cut(err.Error(), " ")
+	if !slices.Contains(refusalCodes, code) {
+		return ""
+	}
+	return code
+}
+
+// refusalCodes are the codes of the error replies by which Redis refuses
+// a call: for a while (DESIGN §12), for want of a right, or for want of
+// the script (SCRIPT FLUSH; a Backend sends the script again itself, so
+// that it is seen only if one does not).
+var refusalCodes = []string{"LOADING", "READONLY", "MISCONF", "BUSY", "MASTERDOWN", "NOREPLICAS", "TRYAGAIN", "CLUSTERDOWN", "OOM", "NOPERM", "NOSCRIPT"}
 
 // spyBackend is one client's Backend on one node as its recorder sees it:
 // it forwards everything, pub/sub and the telling of final errors included,
@@ -167,6 +196,9 @@ func (b *spyBackend) Eval(ctx context.Context, s *netlock.Script, keys, args []s
 	r := b.r
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if code := replyCode(err); code != "" {
+		r.refusals[code]++
+	}
 	switch s.Name() {
 	case "acquire":
 		// ARGV: value, expiry, "<proposal>:<member>:<flags>:<queue ttl>:<holder>"

@@ -94,7 +94,7 @@ func TestChaosRWSingle(t *testing.T) {
 func runChaosRW(t *testing.T, s chaosSetup) {
 	duration := chaosDuration(t)
 	t.Cleanup(func() { waitNetlockDone(t, 5*time.Second) })
-	servers := startServers(t, s.nodes, "--appendonly", "yes", "--appendfsync", "always")
+	servers := startServers(t, s.nodes, serverArgs...)
 	x := toxi.New(t)
 	links := make([][]*toxi.Proxy, rwClients) // [client][node]
 	for i := range links {
@@ -329,7 +329,7 @@ func runChaosRW(t *testing.T, s chaosSetup) {
 		}
 	}
 
-	faults, timeline := runFaults(t, s, servers, links, stall, start, duration, time.Sleep)
+	faults, timeline, _ := runFaults(t, s, servers, links, stall, start, duration, time.Sleep)
 	stop()
 	// Every call of the clients is bounded once ctx ends: a lock call at
 	// once, an unlock by the node timeout (after a wait for a slot of at
@@ -375,6 +375,8 @@ func runChaosRW(t *testing.T, s chaosSetup) {
 	violations, fig := checkRWHistory(holds, reads, leases, resource.writes, resource.at, func(from, to time.Time) time.Duration {
 		return chaosSlack + probe.longest(from, to)
 	})
+	linearizable, notLinearizable := checkLinearizable("the RW lock's resource", rwOps(resource, reads))
+	violations = append(violations, notLinearizable...)
 	violations = append(violations, hung...)
 	violations = append(violations, unexplained...)
 	violations = append(violations, stranded...)
@@ -396,12 +398,12 @@ func runChaosRW(t *testing.T, s chaosSetup) {
 	for _, n := range errs {
 		errCount += n
 	}
-	figures := fmt.Sprintf("%v, %d clients on %d servers, %d writers and %d readers: %d reads on %d leases (%d handed over locally), %d write holds (%d writes, %d stale rejected); overlaps %d, token regressions %d; holds lost: %d write, %d leases (%d read sections not valid at their end, %d of which saw the resource change); valid reads that saw a lost writer's write with the latest token %d; try misses %d; latest Lost() %v, RLost() %v after the deadline (longest process stall %v); faults %v, client stalls %d; errors %d %v; clients stopped in %v; violations %d",
+	figures := fmt.Sprintf("%v, %d clients on %d servers, %d writers and %d readers: %d reads on %d leases (%d handed over locally), %d write holds (%d writes, %d stale rejected); overlaps %d, token regressions %d; holds lost: %d write, %d leases (%d read sections not valid at their end, %d of which saw the resource change); valid reads that saw a lost writer's write with the latest token %d; try misses %d; latest Lost() %v, RLost() %v after the deadline (longest process stall %v); linearizable (porcupine, fenced register): %v; faults %v, client stalls %d; errors %d %v; clients stopped in %v; violations %d",
 		elapsed.Round(time.Second), rwClients, s.nodes, sumOver(rwWriters), sumOver(rwReaders),
 		fig.reads, fig.leases, handedOver, fig.holds, fig.writes, fig.staleRejected, fig.overlaps, fig.tokenRegression,
 		fig.lost, fig.leasesLost, fig.readsLost, fig.staleReads, fig.staleSeen, tryMisses.Load(),
 		fig.maxLate.Round(time.Millisecond), fig.maxLeaseLate.Round(time.Millisecond), probe.longest(start, stopped).Round(time.Millisecond),
-		faults, stalls.Load(), errCount, errs, stopped.Sub(stopping).Round(time.Millisecond), len(violations))
+		linearizable, faults, stalls.Load(), errCount, errs, stopped.Sub(stopping).Round(time.Millisecond), len(violations))
 	redistest.Report(t, "%s", figures)
 	for i, v := range violations {
 		if i == 20 {

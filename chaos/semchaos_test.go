@@ -61,7 +61,7 @@ func TestChaosSem(t *testing.T) {
 	}
 	duration := chaosDuration(t)
 	t.Cleanup(func() { waitNetlockDone(t, 5*time.Second) })
-	servers := startServers(t, 1, "--appendonly", "yes", "--appendfsync", "always")
+	servers := startServers(t, 1, serverArgs...)
 	x := toxi.New(t)
 	links := make([][]*toxi.Proxy, chaosClients) // [client][node]
 	for i := range links {
@@ -199,7 +199,7 @@ func TestChaosSem(t *testing.T) {
 		}
 	}
 
-	faults, timeline := runFaults(t, s, servers, links, stall, start, duration, time.Sleep)
+	faults, timeline, _ := runFaults(t, s, servers, links, stall, start, duration, time.Sleep)
 	stop()
 	stopping := time.Now()
 	if !waitGroupWithin(&wg, 2*time.Minute) {

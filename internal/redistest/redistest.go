@@ -291,8 +291,20 @@ func (s *Server) Stop() {
 // stopped first, as by Stop.
 func (s *Server) Restart() {
 	s.t.Helper()
+	s.RestartWith()
+}
+
+// RestartWith is Restart with args appended to the server's arguments for
+// this process only (for example "--key-load-delay", "1000", a slow load
+// of its data); a later Restart uses the arguments the server started
+// with.
+func (s *Server) RestartWith(args ...string) {
+	s.t.Helper()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	extra := s.extra
+	s.extra = append(append([]string(nil), extra...), args...)
+	defer func() { s.extra = extra }()
 	if err := s.stopLocked(); err != nil {
 		s.t.Fatalf("redistest: restart: %v", err)
 		return

@@ -285,6 +285,16 @@ func TestRestartPortTaken(t *testing.T) {
 	}
 }
 
+// RestartWith's arguments hold for the process it starts only.
+func TestRestartWith(t *testing.T) {
+	t.Parallel()
+	s := Start(t, "--hz", "20")
+	s.RestartWith("--hz", "30")
+	mustDo(t, s, "hz\n30", "CONFIG", "GET", "hz")
+	s.Restart()
+	mustDo(t, s, "hz\n20", "CONFIG", "GET", "hz")
+}
+
 func processAlive(pid int) bool {
 	p, err := os.FindProcess(pid)
 	if err != nil {
