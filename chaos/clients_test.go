@@ -98,8 +98,8 @@ func isOpen(c <-chan struct{}) bool {
 }
 
 // errKind names an error by the sentinels it matches, for counting, and
-// by NOPERM if it is a refusal of the user's rights (an acl fault), which
-// docs/deployments.md documents in its own words rather than a sentinel.
+// by NOPERM too if it is a refusal of the user's rights (an acl fault:
+// matching ErrQuorum, as every answer retrying cannot change).
 func errKind(err error) string {
 	var kinds []string
 	for _, s := range []struct {
@@ -113,11 +113,11 @@ func errKind(err error) string {
 			kinds = append(kinds, s.name)
 		}
 	}
-	if strings.Contains(err.Error(), "NOPERM") {
-		kinds = append(kinds, "NOPERM")
-	}
 	if len(kinds) == 0 {
 		return "UNDOCUMENTED " + err.Error()
+	}
+	if strings.Contains(err.Error(), "NOPERM") {
+		kinds = append(kinds, "NOPERM")
 	}
 	return strings.Join(kinds, "+")
 }
