@@ -517,7 +517,7 @@ type episode struct {
 // permanentLapse is how long after an acl fault cleared a lock key may
 // still be there that nobody holds: a release refused for want of the
 // right to publish (NOPERM) is not sent again, the refusal being one that
-// sending again cannot change (DESIGN §12), and its key stays until it
+// sending again cannot change, and its key stays until it
 // expires, at most the expiry after the round that set it began, which
 // ran by a node timeout (100ms) after the fault cleared.
 const permanentLapse = chaosExpiry + 100*time.Millisecond

@@ -17,7 +17,7 @@
 //
 // Besides each workload's own checks, the NetMutex and Election tests
 // check that a lock never stays free while clients wait for it once a
-// fault has cleared (checkFreed, DESIGN §12), and the fenced resources'
+// fault has cleared (checkFreed), and the fenced resources'
 // histories (NetMutex, RW, Multi, Election) are checked for
 // linearizability against a fenced register by porcupine
 // (checkLinearizable).

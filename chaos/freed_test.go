@@ -9,7 +9,7 @@ import (
 )
 
 // freedBound is how long a lock that nobody holds may stay untaken while
-// clients wait for it, once a fault has cleared: DESIGN §12 asks that no
+// clients wait for it, once a fault has cleared. netlock promises that no
 // released hold's key outlive one second, and that no waiter wait longer
 // than that for a lock nobody holds. The second is meant for expiries of
 // many seconds; the chaos tests' keys lapse within chaosExpiry (one

@@ -176,7 +176,7 @@ func replyCode(err error) string {
 }
 
 // refusalCodes are the codes of the error replies by which Redis refuses
-// a call: for a while (DESIGN §12), for want of a right, or for want of
+// a call: for a while, for want of a right, or for want of
 // the script (SCRIPT FLUSH; a Backend sends the script again itself, so
 // that it is seen only if one does not).
 var refusalCodes = []string{"LOADING", "READONLY", "MISCONF", "BUSY", "MASTERDOWN", "NOREPLICAS", "TRYAGAIN", "CLUSTERDOWN", "OOM", "NOPERM", "NOSCRIPT"}

@@ -27,7 +27,7 @@ var serverArgs = []string{
 }
 
 // refusalKinds are the faults by which Redis refuses calls for a while
-// (DESIGN §12), besides the network's and the process's:
+// besides the network's and the process's:
 //
 //   - readonly: the server is demoted (REPLICAOF a port nothing listens
 //     on: it keeps its data and answers READONLY to writes) and promoted
