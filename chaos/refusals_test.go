@@ -26,7 +26,7 @@ var serverArgs = []string{
 	"--busy-reply-threshold", "50",
 }
 
-// refusalKinds are the faults by which Redis refuses calls for a while
+// refusalKinds are the faults by which Redis refuses calls for a while,
 // besides the network's and the process's:
 //
 //   - readonly: the server is demoted (REPLICAOF a port nothing listens
