@@ -73,22 +73,13 @@ func innerFinal(b Backend, err error) bool {
 // resendingTo reports whether m's reaper has something to send to node i,
 // or is sending it.
 func (m *NetMutex) resendingTo(i int) bool {
-	r := &m.reaper
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, ps := range [][]redelivery{r.pending, r.passing} {
-		for _, p := range ps {
-			switch p := p.(type) {
-			case *pendingRelease:
-				if p.node == i {
-					return true
-				}
-			case *pendingLeave:
-				if p.node == i {
-					return true
-				}
-			}
+	return m.reaper.any(func(d redelivery) bool {
+		switch d := d.(type) {
+		case *pendingRelease:
+			return d.node == i
+		case *pendingLeave:
+			return d.node == i
 		}
-	}
-	return false
+		return false
+	})
 }

@@ -94,12 +94,19 @@ func (m *NetMutex) reapLater(value string, replies []nodeReply, targets []bool, 
 // resending reports whether a release of value waits in the reaper to be
 // sent again.
 func (m *NetMutex) resending(value string) bool {
-	r := &m.reaper
+	return m.reaper.any(func(d redelivery) bool {
+		p, ok := d.(*pendingRelease)
+		return ok && p.value == value
+	})
+}
+
+// any reports whether match holds for a redelivery pending or being sent.
+func (r *reaper) any(match func(redelivery) bool) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, ps := range [][]redelivery{r.pending, r.passing} {
-		for _, p := range ps {
-			if p, ok := p.(*pendingRelease); ok && p.value == value {
+		for _, d := range ps {
+			if match(d) {
 				return true
 			}
 		}
