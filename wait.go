@@ -143,7 +143,11 @@ func (w *waiter) run(ctx context.Context) (bool, error) {
 		case acquired:
 			return w.acquired(ctx, o.grant, o.unqueue)
 		case ended:
-			if o.down != nil {
+			if o.down != nil && w.downErr == nil {
+				// The nodes did not answer the round ctx ended. An
+				// error of an earlier round of this outage, if any,
+				// says more (a connection refused, where this round's
+				// calls were cut short by the deadline).
 				w.downErr = o.down
 			}
 			return false, w.ended(o.err)
