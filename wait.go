@@ -143,14 +143,7 @@ func (w *waiter) run(ctx context.Context) (bool, error) {
 		case acquired:
 			return w.acquired(ctx, o.grant, o.unqueue)
 		case ended:
-			if o.down != nil && w.downErr == nil {
-				// The nodes did not answer the round ctx ended. An
-				// error of an earlier round of this outage, if any,
-				// says more (a connection refused, where this round's
-				// calls were cut short by the deadline).
-				w.downErr = o.down
-			}
-			return false, w.ended(o.err)
+			return false, w.endedRound(o)
 		case failed:
 			// A client closed meanwhile fails its calls at once: the
 			// waiter may still be in the queue, and its Hub listening.
@@ -462,6 +455,17 @@ func (w *waiter) ended(cause error) error {
 		return unreachable(cause, w.downErr)
 	}
 	return notObtained(cause)
+}
+
+// endedRound returns the error of a wait whose round o ctx ended (see
+// ended). If the nodes did not answer o, an error of an earlier round of
+// this outage, if any, says more than o's (a connection refused, where
+// o's calls were cut short by the deadline).
+func (w *waiter) endedRound(o outcome) error {
+	if o.down != nil && w.downErr == nil {
+		w.downErr = o.down
+	}
+	return w.ended(o.err)
 }
 
 // sleep waits for d, a wake-up, or ctx's end (then it returns ctx's cause
