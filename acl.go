@@ -28,7 +28,7 @@ import (
 // reports it, and the node is asked again next time; but if ctx's
 // deadline passed while nodes did not answer, it returns ctx's cause joined
 // with their errors (matching ErrQuorum).
-func (m *NetMutex) checkChannels(ctx context.Context, need []bool) error {
+func (m *engine) checkChannels(ctx context.Context, need []bool) error {
 	targets := make([]bool, len(m.nodes))
 	any := false
 	for i, h := range m.hubs {

@@ -35,7 +35,7 @@ type Script struct {
 	op     scriptOp
 	// sharded is the variant of a script that tells waiters (see
 	// lua/handon.lua) that does so with SPUBLISH, run on a Backend whose
-	// Hub uses sharded pub/sub (see NetMutex.call); nil for the others.
+	// Hub uses sharded pub/sub (see engine.call); nil for the others.
 	sharded *Script
 }
 

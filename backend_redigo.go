@@ -123,7 +123,7 @@ func evalArgv(s *Script, keys, args []string) []any {
 }
 
 // A redigoCall is a script call sent on a connection of the pool, whose
-// reply is read later (see NetMutex.fanoutPipelined): send and receive
+// reply is read later (see engine.fanoutPipelined): send and receive
 // together do what Eval does.
 type redigoCall struct {
 	ctx  context.Context
@@ -143,7 +143,7 @@ func (b *redigoBackend) ready() bool {
 
 // send sends s with EVALSHA on a connection of the pool, bounded by ctx,
 // and returns without reading the reply.
-func (b *redigoBackend) send(ctx context.Context, s *Script, keys, args []string) *redigoCall {
+func (b *redigoBackend) send(ctx context.Context, s *Script, keys, args []string) sentCall {
 	c := &redigoCall{ctx: ctx, s: s}
 	if c.conn, c.err = b.pool.GetContext(ctx); c.err != nil {
 		return c
@@ -291,6 +291,8 @@ func (b *redigoBackend) Final(err error) bool {
 // does not count against MaxActive). It returns nil, so waiters poll, if the
 // pool has no Dial function.
 func (b *redigoBackend) Hub() *Hub { return b.hub }
+
+func (*redigoBackend) boundsLazily() {}
 
 func (b *redigoBackend) listen(ctx context.Context, onMessage func(channel, payload string)) (Listener, error) {
 	conn, err := b.dial(ctx)

@@ -268,6 +268,8 @@ func (b *rueidisBackend) Final(err error) bool {
 // connection or on dedicated ones (see NewRueidis).
 func (b *rueidisBackend) Hub() *Hub { return b.hub }
 
+func (*rueidisBackend) boundsLazily() {}
+
 // listen is the Hub's HubConfig.Listen: the client's own connection where
 // it carries subscriptions (see pushable), else a dedicated connection.
 func (b *rueidisBackend) listen(ctx context.Context, onMessage func(channel, payload string)) (Listener, error) {

@@ -15,16 +15,15 @@ import (
 	"github.com/netlock-go/netlock/internal/redistest"
 )
 
-// hostileRow is one bad input or hostile environment: what DESIGN §5 (or
-// issue 5) says must happen, checked on a real redis-server with one client
-// library.
+// hostileRow is one bad input or hostile environment and what must happen
+// then, checked on a real redis-server with one client library.
 type hostileRow struct {
 	name string
 	run  func(t *testing.T, client string)
 }
 
-// TestBadInput runs every row of DESIGN §5 and the hostile environments of
-// issue 5 with each client library, on real redis-servers: bad input to New,
+// TestBadInput runs every bad input and hostile environment of the table
+// with each client library, on real redis-servers: bad input to New,
 // a server down or stalled, keys of another type, scripts flushed or lost in
 // a restart, a context done before the acquire, Unlock without a hold
 // (twice, or from another NetMutex), holds lost (expired, stolen, the node's
@@ -49,7 +48,7 @@ func TestBadInput(t *testing.T) {
 }
 
 var hostileRows = []hostileRow{
-	{"§5 New rejects bad input", func(t *testing.T, client string) {
+	{"New rejects bad input", func(t *testing.T, client string) {
 		// The full set is TestNewRejectsBadInput, FuzzName and FuzzOptions;
 		// here, that New never needs a server to say no.
 		s := redistest.Start(t)
@@ -75,7 +74,7 @@ var hostileRows = []hostileRow{
 		}
 	}},
 
-	{"§5 server refuses connections", func(t *testing.T, client string) {
+	{"server refuses connections", func(t *testing.T, client string) {
 		// rueidis dials when its client is made: the server is there then,
 		// and gone before the lock is asked for.
 		s := redistest.Start(t)
@@ -96,7 +95,7 @@ var hostileRows = []hostileRow{
 		}
 	}},
 
-	{"§5 server stalled (SIGSTOP)", func(t *testing.T, client string) {
+	{"server stalled (SIGSTOP)", func(t *testing.T, client string) {
 		s := redistest.Start(t)
 		m := hostileMutex(t, client, s.Addr(), "stalled", WithNodeTimeout(200*time.Millisecond), WithOutageWindow(hostileOutage))
 		mustLock(t, m) // warm up: the stalled call is then a real EVALSHA
@@ -110,7 +109,7 @@ var hostileRows = []hostileRow{
 		mustUnlock(t, m)
 	}},
 
-	{"§5 lock key of another type (WRONGTYPE)", func(t *testing.T, client string) {
+	{"lock key of another type (WRONGTYPE)", func(t *testing.T, client string) {
 		s := redistest.Start(t)
 		m := hostileMutex(t, client, s.Addr(), "wrongtype")
 		sdo(t, s, "HSET", m.keys.lock, "field", "kept")
@@ -132,7 +131,7 @@ var hostileRows = []hostileRow{
 		}
 	}},
 
-	{"§5 fence key of another type (WRONGTYPE)", func(t *testing.T, client string) {
+	{"fence key of another type (WRONGTYPE)", func(t *testing.T, client string) {
 		s := redistest.Start(t)
 		m := hostileMutex(t, client, s.Addr(), "wrongfence")
 		sdo(t, s, "HSET", m.keys.fence, "field", "kept")
@@ -146,7 +145,7 @@ var hostileRows = []hostileRow{
 		}
 	}},
 
-	{"§5 SCRIPT FLUSH", func(t *testing.T, client string) {
+	{"SCRIPT FLUSH", func(t *testing.T, client string) {
 		s := redistest.Start(t)
 		m := hostileMutex(t, client, s.Addr(), "flush")
 		for range 2 {
@@ -161,7 +160,7 @@ var hostileRows = []hostileRow{
 		}
 	}},
 
-	{"§5 server restart (scripts and keys gone)", func(t *testing.T, client string) {
+	{"server restart (scripts and keys gone)", func(t *testing.T, client string) {
 		s := redistest.Start(t)
 		m := hostileMutex(t, client, s.Addr(), "restart")
 		mustLock(t, m)
@@ -171,7 +170,7 @@ var hostileRows = []hostileRow{
 		reunlock(t, s, m)
 	}},
 
-	{"§5 context already done on entry", func(t *testing.T, client string) {
+	{"context already done on entry", func(t *testing.T, client string) {
 		s := redistest.Start(t)
 		m := hostileMutex(t, client, s.Addr(), "entry")
 		ctx, cancel := context.WithCancel(context.Background())
@@ -201,7 +200,7 @@ var hostileRows = []hostileRow{
 		}
 	}},
 
-	{"§5 unlock without a hold", func(t *testing.T, client string) {
+	{"unlock without a hold", func(t *testing.T, client string) {
 		s := redistest.Start(t)
 		m := hostileMutex(t, client, s.Addr(), "unheld")
 		if err := m.UnlockCtx(context.Background()); !errors.Is(err, ErrNotHeld) {
@@ -213,7 +212,7 @@ var hostileRows = []hostileRow{
 		}
 	}},
 
-	{"§5 unlock twice", func(t *testing.T, client string) {
+	{"unlock twice", func(t *testing.T, client string) {
 		s := redistest.Start(t)
 		m := hostileMutex(t, client, s.Addr(), "twice")
 		mustLock(t, m)
@@ -226,7 +225,7 @@ var hostileRows = []hostileRow{
 		wantUnlockPanic(t, m)
 	}},
 
-	{"§5 unlock from another NetMutex of the same name", func(t *testing.T, client string) {
+	{"unlock from another NetMutex of the same name", func(t *testing.T, client string) {
 		s := redistest.Start(t)
 		a := hostileMutex(t, client, s.Addr(), "other")
 		b := hostileMutex(t, client, s.Addr(), "other")
@@ -245,7 +244,7 @@ var hostileRows = []hostileRow{
 		mustUnlock(t, a)
 	}},
 
-	{"§5 hold lost: expired", func(t *testing.T, client string) {
+	{"hold lost: expired", func(t *testing.T, client string) {
 		s := redistest.Start(t)
 		m := hostileMutex(t, client, s.Addr(), "expired", WithExpiry(200*time.Millisecond), WithAutoExtend(false),
 			WithNodeTimeout(100*time.Millisecond)) // not a tenth of the expiry: a first call may take 20ms
@@ -262,7 +261,7 @@ var hostileRows = []hostileRow{
 		wantLost(t, m)
 	}},
 
-	{"§5 hold lost: stolen, another client's value untouched", func(t *testing.T, client string) {
+	{"hold lost: stolen, another client's value untouched", func(t *testing.T, client string) {
 		s := redistest.Start(t)
 		m := hostileMutex(t, client, s.Addr(), "stolen")
 		mustLock(t, m)
@@ -279,7 +278,7 @@ var hostileRows = []hostileRow{
 		}
 	}},
 
-	{"§5 hold lost: the node lost its data", func(t *testing.T, client string) {
+	{"hold lost: the node lost its data", func(t *testing.T, client string) {
 		s := redistest.Start(t) // no persistence: a restart empties it
 		m := hostileMutex(t, client, s.Addr(), "amnesia")
 		mustLock(t, m)
@@ -452,8 +451,8 @@ func reunlock(t *testing.T, s *redistest.Server, m *NetMutex) {
 	eventuallyFree(t, s, m)
 }
 
-// wantNodeErr fails the test unless err is a node error, as DESIGN §5 asks
-// when a node cannot be asked: it matches ErrQuorum, names node 0, starts
+// wantNodeErr fails the test unless err is a node error, as an error must
+// be when a node cannot be asked: it matches ErrQuorum, names node 0, starts
 // "netlock: ", and contains want.
 func wantNodeErr(t *testing.T, what string, err error, want string) {
 	t.Helper()

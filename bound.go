@@ -119,11 +119,14 @@ func (c *callBound) release() {
 // a Backend of netlock's own, whose client library is known to read the
 // deadline and ask for Done only to wait (see callBound).
 func lazyBound(b Backend) bool {
-	switch b.(type) {
-	case *redigoBackend, *rueidisBackend:
-		return true
-	}
-	return false
+	_, ok := b.(lazyBounded)
+	return ok
+}
+
+// A lazyBounded Backend says so (see lazyBound): redigo's and rueidis's.
+type lazyBounded interface {
+	// boundsLazily does nothing: its presence is the answer.
+	boundsLazily()
 }
 
 // ctxErr returns ctx's cause if it has ended, or its error: a callBound

@@ -13,7 +13,7 @@ import (
 	"github.com/redis/rueidis"
 )
 
-// Tests of a waiter whose client is closed while it waits (DESIGN §9): its
+// Tests of a waiter whose client is closed while it waits: its
 // call fails with an error matching ErrQuorum, never holding a grant it
 // could neither extend nor release, and the release's turn goes on to the
 // next waiter at once, not after the expiry.

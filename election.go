@@ -36,7 +36,7 @@ import (
 // with NewElection (or Client.Election) and must not be copied after first
 // use.
 type Election struct {
-	m    *NetMutex // the engine: its hold is the leadership
+	m    *engine // the engine: its hold is the leadership
 	keys keyspace.ElectionKeys
 	// recordMS is the leader's record's TTL, recordExpiries, as the
 	// scripts take it.
@@ -112,24 +112,26 @@ func (k electionKind) extendCall(value string) (*Script, []string, []string) {
 // and does not contact Redis. An Election and a NetMutex of the same name
 // are different things.
 func NewElection(name string, backends []Backend, opts ...Option) (*Election, error) {
-	m, err := New(name, backends, opts...)
+	cfg, err := newCheckedConfig(name, backends, opts)
 	if err != nil {
 		return nil, err
 	}
 	switch {
-	case !m.cfg.fencing:
+	case !cfg.fencing:
 		return nil, errors.New("netlock: an Election's term is its fencing token: WithFencing(false) does not apply")
-	case m.cfg.minHold > 0:
+	case cfg.minHold > 0:
 		return nil, errors.New("netlock: an Election's leader makes way when it resigns: WithMinHold does not apply")
 	}
-	k := keyspace.Election(m.cfg.prefix, name)
-	e := &Election{m: m, keys: k, recordMS: strconv.FormatInt(recordExpiries*m.cfg.expiry.Milliseconds(), 10)}
-	m.keys = keys{lock: k.Lock, channel: k.Channel, waiters: k.Waiters, fence: k.Fence}
-	m.extendKeys = []string{k.Lock, k.Waiters}
-	m.tombPrefix = m.keys.tomb("")
-	m.waitChan = k.Channel + ":" + m.waiterID
-	m.cfg.handoffs = 0 // one campaigner per Election: nobody to hand to
-	m.setKind(electionKind{mutexKind{m}, e})
+	k := keyspace.Election(cfg.prefix, name)
+	e := &Election{keys: k, recordMS: strconv.FormatInt(recordExpiries*cfg.expiry.Milliseconds(), 10)}
+	cfg.handoffs = 0 // one campaigner per Election: nobody to hand to
+	e.m, err = newEngine(name, backends, cfg, spec{
+		keys: keys{lock: k.Lock, channel: k.Channel, waiters: k.Waiters, fence: k.Fence},
+		kind: func(m *engine) kind { return electionKind{mutexKind{m}, e} },
+	})
+	if err != nil {
+		return nil, err
+	}
 	return e, nil
 }
 
@@ -204,15 +206,15 @@ func (e *Election) Campaign(ctx context.Context, value string) error {
 	m := e.m
 	if h := m.current(); h != nil {
 		// A leadership lost before Resign: its hold is still m's.
-		m.UnlockCtx(context.WithoutCancel(ctx))
+		m.unlockCtx(context.WithoutCancel(ctx))
 	}
 	// The value is told on the election's channel, and its release would
 	// be: a user who may not publish there is told so before it takes
-	// anything (see NetMutex.checkChannels).
+	// anything (see engine.checkChannels).
 	if err := m.checkChannels(ctx, nil); err != nil {
 		return err
 	}
-	if err := m.LockCtx(ctx); err != nil {
+	if err := m.lockCtx(ctx); err != nil {
 		return err
 	}
 	h := m.current()
@@ -223,7 +225,7 @@ func (e *Election) Campaign(ctx context.Context, value string) error {
 		err = ErrLockLost // the calls took the whole validity: lost as it began
 	}
 	if err != nil {
-		m.UnlockCtx(context.WithoutCancel(ctx))
+		m.unlockCtx(context.WithoutCancel(ctx))
 		if ctx.Err() != nil {
 			return notObtained(join(context.Cause(ctx), err))
 		}
@@ -316,7 +318,7 @@ func (e *Election) Resign(ctx context.Context) error {
 	if h == nil || h != e.m.current() {
 		return ErrNotLeader
 	}
-	return e.m.UnlockCtx(ctx)
+	return e.m.unlockCtx(ctx)
 }
 
 // Lost returns a channel that is closed when e's leadership ends without

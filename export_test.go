@@ -72,7 +72,7 @@ func innerFinal(b Backend, err error) bool {
 
 // resendingTo reports whether m's reaper has something to send to node i,
 // or is sending it.
-func (m *NetMutex) resendingTo(i int) bool {
+func (m *engine) resendingTo(i int) bool {
 	return m.reaper.any(func(d redelivery) bool {
 		switch d := d.(type) {
 		case *pendingRelease:

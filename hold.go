@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/netlock-go/netlock/internal/clock"
 )
 
 // A hold is one acquisition of a NetMutex, from acquire to Unlock.
@@ -16,12 +18,12 @@ import (
 // its first extend is due (most are) costs no goroutine and no context
 // switch. When the timer fires, tick runs on a goroutine of its own, extends
 // (with auto-extend) or declares the hold lost, and sets the timer again.
-// The timer is its NetMutex's, shared by its holds one after the other (see
-// NetMutex.arm).
+// The timer is its engine's, shared by its holds one after the other (see
+// watchdog.arm).
 type hold struct {
-	m     *NetMutex
+	m     *engine
 	value string // our random lock value, fresh for this acquisition
-	tomb  string // value's tombstone key, "" if not known (see NetMutex.tomb)
+	tomb  string // value's tombstone key, "" if not known (see engine.tomb)
 	token uint64
 
 	// ended is closed when the hold is lost or released (Lost); made, under
@@ -53,7 +55,7 @@ const (
 
 // newHold starts the hold's watchdog, which extends the key while auto-extend
 // is on and declares the hold lost when until passes.
-func newHold(m *NetMutex, g grant) *hold {
+func newHold(m *engine, g grant) *hold {
 	h := &hold{
 		m:     m,
 		value: g.value,
@@ -69,59 +71,74 @@ func newHold(m *NetMutex, g grant) *hold {
 		h.keep = g.start.Add(m.cfg.minHold)
 	}
 	h.writerWaits.Store(g.writerWaits)
-	m.arm(h, h.wakeLocked()) // h is not shared yet
+	m.dog.arm(h, h.wakeLocked()) // h is not shared yet
 	return h
 }
 
-// arm makes m's watchdog timer run h's tick at the latest at at. The timer
-// is m's, shared by its holds (a NetMutex has one at a time; a Semaphore's
+// A watchdog is the timer of an engine's holds: it ticks each hold armed
+// on it when the hold's next extend is due (see hold.tick). Lock order: a
+// hold's mu before the watchdog's.
+type watchdog struct {
+	clk   clock.Clock
+	mu    sync.Mutex
+	timer *time.Timer // nil until the engine's first hold
+	at    time.Time   // when timer fires; zero when it is not set
+	// watched are the holds the timer ticks: armed and not released.
+	// Mostly one; two while a Semaphore's or a NetRWMutex's new lease
+	// begins as the last one ends, whose tick may arm the old one after
+	// the new.
+	watched []*hold
+}
+
+// arm makes the timer run h's tick at the latest at at. The timer is the
+// engine's, shared by its holds (a NetMutex has one at a time; a Semaphore's
 // or NetRWMutex's new lease may begin as the last one ends, before that
 // one's end, so its tick may still arm it): it ticks every hold armed and
-// not released since. It is made with m's first hold, never stopped, and
+// not released since. It is made with the engine's first hold, never stopped, and
 // moved only to fire earlier: a hold that follows one released before its
 // first extend was due (most are) finds it set, most often for a time no
 // later than its own (its extend is due later, up to the jitter of
 // nextExtend), and then costs no timer operation (each one may wake the
 // runtime's network poller, on another CPU than the server's, for
 // nothing). A tick that finds nothing due returns at once and arms again.
-func (m *NetMutex) arm(h *hold, at time.Time) {
-	m.dogMu.Lock()
-	defer m.dogMu.Unlock()
-	if !slices.Contains(m.watched, h) {
-		m.watched = append(m.watched, h)
+func (d *watchdog) arm(h *hold, at time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !slices.Contains(d.watched, h) {
+		d.watched = append(d.watched, h)
 	}
 	switch {
-	case m.dog == nil:
-		m.dog = m.clk.AfterFuncAt(at, m.bark)
-	case !m.dogAt.IsZero() && !at.Before(m.dogAt):
+	case d.timer == nil:
+		d.timer = d.clk.AfterFuncAt(at, d.bark)
+	case !d.at.IsZero() && !at.Before(d.at):
 		return // set in time already
 	default:
-		m.clk.ResetAt(m.dog, at, 0)
+		d.clk.ResetAt(d.timer, at, 0)
 	}
-	m.dogAt = at
+	d.at = at
 }
 
 // unwatch takes a released hold off the timer's list.
-func (m *NetMutex) unwatch(h *hold) {
-	m.dogMu.Lock()
-	if i := slices.Index(m.watched, h); i >= 0 {
-		m.watched = slices.Delete(m.watched, i, i+1)
+func (d *watchdog) unwatch(h *hold) {
+	d.mu.Lock()
+	if i := slices.Index(d.watched, h); i >= 0 {
+		d.watched = slices.Delete(d.watched, i, i+1)
 	}
-	m.dogMu.Unlock()
+	d.mu.Unlock()
 }
 
 // bark is the watchdog timer's function: it ticks the holds armed. Each
 // tick of a hold still held arms again (a hold is on the list again only
 // once its tick is over, so no hold is ticked twice at once); one armed as
 // the timer fires is ticked (and arms again) or finds the timer not set
-// (dogAt zero) and sets it. Holds other than the first tick on goroutines
+// (at zero) and sets it. Holds other than the first tick on goroutines
 // of their own, so that one's extend does not hold up another's deadline.
-func (m *NetMutex) bark() {
-	m.dogMu.Lock()
-	hs := m.watched
-	m.watched = nil
-	m.dogAt = time.Time{}
-	m.dogMu.Unlock()
+func (d *watchdog) bark() {
+	d.mu.Lock()
+	hs := d.watched
+	d.watched = nil
+	d.at = time.Time{}
+	d.mu.Unlock()
 	for i, h := range hs {
 		if i > 0 {
 			go h.tick()
@@ -138,7 +155,7 @@ func (m *NetMutex) bark() {
 // Holds taken together (ten thousand at a process's start) would otherwise
 // be extended together, every interval, for as long as they are held; with
 // a random part the extends of each hold drift apart from the others'.
-func (m *NetMutex) nextExtend(from time.Time) time.Time {
+func (m *engine) nextExtend(from time.Time) time.Time {
 	interval := m.cfg.expiry / extendsPerExpiry
 	return from.Add(interval - rand.N(interval/extendJitter+1))
 }
@@ -175,7 +192,7 @@ func (h *hold) tick() {
 		h.mu.Lock()
 		h.ticking, h.cancel = nil, nil
 		if h.state == held {
-			h.m.arm(h, h.wakeLocked()) // lock order: h.mu before m.dogMu
+			h.m.dog.arm(h, h.wakeLocked()) // lock order: h.mu before the watchdog's
 		}
 		h.mu.Unlock()
 		close(done)
@@ -376,7 +393,7 @@ func (h *hold) end() (wasLost bool) {
 	}
 	wasLost = h.state == lost
 	h.state = released
-	h.m.unwatch(h) // lock order: h.mu before m.dogMu
+	h.m.dog.unwatch(h) // lock order: h.mu before the watchdog's
 	ticking, cancel := h.ticking, h.cancel
 	h.mu.Unlock()
 	if reason != "" {
@@ -395,7 +412,7 @@ func (h *hold) end() (wasLost bool) {
 // answers after until is too late). On success it moves until. It returns
 // ErrLockLost when the key is gone or taken on so many nodes that a quorum
 // can never hold it again.
-func (m *NetMutex) extendRound(ctx context.Context, h *hold) (err error) {
+func (m *engine) extendRound(ctx context.Context, h *hold) (err error) {
 	if h.expire(m.clk.Now()) {
 		return ErrLockLost // over: nothing is sent (WithMaxHold: no extend after the bound)
 	}

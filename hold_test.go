@@ -356,10 +356,10 @@ func TestWatchdogTicksEveryArmedHold(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Now()
-	old := newHold(m, grant{value: "old", start: now, until: now.Add(time.Hour)})
-	lease := newHold(m, grant{value: "new", start: now, until: now.Add(100 * time.Millisecond)})
+	old := newHold(m.engine, grant{value: "old", start: now, until: now.Add(time.Hour)})
+	lease := newHold(m.engine, grant{value: "new", start: now, until: now.Add(100 * time.Millisecond)})
 	old.mu.Lock()
-	m.arm(old, old.wakeLocked()) // as old's tick does when it ends
+	m.dog.arm(old, old.wakeLocked()) // as old's tick does when it ends
 	old.mu.Unlock()
 	select {
 	case <-lease.lostChan():
@@ -370,9 +370,9 @@ func TestWatchdogTicksEveryArmedHold(t *testing.T) {
 		t.Error("the old hold, its deadline an hour away, was lost")
 	}
 	lease.end()
-	m.dogMu.Lock()
-	defer m.dogMu.Unlock()
-	if len(m.watched) != 0 {
-		t.Errorf("%d holds left on the watchdog's list after both ended", len(m.watched))
+	m.dog.mu.Lock()
+	defer m.dog.mu.Unlock()
+	if len(m.dog.watched) != 0 {
+		t.Errorf("%d holds left on the watchdog's list after both ended", len(m.dog.watched))
 	}
 }

@@ -174,7 +174,7 @@ func Inspect(ctx context.Context, name string, backends []Backend, opts ...Optio
 }
 
 // inspect runs the inspect script on every node and judges the replies.
-func (m *NetMutex) inspect(ctx context.Context) (Info, error) {
+func (m *engine) inspect(ctx context.Context) (Info, error) {
 	keys := []string{m.keys.lock, m.keys.waiters, m.keys.fence}
 	if m.keys.fence == "" {
 		keys = keys[:2]
@@ -185,7 +185,7 @@ func (m *NetMutex) inspect(ctx context.Context) (Info, error) {
 // inspectNodes runs an inspect script (s, on keys) on every node of m,
 // reads each node's reply with read, and judges them over m's quorum; an
 // error names ctx's end too, if ctx ended.
-func inspectNodes[N, I any](ctx context.Context, m *NetMutex, s *Script, keys []string,
+func inspectNodes[N, I any](ctx context.Context, m *engine, s *Script, keys []string,
 	read func(int, nodeReply) N, judge func([]N, int) (I, *inspectError)) (I, error) {
 	replies := m.fanout(ctx, s, keys, []string{strings.Join(maxmemoryPolicies, ",")}, nil)
 	nodes := make([]N, len(replies))

@@ -35,7 +35,7 @@ const (
 // all, extendCalls of them for extends, the rest for every other script
 // (acquire, release, leave, inspect). A call that finds its budget full
 // waits for a slot, in order of arrival, within its context (see
-// NetMutex.call), and costs neither a connection nor the server anything
+// engine.call), and costs neither a connection nor the server anything
 // while it waits.
 //
 // The limiter lives in the Backend's Hub, the one per-Backend place netlock

@@ -22,8 +22,8 @@ import (
 // far as they go (handLocked, by its kind's rule: see semLease.admitLocked).
 //
 // Each kind's local admission rule (a localRule, m.rule) says whom of the
-// line a hold the process has serves as well, without a round trip (DESIGN
-// §9): a NetMutex's, one owner (exclusiveRule); a NetRWMutex's readers
+// line a hold the process has serves as well, without a round trip: a
+// NetMutex's, one owner (exclusiveRule); a NetRWMutex's readers
 // under the write lock, sync.RWMutex's (rwRule); a Semaphore's, weights
 // within the permits given back (semLease.admitLocked). Each is bounded by
 // mayHandOffLocked, so that other processes get their turn.
@@ -49,7 +49,7 @@ type localWaiter struct {
 	wake chan string
 }
 
-// A localRule is a kind's local admission rule (DESIGN §9): whom of m's
+// A localRule is a kind's local admission rule: whom of m's
 // line a hold of the process serves without a round trip, and what a
 // waiter that gives its place up leaves to do. The engine keeps the line
 // (this file); a kind's rule, in the kind's file, says who gets in:
@@ -61,15 +61,15 @@ type localRule interface {
 	// returns what is left of n, and how many waiters it handed h to. The
 	// caller holds m.mu and owns m (a Semaphore's: see
 	// semLease.admitLocked).
-	admitLocked(m *NetMutex, h *hold, n int64) (rest int64, handed int)
+	admitLocked(m *engine, h *hold, n int64) (rest int64, handed int)
 	// leftLocked is told that w gave its place up: unqueueLocked took it
 	// out of line, from index i of the queue (-1: it owned m). It returns
 	// what is left to do once m.mu is released, or nil. The caller holds
 	// m.mu.
-	leftLocked(m *NetMutex, w *localWaiter, i int) func(context.Context)
+	leftLocked(m *engine, w *localWaiter, i int) func(context.Context)
 	// unwanted gives back what was handed to w (w.handed) when its
 	// caller's ctx had ended.
-	unwanted(ctx context.Context, m *NetMutex, w *localWaiter)
+	unwanted(ctx context.Context, m *engine, w *localWaiter)
 }
 
 // own makes the calling goroutine the owner of m, waiting in line behind
@@ -77,7 +77,7 @@ type localRule interface {
 // over with ownership, or nil if the owner must acquire in Redis itself, and
 // whether it had to wait. If ctx ends first it returns ctx's cause, and m is
 // as if own was not called.
-func (m *NetMutex) own(ctx context.Context) (h *hold, waited bool, err error) {
+func (m *engine) own(ctx context.Context) (h *hold, waited bool, err error) {
 	m.mu.Lock()
 	if !m.owned {
 		m.owned, m.shared, m.first = true, 0, nil
@@ -96,7 +96,7 @@ func (m *NetMutex) own(ctx context.Context) (h *hold, waited bool, err error) {
 // were handed to it, see handLocked). If ctx ends first it returns ctx's
 // cause, and m is as if w had not queued: w's kind's rule (m.rule) gives
 // back what reached it and does what its giving up leaves to do.
-func (m *NetMutex) awaitTurn(ctx context.Context, w *localWaiter) (*hold, error) {
+func (m *engine) awaitTurn(ctx context.Context, w *localWaiter) (*hold, error) {
 	select {
 	case h := <-w.turn:
 		if ctx.Err() == nil {
@@ -114,7 +114,7 @@ func (m *NetMutex) awaitTurn(ctx context.Context, w *localWaiter) (*hold, error)
 // was handed to it meanwhile, gives it back ("acquired after we were
 // cancelled: pretend we didn't", as x/sync/semaphore puts it), by m's
 // local rule.
-func (m *NetMutex) giveUpTurn(ctx context.Context, w *localWaiter) {
+func (m *engine) giveUpTurn(ctx context.Context, w *localWaiter) {
 	m.mu.Lock()
 	if w.handed {
 		m.mu.Unlock()
@@ -130,7 +130,7 @@ func (m *NetMutex) giveUpTurn(ctx context.Context, w *localWaiter) {
 
 // tryOwn makes the calling goroutine the owner of m if no goroutine of this
 // process owns it, and reports whether it did.
-func (m *NetMutex) tryOwn() bool {
+func (m *engine) tryOwn() bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.owned {
@@ -143,7 +143,7 @@ func (m *NetMutex) tryOwn() bool {
 // queueLocked puts w in line for m, and reports whether it owns m at once:
 // no goroutine of this process did (w is then m.first). The caller holds
 // m.mu.
-func (m *NetMutex) queueLocked(w *localWaiter) (owner bool) {
+func (m *engine) queueLocked(w *localWaiter) (owner bool) {
 	if !m.owned {
 		m.owned, m.shared, m.first = true, 0, w
 		return true
@@ -156,7 +156,7 @@ func (m *NetMutex) queueLocked(w *localWaiter) (owner bool) {
 // m.first, ownership goes on to the next waiter. It returns w's index in
 // the queue; -1 if it was the owner, or out of line already. The caller
 // holds m.mu.
-func (m *NetMutex) unqueueLocked(w *localWaiter) int {
+func (m *engine) unqueueLocked(w *localWaiter) int {
 	if m.owned && m.first == w {
 		m.passOwnershipLocked()
 		return -1
@@ -171,13 +171,13 @@ func (m *NetMutex) unqueueLocked(w *localWaiter) int {
 
 // inLineLocked reports whether w is in line for m: queued, or the owner as
 // m.first. The caller holds m.mu.
-func (m *NetMutex) inLineLocked(w *localWaiter) bool {
+func (m *engine) inLineLocked(w *localWaiter) bool {
 	return (m.owned && m.first == w) || slices.Contains(m.waiters, w)
 }
 
 // passOwnership hands ownership of m, without a hold, to the first local
 // waiter, or leaves m not owned. The caller owns m and holds nothing.
-func (m *NetMutex) passOwnership() {
+func (m *engine) passOwnership() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.passOwnershipLocked()
@@ -185,7 +185,7 @@ func (m *NetMutex) passOwnership() {
 
 // passOwnershipLocked is passOwnership for a caller holding m.mu. The
 // waiter that owns m now is m.first.
-func (m *NetMutex) passOwnershipLocked() {
+func (m *engine) passOwnershipLocked() {
 	m.shared = 0
 	defer m.drainedLocked()
 	if len(m.waiters) == 0 {
@@ -203,7 +203,7 @@ func (m *NetMutex) passOwnershipLocked() {
 
 // drainedLocked tells those waiting in enterShared for the shared holders
 // and waiters to be gone, if they are. The caller holds m.mu.
-func (m *NetMutex) drainedLocked() {
+func (m *engine) drainedLocked() {
 	if m.drained != nil && m.shared == 0 && !slices.ContainsFunc(m.waiters, isShared) {
 		close(m.drained)
 		m.drained = nil
@@ -214,7 +214,7 @@ func (m *NetMutex) drainedLocked() {
 // waiter (a kind's rule decides it may: see localRule): w holds m now, and
 // owns it with the shared waiters its rule lets in along (a shared w's
 // group). The caller holds m.mu and owns m.
-func (m *NetMutex) handOffLocked(w *localWaiter, h *hold) {
+func (m *engine) handOffLocked(w *localWaiter, h *hold) {
 	m.waiters = slices.Delete(m.waiters, 0, 1)
 	m.handoffs++
 	m.hold = h
@@ -233,7 +233,7 @@ func (m *NetMutex) handOffLocked(w *localWaiter, h *hold) {
 // tells it; if it owned m, it waits in Redis and its wake channel does,
 // and ownership goes on to the next waiter. The caller holds m.mu, and sees
 // that w has no call in flight.
-func (m *NetMutex) handLocked(w *localWaiter, h *hold) {
+func (m *engine) handLocked(w *localWaiter, h *hold) {
 	if m.owned && m.first == w {
 		w.handed = true
 		m.passOwnershipLocked()
@@ -253,7 +253,7 @@ func (m *NetMutex) handLocked(w *localWaiter, h *hold) {
 // admitSharedLocked hands h to the shared waiters at the head of the local
 // queue, which join the shared holders of m, and returns how many it
 // handed. The caller holds m.mu, and m's owner is shared.
-func (m *NetMutex) admitSharedLocked(h *hold) (handed int) {
+func (m *engine) admitSharedLocked(h *hold) (handed int) {
 	for len(m.waiters) > 0 && m.waiters[0].shared {
 		w := m.waiters[0]
 		m.waiters = slices.Delete(m.waiters, 0, 1)
@@ -267,7 +267,7 @@ func (m *NetMutex) admitSharedLocked(h *hold) (handed int) {
 
 // noHandOff keeps m's next UnlockCtx from handing the hold to a local
 // waiter.
-func (m *NetMutex) noHandOff() {
+func (m *engine) noHandOff() {
 	m.mu.Lock()
 	m.handoffs = m.cfg.handoffs
 	m.mu.Unlock()
@@ -276,14 +276,14 @@ func (m *NetMutex) noHandOff() {
 // mayHandOffLocked reports whether h may be handed to another goroutine of
 // this process: auto-extend is on, the hand-offs in a row have not reached
 // their bound, and h is well within its validity. The caller holds m.mu.
-func (m *NetMutex) mayHandOffLocked(h *hold) bool {
+func (m *engine) mayHandOffLocked(h *hold) bool {
 	return m.handoffs < m.cfg.handoffs && m.wellWithin(h)
 }
 
 // wellWithin reports whether h may serve another goroutine of this process
 // without a round trip: auto-extend is on and h is well within its
 // validity (a NetMutex's hand-off, a Semaphore's hand-on).
-func (m *NetMutex) wellWithin(h *hold) bool {
+func (m *engine) wellWithin(h *hold) bool {
 	if !m.cfg.autoExtend {
 		return false
 	}
@@ -297,7 +297,7 @@ func (m *NetMutex) wellWithin(h *hold) bool {
 // setHold makes h m's hold, acquired in Redis by the owner of m (a
 // shared owner lets the shared waiters behind it in afterwards: see
 // awaitShared).
-func (m *NetMutex) setHold(h *hold) {
+func (m *engine) setHold(h *hold) {
 	m.mu.Lock()
 	m.hold = h
 	m.handoffs = 0
@@ -313,7 +313,7 @@ func (m *NetMutex) setHold(h *hold) {
 // false and shared holders or waiters are there, it returns instead a
 // channel closed once they are gone: the caller's other way in (a
 // NetRWMutex's read lease) is never taken while they are there.
-func (m *NetMutex) enterShared(queue, share bool) (h *hold, w *localWaiter, in bool, drained <-chan struct{}) {
+func (m *engine) enterShared(queue, share bool) (h *hold, w *localWaiter, in bool, drained <-chan struct{}) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.owned {
@@ -347,7 +347,7 @@ func isShared(w *localWaiter) bool { return w.shared }
 // awaitShared waits for the turn of w, queued by enterShared: a hold handed
 // to it, or ownership, with which it acquires in Redis (as LockCtx does)
 // for itself and the shared waiters behind it. Its errors are LockCtx's.
-func (m *NetMutex) awaitShared(ctx context.Context, w *localWaiter) error {
+func (m *engine) awaitShared(ctx context.Context, w *localWaiter) error {
 	h, err := m.awaitTurn(ctx, w)
 	if err != nil {
 		return notObtained(err)
@@ -382,14 +382,14 @@ func (m *NetMutex) awaitShared(ctx context.Context, w *localWaiter) error {
 }
 
 // sharedHeld reports whether goroutines hold m shared.
-func (m *NetMutex) sharedHeld() bool {
+func (m *engine) sharedHeld() bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.shared > 0 && m.hold != nil
 }
 
 // exclusiveHold returns m's hold if it is not shared; nil otherwise.
-func (m *NetMutex) exclusiveHold() *hold {
+func (m *engine) exclusiveHold() *hold {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.shared > 0 {

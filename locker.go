@@ -1,7 +1,7 @@
 package netlock
 
 import (
-	"context"
+	"cmp"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -16,33 +16,86 @@ import (
 	"github.com/netlock-go/netlock/internal/keyspace"
 )
 
-// A NetMutex is a mutual exclusion lock shared across processes and machines
-// through Redis. Its Lock and Unlock methods make it a drop-in sync.Locker;
-// the ctx methods (LockCtx, TryLockCtx, UnlockCtx, ExtendCtx) return errors
-// instead of panicking and honour deadlines and cancellation.
-//
-// A NetMutex is safe for concurrent use by many goroutines, like sync.Mutex:
-// goroutines of one process that share a NetMutex exclude each other locally,
-// in order of arrival, and only one of them at a time talks to Redis to
-// acquire. Unlock may be called from a goroutine other than the one that
-// locked.
-//
-// After a failed acquire or an Unlock that could not reach every node, a
-// NetMutex keeps one goroutine that delivers the release to those nodes when
-// they answer again. It ends when all have answered, when their clients are
-// closed, or after ten expiries.
-//
-// While goroutines of this process wait on a NetMutex, Unlock passes the
-// hold straight to the first of them, without a round trip to Redis, a
-// bounded number of times in a row (WithLocalHandoffs).
-//
-// A NetMutex must be created with New or Client.Mutex and must not be copied
-// after first use.
-type NetMutex struct {
-	name       string
+// An engine runs one lock of a kind (see kind): its holds and their
+// watchdog, the in-process queue, the waiting calls, the quorum fan-out and
+// the reaper. NetMutex, NetRWMutex, Semaphore, Election and MultiMutex are
+// public types over engines.
+type engine struct {
+	name       string // the lock's name, as observers and logs call it
 	cfg        config
-	nodes      []Backend
-	quorum     int
+	fleet      // the nodes, and how they are reached
+	scriptArgs // what the scripts are given, settled by newEngine
+	// waiterID names m in the waiters' queues while it waits. One id per
+	// NetMutex is enough: only the goroutine that owns m waits in Redis.
+	waiterID string
+	waitChan string // its own release channel, p{name}:released:<waiterID>
+	// alsoChans, for a MultiMutex's engine: the release channels of its
+	// other names, which its waiter watches too; nil otherwise.
+	alsoChans []string
+	// kind is the kind of lock m acquires: a NetMutex's, a NetRWMutex's
+	// read lease or write lock; nil for a Semaphore's engine, which
+	// acquires by its own calls. leaseKind is its holds' kind: kind, or a
+	// Semaphore's lease.
+	kind      kind
+	leaseKind leaseKind
+	// rule is the kind's local admission rule: whom of the local line a
+	// hold of the process serves (see localRule).
+	rule localRule
+
+	// mu guards line, and the kinds' state of the process's holds and
+	// waits.
+	mu sync.Mutex
+	line
+
+	// seen is the highest fence counter learned from any node: the next
+	// quorum ballot proposes seen+1.
+	seen atomic.Uint64
+
+	// yieldUntil, in nanoseconds since epoch, is set when an Unlock's
+	// release reached other clients waiting on the release channel: an
+	// acquire of this NetMutex that starts before then lets them try first.
+	yieldUntil atomic.Int64
+
+	// rtt is the round trip of m's releases, in ns, as noteRTT keeps it (0
+	// until one is measured): what a call to Redis costs, at the least
+	// (see NetRWMutex.sharesWrite).
+	rtt atomic.Int64
+
+	reaper reaper   // releases still to deliver
+	dog    watchdog // the timer of m's holds
+}
+
+// A fleet is the nodes of an engine, what it knows of each, and its clock.
+type fleet struct {
+	nodes  []Backend
+	quorum int
+	hubs   []*Hub // per node: its Backend's pub/sub hub, nil if it has none
+	// limiters: per node, its Backend's bound on calls in flight (its
+	// Hub's), nil if it has no Hub.
+	limiters []*limiter
+	// grants: a release may grant a waiter of m the lock in its own script
+	// (one node, whose hub lets PUBLISH or SPUBLISH count the listeners,
+	// and no WithSyncReplicas; see lua/handon.lua), sparing it the acquire
+	// round trip.
+	grants bool
+	// lazyBounds: every node is a Backend of netlock's own, whose calls
+	// are bounded by a callBound (see engine.bound).
+	lazyBounds bool
+	// pipelined: the nodes, more than one, are all pipeliners (redigo), and
+	// no call waits for replicas: a fanout sends its calls before it reads
+	// their replies, on the calling goroutine (see fanoutPipelined).
+	pipelined bool
+	epoch     time.Time
+	// clk is the time of m's holds and waits: the real clock, or the one
+	// package netlocktest attached to a Backend (see internal/clock).
+	clk       clock.Clock
+	driftTerm time.Duration
+	checked   atomic.Bool // checkServers has run
+}
+
+// scriptArgs are the keys and arguments of an engine's scripts that do not
+// change: the kind's spec and the options settle them in newEngine.
+type scriptArgs struct {
 	keys       keys
 	extendKeys []string // lock, waiters' queue
 	expiryMS   string   // cfg.expiry in ms, as the scripts take it
@@ -56,58 +109,21 @@ type NetMutex struct {
 	// "+<holder>" where the value is all there is (a NetRWMutex's read
 	// lease, a member of a sorted set; keyspace.LeaseSuffix).
 	valueSuffix string
-	driftTerm   time.Duration
-
-	hubs []*Hub // per node: its Backend's pub/sub hub, nil if it has none
-	// limiters: per node, its Backend's bound on calls in flight (its
-	// Hub's), nil if it has no Hub.
-	limiters []*limiter
-	// waiterID names m in the waiters' queues while it waits. One id per
-	// NetMutex is enough: only the goroutine that owns m waits in Redis.
-	waiterID string
-	waitChan string // its own release channel, p{name}:released:<waiterID>
-	// alsoChans, for a MultiMutex's engine: the release channels of its
-	// other names, which its waiter watches too; nil otherwise.
-	alsoChans []string
-	// wakeTries is how many queued waiters a release tries in a row,
-	// skipping those nobody listens for (releaseWakeTries); 1 where a
-	// node's hub cannot tell (PUBLISH does not count them: a Redis Cluster
-	// without sharded pub/sub), as a string for the scripts.
-	wakeTries string
-	// grants: a release may grant a waiter of m the lock in its own script
-	// (one node, whose hub lets PUBLISH or SPUBLISH count the listeners,
-	// and no WithSyncReplicas; see lua/handon.lua), sparing it the acquire
-	// round trip.
-	grants bool
-	epoch  time.Time
-	// clk is the time of m's holds and waits: the real clock, or the one
-	// package netlocktest attached to a Backend (see internal/clock).
-	clk clock.Clock
 	// tombPrefix is the tombstone keys' common part: a value's tombstone
 	// key is tombPrefix+value (see freshValue).
 	tombPrefix string
 	// freeArg is the acquire script's last argument for an uncontended
 	// attempt on one node: ":<holder>", all it needs (see lua/acquire.lua).
 	freeArg string
-	// lazyBounds: every node is a Backend of netlock's own, whose calls
-	// are bounded by a callBound (see NetMutex.bound).
-	lazyBounds bool
-	// pipelined: the nodes, more than one, are all redigo Backends, and
-	// no call waits for replicas: a fanout sends its calls before it reads
-	// their replies, on the calling goroutine (see fanoutPipelined).
-	pipelined bool
+	// wakeTries is how many queued waiters a release tries in a row,
+	// skipping those nobody listens for (releaseWakeTries); 1 where a
+	// node's hub cannot tell (PUBLISH does not count them: a Redis Cluster
+	// without sharded pub/sub), as a string for the scripts.
+	wakeTries string
+}
 
-	// kind is the kind of lock m acquires: a NetMutex's, a NetRWMutex's
-	// read lease or write lock; nil for a Semaphore's engine, which
-	// acquires by its own calls. leaseKind is its holds' kind: kind, or a
-	// Semaphore's lease.
-	kind      kind
-	leaseKind leaseKind
-	// rule is the kind's local admission rule: whom of the local line a
-	// hold of the process serves (see localRule).
-	rule localRule
-
-	mu sync.Mutex
+// A line is the local queue of an engine (see local.go), guarded by its mu.
+type line struct {
 	// The local queue. A goroutine owns m in this process from the moment
 	// it finds m not owned, or is handed m from the queue, until UnlockCtx
 	// (or its failed acquire) hands m to the next local waiter or leaves it
@@ -135,37 +151,7 @@ type NetMutex struct {
 	// goes.
 	gaveUp     [4]string
 	gaveUpNext int
-
-	// seen is the highest fence counter learned from any node: the next
-	// quorum ballot proposes seen+1.
-	seen atomic.Uint64
-
-	// yieldUntil, in nanoseconds since epoch, is set when an Unlock's
-	// release reached other clients waiting on the release channel: an
-	// acquire of this NetMutex that starts before then lets them try first.
-	yieldUntil atomic.Int64
-
-	// rtt is the round trip of m's releases, in ns, as noteRTT keeps it (0
-	// until one is measured): what a call to Redis costs, at the least
-	// (see NetRWMutex.sharesWrite).
-	rtt atomic.Int64
-
-	reaper reaper // releases still to deliver
-
-	// The watchdog timer of m's holds (see arm). Lock order: a hold's mu
-	// before dogMu.
-	dogMu sync.Mutex
-	dog   *time.Timer // nil until m's first hold
-	dogAt time.Time   // when dog fires; zero when it is not set
-	// watched are the holds dog ticks: armed and not released. Mostly one;
-	// two while a Semaphore's or a NetRWMutex's new lease begins as the
-	// last one ends, whose tick may arm the old one after the new.
-	watched []*hold
-
-	checked atomic.Bool // checkServers has run
 }
-
-var _ sync.Locker = (*NetMutex)(nil)
 
 // New returns a NetMutex for the lock called name on backends: one backend is
 // a plain lock; several independent deployments make a quorum lock, held
@@ -181,48 +167,127 @@ var _ sync.Locker = (*NetMutex)(nil)
 // Every NetMutex with the same name, prefix and backends, in any process,
 // excludes every other.
 func New(name string, backends []Backend, opts ...Option) (*NetMutex, error) {
-	if err := checkNew(name, backends); err != nil {
-		return nil, err
-	}
-	cfg, err := newConfig(opts)
+	m, err := newMutexEngine(name, backends, opts)
 	if err != nil {
 		return nil, err
 	}
-	clk := clock.Of(backends)
-	m := &NetMutex{
-		name:      name,
-		cfg:       cfg,
-		nodes:     append([]Backend(nil), backends...),
-		quorum:    len(backends)/2 + 1,
-		keys:      newKeys(cfg.prefix, name, cfg.fencing),
-		expiryMS:  strconv.FormatInt(cfg.expiry.Milliseconds(), 10),
-		tombMS:    strconv.FormatInt(tombstoneExpiries*cfg.expiry.Milliseconds(), 10),
-		queueMS:   strconv.FormatInt(queueExpiries*cfg.expiry.Milliseconds(), 10),
-		holder:    keyspace.HolderEncode(cfg.holderInfo),
-		driftTerm: cfg.driftTerm(),
-		hubs:      make([]*Hub, len(backends)),
-		limiters:  make([]*limiter, len(backends)),
-		waiterID:  rand.Text(),
-		epoch:     clk.Now(),
-		clk:       clk,
+	return &NetMutex{m}, nil
+}
+
+// newMutexEngine returns the engine of a NetMutex: New's, which Inspect
+// uses too.
+func newMutexEngine(name string, backends []Backend, opts []Option) (*engine, error) {
+	cfg, err := newCheckedConfig(name, backends, opts)
+	if err != nil {
+		return nil, err
 	}
-	m.setKind(mutexKind{m})
+	return newEngine(name, backends, cfg, spec{
+		keys: newKeys(cfg.prefix, name, cfg.fencing),
+		kind: func(m *engine) kind { return mutexKind{m} },
+	})
+}
+
+// newCheckedConfig checks New's name and backends, and returns the
+// configuration opts make: every kind's constructor starts with it.
+func newCheckedConfig(name string, backends []Backend, opts []Option) (config, error) {
+	if err := checkNew(name, backends); err != nil {
+		return config{}, err
+	}
+	return newConfig(opts)
+}
+
+// A spec is what a kind settles before its engine is built: the keys and
+// channels of its lock, and the kind itself. Fields left zero take the
+// NetMutex's choice.
+type spec struct {
+	// display is what observers and logs call the lock (a MultiMutex's
+	// names together); the name given to newEngine if empty.
+	display string
+	keys    keys
+	// tombPrefix is the common part of the tombstone keys (see
+	// engine.tombPrefix); keys.tomb("") if empty.
+	tombPrefix string
+	// waitChan returns the channel a waiter of the engine listens on,
+	// given its id and whether a release may grant it the hold (see
+	// engine.grants); keys.channel+":"+waiterID if nil.
+	waitChan func(waiterID string, grants bool) string
+	// leases: the values of the kind's holds carry the holder (see
+	// engine.valueSuffix).
+	leases bool
+	// noGrants: a release never grants this kind's waiters the hold in
+	// its own script, whatever the nodes allow.
+	noGrants bool
+	// kind returns the kind of lock the engine m acquires and holds.
+	kind func(m *engine) kind
+	// lease and rule, for a kind that acquires by calls of its own (a
+	// Semaphore, whose kind is nil): its holds' kind and its local rule.
+	lease leaseKind
+	rule  localRule
+}
+
+// An alsoWatcher is a kind whose waiter watches, besides its own channel,
+// the release channels of other locks (a MultiMutex's other names).
+type alsoWatcher interface {
+	alsoChannels() []string
+}
+
+// newEngine returns the engine of a lock called name on backends, with
+// cfg, running the kind of sp. It does not contact Redis.
+func newEngine(name string, backends []Backend, cfg config, sp spec) (*engine, error) {
+	clk := clock.Of(backends)
+	m := &engine{
+		name: cmp.Or(sp.display, name),
+		cfg:  cfg,
+		fleet: fleet{
+			nodes:     append([]Backend(nil), backends...),
+			quorum:    len(backends)/2 + 1,
+			hubs:      make([]*Hub, len(backends)),
+			limiters:  make([]*limiter, len(backends)),
+			epoch:     clk.Now(),
+			clk:       clk,
+			driftTerm: cfg.driftTerm(),
+		},
+		scriptArgs: scriptArgs{
+			keys:     sp.keys,
+			expiryMS: strconv.FormatInt(cfg.expiry.Milliseconds(), 10),
+			tombMS:   strconv.FormatInt(tombstoneExpiries*cfg.expiry.Milliseconds(), 10),
+			queueMS:  strconv.FormatInt(queueExpiries*cfg.expiry.Milliseconds(), 10),
+			holder:   keyspace.HolderEncode(cfg.holderInfo),
+		},
+		waiterID: rand.Text(),
+	}
+	m.dog.clk = clk
 	m.extendKeys = []string{m.keys.lock, m.keys.waiters}
-	m.tombPrefix = m.keys.tomb("")
+	m.tombPrefix = cmp.Or(sp.tombPrefix, m.keys.tomb(""))
 	m.freeArg = ":" + m.holder
-	m.waitChan = m.keys.channel + ":" + m.waiterID
+	if sp.leases {
+		m.valueSuffix = keyspace.LeaseSuffix(m.holder)
+	}
 	if err := m.useHubs(); err != nil {
 		return nil, err
 	}
 	m.lazyBounds = !slices.ContainsFunc(m.nodes, func(b Backend) bool { return !lazyBound(b) })
 	m.pipelined = len(m.nodes) > 1 && cfg.replicas == 0 && !slices.ContainsFunc(m.nodes, func(b Backend) bool {
-		_, ok := b.(*redigoBackend)
+		_, ok := b.(pipeliner)
 		return !ok
 	})
 	// With WithSyncReplicas, a waiter acquires for itself: a grant made by
 	// the releaser's script would be a hold no replica was asked to
 	// acknowledge.
-	m.grants = len(backends) == 1 && m.hubs[0] != nil && m.hubs[0].counted && cfg.replicas == 0
+	m.grants = !sp.noGrants && len(backends) == 1 && m.hubs[0] != nil && m.hubs[0].counted && cfg.replicas == 0
+	m.waitChan = m.keys.channel + ":" + m.waiterID
+	if sp.waitChan != nil {
+		m.waitChan = sp.waitChan(m.waiterID, m.grants)
+	}
+	if sp.kind == nil {
+		m.leaseKind, m.rule = sp.lease, sp.rule
+		return m, nil
+	}
+	k := sp.kind(m)
+	m.kind, m.leaseKind, m.rule = k, k, k.rule()
+	if w, ok := k.(alsoWatcher); ok {
+		m.alsoChans = w.alsoChannels()
+	}
 	return m, nil
 }
 
@@ -267,7 +332,7 @@ func checkName(name string) error {
 // useHubs takes each node's pub/sub hub and limiter, where its Backend has
 // one (Subscriber), and sets how many waiters a release tries; it checks
 // that the Backends can wait for replicas if asked to.
-func (m *NetMutex) useHubs() error {
+func (m *engine) useHubs() error {
 	tries := releaseWakeTries
 	for i, b := range m.nodes {
 		if _, ok := b.(ReplicaWaiter); !ok && m.cfg.replicas > 0 {
@@ -289,77 +354,16 @@ func (m *NetMutex) useHubs() error {
 	return nil
 }
 
-// setKind makes k the kind of lock m acquires and holds.
-func (m *NetMutex) setKind(k kind) {
-	m.kind, m.leaseKind, m.rule = k, k, k.rule()
-}
-
-// Name returns the lock's name, as given to New.
-func (m *NetMutex) Name() string {
-	if m == nil {
-		return ""
-	}
-	return m.name
-}
-
-// Lock locks m, blocking until the lock is acquired, however long that takes.
-// It panics with the error if acquiring fails for any other reason than
-// contention: Redis unreachable, a quorum not answering, a key of the wrong
-// type. Use LockCtx to bound the wait and get the error instead.
-func (m *NetMutex) Lock() {
-	if err := m.LockCtx(context.Background()); err != nil {
-		panic(err)
-	}
-}
-
-// TryLock tries to lock m once, without waiting, and reports whether it
-// succeeded, like sync.Mutex.TryLock. It returns false if another goroutine
-// of this process holds m or another client holds the lock. It panics with
-// the error if Redis could not be asked.
-func (m *NetMutex) TryLock() bool {
-	ok, err := m.TryLockCtx(context.Background())
-	if err != nil {
-		panic(err)
-	}
-	return ok
-}
-
-// Unlock unlocks m. Like sync.Mutex.Unlock, it panics only on misuse: if m
-// is not locked (a panic whose value matches ErrNotHeld), or was not made by
-// New or Client.Mutex. Whatever Redis does, it returns, with m unlocked in
-// this process: a hold that had been lost is logged at Warn (and Lost was
-// closed when it was found lost); a release that could not reach every node
-// is logged at Warn and delivered in the background when the nodes answer.
-// Use UnlockCtx to get these as errors.
-func (m *NetMutex) Unlock() {
-	err := m.UnlockCtx(context.Background())
-	switch {
-	case errors.Is(err, ErrNotHeld):
-		panic(errUnlockUnlocked)
-	case errors.Is(err, errZero):
-		panic(err)
-	}
-}
-
-// Token returns the fencing token of the current hold: a number that strictly
-// increases with every acquisition of this lock name, across all clients.
-// Pass it to the resource the lock protects, which must reject a write whose
-// token is below the highest it has seen. It returns 0 when m is not locked
-// or fencing is off. After the hold is lost, it returns the lost hold's token
-// until Unlock.
-func (m *NetMutex) Token() uint64 {
+// token is NetMutex.Token.
+func (m *engine) token() uint64 {
 	if h := m.current(); h != nil {
 		return h.token
 	}
 	return 0
 }
 
-// Lost returns a channel that is closed when the current hold ends without
-// this client's say: its local deadline passed without a successful extend,
-// or an extend found the key gone or taken. The channel is also closed when
-// the hold is released by Unlock, so a goroutine watching it never outlives
-// the hold. When m is not locked, Lost returns a closed channel.
-func (m *NetMutex) Lost() <-chan struct{} {
+// lostChan is NetMutex.Lost.
+func (m *engine) lostChan() <-chan struct{} {
 	if h := m.current(); h != nil {
 		return h.lostChan()
 	}
@@ -372,7 +376,7 @@ var closedChan = func() chan struct{} {
 	return c
 }()
 
-func (m *NetMutex) current() *hold {
+func (m *engine) current() *hold {
 	if m == nil {
 		return nil // a nil *NetMutex holds nothing, like the zero value
 	}
@@ -384,7 +388,7 @@ func (m *NetMutex) current() *hold {
 // errZero is returned by a NetMutex that was not made by New or Client.Mutex.
 var errZero = errors.New("netlock: NetMutex not created by New or Client.Mutex (the zero value is not usable)")
 
-func (m *NetMutex) check() error {
+func (m *engine) check() error {
 	if m == nil || m.nodes == nil {
 		return errZero
 	}

@@ -49,11 +49,11 @@ var _ sync.Locker = (*MultiMutex)(nil)
 // A multiLock is how a MultiMutex takes its names: one script per node
 // (oneSlot), or one per hash slot of a Redis Cluster (slotGroups).
 type multiLock interface {
-	LockCtx(ctx context.Context) error
-	TryLockCtx(ctx context.Context) (bool, error)
-	UnlockCtx(ctx context.Context) error
-	ExtendCtx(ctx context.Context) error
-	Lost() <-chan struct{}
+	lockCtx(ctx context.Context) error
+	tryLockCtx(ctx context.Context) (bool, error)
+	unlockCtx(ctx context.Context) error
+	extendCtx(ctx context.Context) error
+	lostChan() <-chan struct{}
 	// tokens returns the current hold's tokens, per name in the order
 	// given to NewMulti; nil when not locked.
 	tokens() []uint64
@@ -62,7 +62,7 @@ type multiLock interface {
 // oneSlot is a MultiMutex whose names one script takes on each node: a
 // NetMutex running a multiKind.
 type oneSlot struct {
-	*NetMutex
+	*engine
 	n int // how many names
 }
 
@@ -121,19 +121,19 @@ func NewMulti(names []string, backends []Backend, opts ...Option) (*MultiMutex, 
 
 // newMultiEngine returns a NetMutex running a multiKind over sorted, a
 // MultiMutex's names in sorted order, that observers and logs call name.
-func newMultiEngine(sorted []string, name string, backends []Backend, opts []Option) (*NetMutex, error) {
-	m, err := New(sorted[0], backends, opts...)
+func newMultiEngine(sorted []string, name string, backends []Backend, opts []Option) (*engine, error) {
+	cfg, err := newCheckedConfig(sorted[0], backends, opts)
 	if err != nil {
 		return nil, err
 	}
-	k := newMultiKind(m, sorted)
-	m.name = name
-	m.setKind(k)
-	m.alsoChans = k.channels[1:]
-	// A release of one name cannot grant a MultiMutex all of them: its
-	// waiter is told its turn and attempts.
-	m.grants = false
-	return m, nil
+	return newEngine(sorted[0], backends, cfg, spec{
+		display: name,
+		keys:    newKeys(cfg.prefix, sorted[0], cfg.fencing),
+		// A release of one name cannot grant a MultiMutex all of them:
+		// its waiter is told its turn and attempts.
+		noGrants: true,
+		kind:     func(m *engine) kind { return newMultiKind(m, sorted) },
+	})
 }
 
 // Multi returns a MultiMutex of names on c's backends, with c's options
@@ -149,7 +149,7 @@ func (c *Client) Multi(names []string, opts ...Option) (*MultiMutex, error) {
 // errZeroMulti is returned by a MultiMutex not made by NewMulti.
 var errZeroMulti = errors.New("netlock: MultiMutex not created by NewMulti (the zero value is not usable)")
 
-func (mm *MultiMutex) engine() (multiLock, error) {
+func (mm *MultiMutex) lock() (multiLock, error) {
 	if mm == nil || mm.m == nil {
 		return nil, errZeroMulti
 	}
@@ -188,11 +188,11 @@ func (mm *MultiMutex) TryLock() bool {
 // misuse (mm not locked: a panic whose value matches ErrNotHeld); what Redis
 // does is logged, as NetMutex.Unlock does.
 func (mm *MultiMutex) Unlock() {
-	m, err := mm.engine()
+	m, err := mm.lock()
 	if err != nil {
 		panic(err)
 	}
-	if err := m.UnlockCtx(context.Background()); errors.Is(err, ErrNotHeld) {
+	if err := m.unlockCtx(context.Background()); errors.Is(err, ErrNotHeld) {
 		panic(errUnlockUnlocked)
 	}
 }
@@ -203,11 +203,11 @@ func (mm *MultiMutex) Unlock() {
 // cancelled or failed call leaves nothing behind, and no place in a
 // waiters' queue.
 func (mm *MultiMutex) LockCtx(ctx context.Context) error {
-	m, err := mm.engine()
+	m, err := mm.lock()
 	if err != nil {
 		return err
 	}
-	return m.LockCtx(ctx)
+	return m.lockCtx(ctx)
 }
 
 // TryLockCtx tries once to lock every name of mm, without waiting for
@@ -216,11 +216,11 @@ func (mm *MultiMutex) LockCtx(ctx context.Context) error {
 // and (false, err) when the attempt could not be made. When it returns
 // false, none of the names is held. ctx bounds the one attempt.
 func (mm *MultiMutex) TryLockCtx(ctx context.Context) (bool, error) {
-	m, err := mm.engine()
+	m, err := mm.lock()
 	if err != nil {
 		return false, err
 	}
-	return m.TryLockCtx(ctx)
+	return m.tryLockCtx(ctx)
 }
 
 // UnlockCtx unlocks every name of mm, as NetMutex.UnlockCtx does: it
@@ -228,11 +228,11 @@ func (mm *MultiMutex) TryLockCtx(ctx context.Context) (bool, error) {
 // any name had been lost; whatever it returns, mm is unlocked in this
 // process afterwards.
 func (mm *MultiMutex) UnlockCtx(ctx context.Context) error {
-	m, err := mm.engine()
+	m, err := mm.lock()
 	if err != nil {
 		return err
 	}
-	return m.UnlockCtx(ctx)
+	return m.unlockCtx(ctx)
 }
 
 // ExtendCtx resets every name's TTL to the full expiry, only if every one
@@ -242,11 +242,11 @@ func (mm *MultiMutex) UnlockCtx(ctx context.Context) error {
 // the other slots may have been extended, and go with Unlock. With
 // auto-extend on (the default) there is no need to call it.
 func (mm *MultiMutex) ExtendCtx(ctx context.Context) error {
-	m, err := mm.engine()
+	m, err := mm.lock()
 	if err != nil {
 		return err
 	}
-	return m.ExtendCtx(ctx)
+	return m.extendCtx(ctx)
 }
 
 // Lost returns a channel closed when the hold of the set ends without this
@@ -257,7 +257,7 @@ func (mm *MultiMutex) Lost() <-chan struct{} {
 	if mm == nil || mm.m == nil {
 		return closedChan
 	}
-	return mm.m.Lost()
+	return mm.m.lostChan()
 }
 
 // Tokens returns the fencing tokens of the current hold, one per name in
@@ -279,7 +279,7 @@ func (mm *MultiMutex) Tokens() []uint64 {
 // multi_release.lua, multi_extend.lua, multi_leave.lua). Names are in
 // sorted order.
 type multiKind struct {
-	m        *NetMutex
+	m        *engine
 	names    []string
 	locks    []string
 	waiters  []string
@@ -291,7 +291,7 @@ type multiKind struct {
 // multiKind's waiters queue as a NetMutex's.
 func (*multiKind) rule() localRule { return exclusiveRule{} }
 
-func newMultiKind(m *NetMutex, names []string) *multiKind {
+func newMultiKind(m *engine, names []string) *multiKind {
 	k := &multiKind{m: m, names: names, n: strconv.Itoa(len(names))}
 	for _, name := range names {
 		ks := keyspace.New(m.cfg.prefix, name, m.cfg.fencing)
@@ -383,3 +383,7 @@ func (*multiKind) ordered() bool { return false }
 
 // messageGrant is never called: a release does not grant a MultiMutex.
 func (*multiKind) messageGrant(*grant) {}
+
+// alsoChannels returns the release channels of k's names but the first,
+// which a waiter watches besides its own (see alsoWatcher).
+func (k *multiKind) alsoChannels() []string { return k.channels[1:] }

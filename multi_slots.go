@@ -36,8 +36,8 @@ import (
 // engines run with auto-extend off): one watchdog, the set's, extends every
 // group together, and the set is lost when any group's hold is.
 type slotGroups struct {
-	groups     []*NetMutex // per slot, in the order of the slots
-	of         []int       // per name as given to NewMulti, its group
+	groups     []*engine // per slot, in the order of the slots
+	of         []int     // per name as given to NewMulti, its group
 	autoExtend bool
 
 	mu  sync.Mutex
@@ -71,9 +71,9 @@ func newSlotGroups(names []string, bySlot [][]string, backends []Backend, opts [
 // LockCtx takes every group. It waits for the first group, then tries the
 // others in order; a group that it could not take becomes the next it
 // waits for, once it has released those it took (see slotGroups).
-func (s *slotGroups) LockCtx(ctx context.Context) error {
+func (s *slotGroups) lockCtx(ctx context.Context) error {
 	for first := 0; ; {
-		if err := s.groups[first].LockCtx(ctx); err != nil {
+		if err := s.groups[first].lockCtx(ctx); err != nil {
 			return err // holding no other group
 		}
 		next, err := s.takeRest(ctx, first)
@@ -106,7 +106,7 @@ func (s *slotGroups) takeRest(ctx context.Context, first int) (int, error) {
 		if j == first {
 			continue
 		}
-		ok, err := g.TryLockCtx(ctx)
+		ok, err := g.tryLockCtx(ctx)
 		if ok {
 			taken = append(taken, j)
 			continue
@@ -125,10 +125,10 @@ func (s *slotGroups) takeRest(ctx context.Context, first int) (int, error) {
 
 // TryLockCtx tries every group once, in order, and releases those it took
 // if one is held elsewhere or cannot be asked.
-func (s *slotGroups) TryLockCtx(ctx context.Context) (bool, error) {
+func (s *slotGroups) tryLockCtx(ctx context.Context) (bool, error) {
 	taken := make([]int, 0, len(s.groups))
 	for j, g := range s.groups {
-		ok, err := g.TryLockCtx(ctx)
+		ok, err := g.tryLockCtx(ctx)
 		if !ok {
 			s.release(ctx, taken)
 			return false, err
@@ -144,7 +144,7 @@ func (s *slotGroups) TryLockCtx(ctx context.Context) (bool, error) {
 // keys must go anyway). A release a node does not take is the groups'
 // reapers' to deliver.
 func (s *slotGroups) release(ctx context.Context, taken []int) {
-	s.each(context.WithoutCancel(ctx), taken, (*NetMutex).UnlockCtx)
+	s.each(context.WithoutCancel(ctx), taken, (*engine).unlockCtx)
 }
 
 func (s *slotGroups) all() []int {
@@ -157,7 +157,7 @@ func (s *slotGroups) all() []int {
 
 // each runs fn on the groups of idx together, each on a goroutine of its
 // own but the last, and returns their errors joined.
-func (s *slotGroups) each(ctx context.Context, idx []int, fn func(*NetMutex, context.Context) error) error {
+func (s *slotGroups) each(ctx context.Context, idx []int, fn func(*engine, context.Context) error) error {
 	errs := make([]error, len(idx))
 	var wg sync.WaitGroup
 	for i, j := range idx {
@@ -174,7 +174,7 @@ func (s *slotGroups) each(ctx context.Context, idx []int, fn func(*NetMutex, con
 // UnlockCtx stops the set's watchdog and releases every group. It returns
 // ErrNotHeld when the set is not held, ErrLockLost if a group's hold had
 // been lost, and the groups' other errors joined.
-func (s *slotGroups) UnlockCtx(ctx context.Context) error {
+func (s *slotGroups) unlockCtx(ctx context.Context) error {
 	s.mu.Lock()
 	sh := s.set
 	s.set = nil
@@ -183,7 +183,7 @@ func (s *slotGroups) UnlockCtx(ctx context.Context) error {
 		return ErrNotHeld
 	}
 	sh.stop()
-	err := s.each(ctx, s.all(), (*NetMutex).UnlockCtx)
+	err := s.each(ctx, s.all(), (*engine).unlockCtx)
 	sh.joinLost() // every group's hold has ended
 	if errors.Is(err, ErrLockLost) {
 		return ErrLockLost
@@ -194,7 +194,7 @@ func (s *slotGroups) UnlockCtx(ctx context.Context) error {
 // ExtendCtx extends every group together: ErrLockLost if any group's hold
 // is lost (the others' may have been extended), ErrNotHeld if the set is
 // not held.
-func (s *slotGroups) ExtendCtx(ctx context.Context) error {
+func (s *slotGroups) extendCtx(ctx context.Context) error {
 	s.mu.Lock()
 	sh := s.set
 	s.mu.Unlock()
@@ -207,7 +207,7 @@ func (s *slotGroups) ExtendCtx(ctx context.Context) error {
 // extend extends every group together; when one is lost, it closes Lost
 // before it returns ErrLockLost.
 func (sh *setHold) extend(ctx context.Context) error {
-	err := sh.s.each(ctx, sh.s.all(), (*NetMutex).ExtendCtx)
+	err := sh.s.each(ctx, sh.s.all(), (*engine).extendCtx)
 	if errors.Is(err, ErrLockLost) {
 		sh.closeLost()
 		return ErrLockLost
@@ -216,7 +216,7 @@ func (sh *setHold) extend(ctx context.Context) error {
 }
 
 // Lost returns the set's Lost channel (see setHold.lostChan).
-func (s *slotGroups) Lost() <-chan struct{} {
+func (s *slotGroups) lostChan() <-chan struct{} {
 	s.mu.Lock()
 	sh := s.set
 	s.mu.Unlock()

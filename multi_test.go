@@ -375,7 +375,7 @@ func TestMultiLeavePassesTurnOn(t *testing.T) {
 		e.do(t, "DEL", "netlock:{a}") // the holder's key gone, no release: nobody is told
 
 		mm := e.newMulti(t, []string{"b", "a"}, opt)
-		m := mm.m.(oneSlot).NetMutex
+		m := mm.m.(oneSlot).engine
 		s, keys, args := m.kind.leaveCall(m.waiterID) // a member queued nowhere
 		vals, err := m.nodes[0].Eval(ctx, s, keys, args)
 		if err != nil || len(vals) != 2 || vals[0] != 0 || vals[1] != 1 {

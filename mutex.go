@@ -8,7 +8,7 @@ import (
 // mutexKind is the kind of a NetMutex: one key, one owner (lua/acquire.lua,
 // release.lua, extend.lua, leave.lua).
 type mutexKind struct {
-	m *NetMutex
+	m *engine
 }
 
 func (mutexKind) observed() Kind { return KindMutex }
@@ -85,7 +85,7 @@ func (mutexKind) rule() localRule { return exclusiveRule{} }
 // to the first goroutine in line, within the hand-off budget.
 type exclusiveRule struct{}
 
-func (exclusiveRule) admitLocked(m *NetMutex, h *hold, n int64) (rest int64, handed int) {
+func (exclusiveRule) admitLocked(m *engine, h *hold, n int64) (rest int64, handed int) {
 	if len(m.waiters) == 0 || !m.mayHandOffLocked(h) {
 		return n, 0
 	}
@@ -95,10 +95,10 @@ func (exclusiveRule) admitLocked(m *NetMutex, h *hold, n int64) (rest int64, han
 
 // leftLocked: nothing is left to do; another goroutine's place is this
 // process's only.
-func (exclusiveRule) leftLocked(*NetMutex, *localWaiter, int) func(context.Context) { return nil }
+func (exclusiveRule) leftLocked(*engine, *localWaiter, int) func(context.Context) { return nil }
 
 // unwanted unlocks the hold handed to w, which goes to the next in line or
 // back to Redis.
-func (exclusiveRule) unwanted(ctx context.Context, m *NetMutex, w *localWaiter) {
+func (exclusiveRule) unwanted(ctx context.Context, m *engine, w *localWaiter) {
 	m.unlock(ctx, w.shared)
 }

@@ -121,7 +121,7 @@ const (
 
 // log returns m's logger if it logs at level, nil otherwise. Without
 // WithLogger, netlock logs to slog.Default() at Warn and above.
-func (m *NetMutex) log(ctx context.Context, level slog.Level) *slog.Logger {
+func (m *engine) log(ctx context.Context, level slog.Level) *slog.Logger {
 	l := m.cfg.logger
 	if l == nil {
 		if level < slog.LevelWarn {
@@ -137,7 +137,7 @@ func (m *NetMutex) log(ctx context.Context, level slog.Level) *slog.Logger {
 
 // startAcquire tells the observer and the debug log that an acquire call
 // begins, and returns the function to call as it returns.
-func (m *NetMutex) startAcquire(ctx context.Context, try bool) (context.Context, func(acquired, contended, handedOver bool, err error)) {
+func (m *engine) startAcquire(ctx context.Context, try bool) (context.Context, func(acquired, contended, handedOver bool, err error)) {
 	o := m.cfg.observer.Acquire
 	debug := m.log(ctx, slog.LevelDebug)
 	if o == nil && debug == nil {
@@ -154,7 +154,7 @@ func (m *NetMutex) startAcquire(ctx context.Context, try bool) (context.Context,
 	return ctx, func(acquired, contended, handedOver bool, err error) {
 		d := AcquireDone{Name: m.name, Kind: m.leaseKind.observed(), Try: try, Acquired: acquired, Wait: m.clk.Since(start), Contended: contended, HandedOver: handedOver, Err: err}
 		if acquired {
-			d.Token = m.Token()
+			d.Token = m.token()
 		}
 		if debug != nil {
 			debug.LogAttrs(ctx, slog.LevelDebug, "netlock: acquire", m.lockAttr(), slog.Bool("acquired", acquired),
@@ -167,7 +167,7 @@ func (m *NetMutex) startAcquire(ctx context.Context, try bool) (context.Context,
 }
 
 // unlocked tells the observer, and the log, how an UnlockCtx of h ended.
-func (m *NetMutex) unlocked(ctx context.Context, h *hold, held time.Duration, handedOver bool, err error) {
+func (m *engine) unlocked(ctx context.Context, h *hold, held time.Duration, handedOver bool, err error) {
 	if err != nil {
 		// A lost hold was logged when it was found lost.
 		if l := m.log(ctx, slog.LevelWarn); l != nil && !errors.Is(err, ErrLockLost) {
@@ -187,7 +187,7 @@ func (m *NetMutex) unlocked(ctx context.Context, h *hold, held time.Duration, ha
 
 // extended tells the observer, and the debug log, how an extend round of h
 // ended.
-func (m *NetMutex) extended(ctx context.Context, h *hold, took time.Duration, err error) {
+func (m *engine) extended(ctx context.Context, h *hold, took time.Duration, err error) {
 	if l := m.log(ctx, slog.LevelDebug); l != nil {
 		l.LogAttrs(ctx, slog.LevelDebug, "netlock: extend", m.lockAttr(), slog.Uint64("token", h.token), slog.Duration("took", took), errAttr(err))
 	}
@@ -197,7 +197,7 @@ func (m *NetMutex) extended(ctx context.Context, h *hold, took time.Duration, er
 }
 
 // lostHold tells the observer, and the log at Warn, that h was lost.
-func (m *NetMutex) lostHold(h *hold, reason LostReason) {
+func (m *engine) lostHold(h *hold, reason LostReason) {
 	level := slog.LevelWarn
 	if reason == LostMaxHold {
 		level = slog.LevelInfo // the end WithMaxHold asked for
@@ -213,7 +213,7 @@ func (m *NetMutex) lostHold(h *hold, reason LostReason) {
 // reapGaveUp logs that the reaper stopped delivering release p: at Warn for
 // the release of a hold, at Debug for that of an acquire no node granted
 // (its call may have reached the node; nothing was held).
-func (m *NetMutex) reapGaveUp(p pendingRelease, why string, err error) {
+func (m *engine) reapGaveUp(p pendingRelease, why string, err error) {
 	level := slog.LevelWarn
 	if !p.held {
 		level = slog.LevelDebug
@@ -249,7 +249,7 @@ const (
 
 // lockAttr names the lock in a log record: its name, and for a NetRWMutex
 // which side ("lock", "name (read)").
-func (m *NetMutex) lockAttr() slog.Attr {
+func (m *engine) lockAttr() slog.Attr {
 	if k := m.leaseKind.observed(); k != KindMutex {
 		return slog.String("lock", m.name+" ("+string(k)+")")
 	}

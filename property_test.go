@@ -43,8 +43,7 @@ const propMinSteps = 3400
 // while a hand-off is in flight": it locks, a goroutine sharing its NetMutex
 // queues behind it, and the waiter's context is cancelled while the hold is
 // unlocked, before, after or at the same time; the waiter may be held where
-// its turn and its context's end are both ready when it starts to wait
-// (issue 16). A waiter whose context was cancelled before the unlock must
+// its turn and its context's end are both ready when it starts to wait. A waiter whose context was cancelled before the unlock must
 // fail; one that gets the hold holds the very hold handed over; otherwise
 // the hold is released. Client 4 never holds between steps.
 //

@@ -91,12 +91,12 @@ type Hub struct {
 	left map[string]leftTopic
 
 	// checked: a NetMutex of this Backend looked at its server's settings
-	// (see NetMutex.checkServers). The Hub is the one per-Backend place
+	// (see engine.checkServers). The Hub is the one per-Backend place
 	// netlock has.
 	checked atomic.Bool
 	// channels holds the prefixes on whose channels the server said the
 	// Backend's user may publish and subscribe (see
-	// NetMutex.checkChannels).
+	// engine.checkChannels).
 	channels sync.Map
 	// calls bounds the script calls in flight on this Backend, from all
 	// its NetMutexes.
@@ -154,7 +154,7 @@ type watch struct {
 	topic *topic
 	wake  chan<- string // capacity 1; shared by all watches of one waiter
 	// also are the watches of a MultiMutex's other names' channels on the
-	// same Hub: they die and stop with this one (see NetMutex.watch).
+	// same Hub: they die and stop with this one (see engine.watch).
 	also []*watch
 }
 
@@ -262,7 +262,7 @@ func (h *Hub) watchFor(ctx context.Context, channel string, wake chan<- string, 
 		w.stop()
 		if err := t.link.err; aclRefusal(err) {
 			// The server refused the SUBSCRIBE: watching again, or
-			// polling, would hide it (see NetMutex.checkChannels).
+			// polling, would hide it (see engine.checkChannels).
 			return nil, subscribeRefused(channel, err)
 		}
 		return nil, errHubDown
@@ -447,7 +447,7 @@ func (h *Hub) sweepIdle() {
 
 // dispatch signals the watches of channel that a message was published on
 // it: a release naming the channel's waiter (a NetMutex's own channel, see
-// NetMutex.waitChan), or granting it the lock. It is called by the reading
+// engine.waitChan), or granting it the lock. It is called by the reading
 // goroutine of l's connection, and ignores a channel subscribed through
 // another link (a message of a connection that has just failed, whose
 // channel is now subscribed again elsewhere).

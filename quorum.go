@@ -14,7 +14,7 @@ import (
 // A grant is a successful acquire round.
 type grant struct {
 	value        string    // our lock value, fresh for this round
-	tomb         string    // value's tombstone key, "" if not known (see NetMutex.tomb)
+	tomb         string    // value's tombstone key, "" if not known (see engine.tomb)
 	token        uint64    // fencing token (0 with fencing off)
 	start, until time.Time // when the round began; the hold's local deadline
 	// writerWaits, for a NetRWMutex's read lease: a node said a writer
@@ -76,7 +76,7 @@ const (
 // there without a goroutine at all. Over redigo Backends the calls are
 // sent from the calling goroutine too, and their replies read in turn (see
 // fanoutPipelined).
-func (m *NetMutex) fanout(ctx context.Context, s *Script, keys, args []string, targets []bool) []nodeReply {
+func (m *engine) fanout(ctx context.Context, s *Script, keys, args []string, targets []bool) []nodeReply {
 	sent, cancel := m.bound(ctx)
 	defer unbound(sent, cancel)
 	replies := make([]nodeReply, len(m.nodes))
@@ -131,7 +131,7 @@ func (m *NetMutex) fanout(ctx context.Context, s *Script, keys, args []string, t
 // the local deadline stays, and the watchdog tries again. A busy acquire
 // writes no hold (joining the queue does not need the replicas), and its
 // count is not looked at.
-func (m *NetMutex) call(ctx, sent context.Context, i int, s *Script, keys, args []string) nodeReply {
+func (m *engine) call(ctx, sent context.Context, i int, s *Script, keys, args []string) nodeReply {
 	slots, waited, err := m.limiters[i].enter(ctx, s, m.cfg.expiry)
 	if err != nil {
 		return nodeReply{err: nodeError(i, err), unsent: true}
@@ -160,7 +160,7 @@ func (m *NetMutex) call(ctx, sent context.Context, i int, s *Script, keys, args 
 }
 
 // script returns the variant of s to run on node i.
-func (m *NetMutex) script(i int, s *Script) *Script {
+func (m *engine) script(i int, s *Script) *Script {
 	if s.sharded != nil && m.hubs[i] != nil && m.hubs[i].sharded() {
 		return s.sharded // its waiters listen with SSUBSCRIBE
 	}
@@ -169,7 +169,7 @@ func (m *NetMutex) script(i int, s *Script) *Script {
 
 // reply checks node i's answer to s: an error, or integers of the shape s
 // returns.
-func (m *NetMutex) reply(i int, s *Script, vals []int64, err error) nodeReply {
+func (m *engine) reply(i int, s *Script, vals []int64, err error) nodeReply {
 	if err == nil && (len(vals) == 0 || (s.op == opAcquire && len(vals) != 3 && len(vals) != 4)) {
 		return nodeReply{err: nodeError(i, fmt.Errorf("%s script: unexpected reply %v", s.Name(), vals)), permanent: true}
 	}
@@ -179,8 +179,24 @@ func (m *NetMutex) reply(i int, s *Script, vals []int64, err error) nodeReply {
 	return nodeReply{vals: vals}
 }
 
-// fanoutPipelined is fanout over nodes that are all redigo Backends (see
-// NetMutex.pipelined), with the replies in replies. redigo runs a call on
+// A pipeliner is a Backend that sends a call and reads its reply later, on
+// the calling goroutine (see fanoutPipelined): redigo's.
+type pipeliner interface {
+	// ready reports whether a call sent now most likely takes no round
+	// trip before it is sent.
+	ready() bool
+	// send sends s, bounded by ctx, and returns the call, whose receive
+	// reads its reply.
+	send(ctx context.Context, s *Script, keys, args []string) sentCall
+}
+
+// A sentCall is a call a pipeliner sent, whose reply is still to read.
+type sentCall interface {
+	receive() ([]int64, error)
+}
+
+// fanoutPipelined is fanout over nodes that are all pipeliners (see
+// engine.pipelined), with the replies in replies. redigo runs a call on
 // the calling goroutine, one at a time; a goroutine per node would cost a
 // goroutine and its wake-up per node and call. Instead, on each node whose
 // limiter has a slot free and whose pool is ready (an idle connection, no
@@ -190,15 +206,16 @@ func (m *NetMutex) reply(i int, s *Script, vals []int64, err error) nodeReply {
 // node that could keep the calling goroutine waiting before its call is
 // sent (for a slot of its limiter, a dial, a PING) gets a goroutine, as in
 // fanout, so that the others' calls are not held up.
-func (m *NetMutex) fanoutPipelined(ctx, sent context.Context, s *Script, keys, args []string, targets []bool, replies []nodeReply) {
+func (m *engine) fanoutPipelined(ctx, sent context.Context, s *Script, keys, args []string, targets []bool, replies []nodeReply) {
 	var wg sync.WaitGroup
-	calls := make([]*redigoCall, len(m.nodes))
+	calls := make([]sentCall, len(m.nodes))
+	sentScripts := make([]*Script, len(m.nodes))
 	slots := make([]chan struct{}, len(m.nodes))
 	for i := range m.nodes {
 		if targets != nil && !targets[i] {
 			continue
 		}
-		b := m.nodes[i].(*redigoBackend)
+		b := m.nodes[i].(pipeliner)
 		var ok bool
 		if slots[i], ok = m.limiters[i].tryEnter(s); ok && !b.ready() {
 			exit(slots[i])
@@ -208,13 +225,14 @@ func (m *NetMutex) fanoutPipelined(ctx, sent context.Context, s *Script, keys, a
 			wg.Go(func() { replies[i] = m.call(ctx, sent, i, s, keys, args) })
 			continue
 		}
-		calls[i] = b.send(sent, m.script(i, s), keys, args)
+		sentScripts[i] = m.script(i, s)
+		calls[i] = b.send(sent, sentScripts[i], keys, args)
 	}
 	for i, c := range calls {
 		if c != nil {
 			vals, err := c.receive()
 			exit(slots[i])
-			replies[i] = m.reply(i, c.s, vals, err)
+			replies[i] = m.reply(i, sentScripts[i], vals, err)
 		}
 	}
 	wg.Wait()
@@ -224,7 +242,7 @@ func (m *NetMutex) fanoutPipelined(ctx, sent context.Context, s *Script, keys, a
 // ctx, with a deadline a node timeout from now; and the function that
 // releases it, nil for a callBound (see unbound). The Backends netlock
 // provides get a callBound, which costs a timer only if asked for Done.
-func (m *NetMutex) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+func (m *engine) bound(ctx context.Context) (context.Context, context.CancelFunc) {
 	if !m.lazyBounds {
 		return context.WithTimeout(ctx, m.cfg.nodeTimeout)
 	}
@@ -257,7 +275,7 @@ func unbound(sent context.Context, cancel context.CancelFunc) {
 // granted, or that may yet apply our SET without our seeing the reply, must
 // not keep the key until its TTL runs out. The release leaves a tombstone
 // where the key is not ours, so a late SET is refused whenever it arrives.
-func (m *NetMutex) acquireRound(ctx context.Context, q ask) outcome {
+func (m *engine) acquireRound(ctx context.Context, q ask) outcome {
 	// A fresh value every round: a request of an earlier round that is still
 	// on its way to a stalled node can then only meet its own tombstone.
 	value, tomb := m.freshValue()
@@ -308,7 +326,7 @@ func (m *NetMutex) acquireRound(ctx context.Context, q ask) outcome {
 // acquireRound): its flags and reply are the kind's (m.kind), and a hold
 // taken is m's.
 type quorumAcquirer struct {
-	m *NetMutex
+	m *engine
 }
 
 func (a quorumAcquirer) flags(listening, turn, queued bool) string {
@@ -407,7 +425,7 @@ type votes struct {
 // tally reads the nodes' replies to an acquire round into v, and each
 // node's reply as its kind reads it into reads (zero where it did not
 // answer).
-func (m *NetMutex) tally(v *votes, reads []acquireReply, replies []nodeReply) {
+func (m *engine) tally(v *votes, reads []acquireReply, replies []nodeReply) {
 	marks := make([]bool, 2*len(replies)) // one allocation for both
 	v.granted = marks[:len(replies):len(replies)]
 	v.cleanup = marks[len(replies):]
@@ -485,7 +503,7 @@ func (v *votes) refused() []bool {
 }
 
 // lostRound returns what a round that did not acquire came to.
-func (m *NetMutex) lostRound(ctx context.Context, v *votes, took time.Duration) outcome {
+func (m *engine) lostRound(ctx context.Context, v *votes, took time.Duration) outcome {
 	switch err := ctxEnded(ctx); {
 	case err != nil:
 		o := outcome{kind: ended, err: err, took: took}
@@ -523,7 +541,7 @@ func (m *NetMutex) lostRound(ctx context.Context, v *votes, took time.Duration) 
 
 // learn records a fence counter seen on a node, so the next ballot is above
 // it.
-func (m *NetMutex) learn(counter int64) {
+func (m *engine) learn(counter int64) {
 	for {
 		seen := m.seen.Load()
 		if uint64(counter) <= seen || m.seen.CompareAndSwap(seen, uint64(counter)) {
@@ -538,7 +556,7 @@ func (m *NetMutex) learn(counter int64) {
 // the caller returns then, and what is not answered by then the reaper
 // delivers in the background, so that the key goes anyway. held: some node
 // granted the acquire (see release).
-func (m *NetMutex) releaseBy(ctx context.Context, value, tomb string, targets []bool, held bool) {
+func (m *engine) releaseBy(ctx context.Context, value, tomb string, targets []bool, held bool) {
 	any := false
 	for _, t := range targets {
 		any = any || t
@@ -593,7 +611,7 @@ func detached(ctx context.Context) context.Context {
 // freshValue returns a fresh lock value and its tombstone key (see
 // keys.tomb), in one allocation: the value, 128 random bits written as
 // rand.Text writes them, is the tail of the key.
-func (m *NetMutex) freshValue() (value, tomb string) {
+func (m *engine) freshValue() (value, tomb string) {
 	var text [26]byte // ⌈log₃₂ 2¹²⁸⌉ characters, as rand.Text
 	rand.Read(text[:])
 	for i, c := range text {
@@ -614,13 +632,13 @@ const base32Alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
 // grantValue returns the value of a hold a release granted to the join
 // nonce, as the release wrote it: "<nonce>.<n>" (see lua/handon.lua and
 // lua/rw_wake.lua), and m's value suffix.
-func (m *NetMutex) grantValue(nonce, n string) string {
+func (m *engine) grantValue(nonce, n string) string {
 	return nonce + "." + n + m.valueSuffix
 }
 
 // tomb returns value's tombstone key, when it is not known from
 // freshValue ("").
-func (m *NetMutex) tomb(value, tomb string) string {
+func (m *engine) tomb(value, tomb string) string {
 	if tomb != "" {
 		return tomb
 	}
@@ -632,7 +650,7 @@ func (m *NetMutex) tomb(value, tomb string) string {
 // that could not be asked get the release again later, from the reaper.
 // held says whether value was held on some node: the release of an acquire
 // that no node granted is not worth a warning when the reaper gives up.
-func (m *NetMutex) release(ctx context.Context, value, tomb string, targets []bool, held bool) []nodeReply {
+func (m *engine) release(ctx context.Context, value, tomb string, targets []bool, held bool) []nodeReply {
 	s, keys, args := m.kind.releaseCall(value, m.tomb(value, tomb))
 	replies := m.fanout(ctx, s, keys, args, targets)
 	m.reapLater(value, replies, targets, held)
@@ -642,7 +660,7 @@ func (m *NetMutex) release(ctx context.Context, value, tomb string, targets []bo
 // acquireArg returns the acquire script's last argument (see
 // lua/acquire.lua): the ballot proposal, the waiters' queue member q, and
 // the holder.
-func (m *NetMutex) acquireArg(proposal string, q ask) string {
+func (m *engine) acquireArg(proposal string, q ask) string {
 	return proposal + ":" + q.member + ":" + q.flags + ":" + m.queueMS + ":" + m.holder
 }
 
@@ -665,7 +683,7 @@ func (k *keys) lockCall(tomb, arg1, arg2, arg3 string) (keys, args []string) {
 // granted to it) it will not take. It is sent under cleanupBound(ctx), as
 // releaseBy's release: what is not answered by then, or what a node cannot
 // take yet, the reaper sends again in the background.
-func (m *NetMutex) leave(ctx context.Context, member string, targets []bool) {
+func (m *engine) leave(ctx context.Context, member string, targets []bool) {
 	cctx, cancel := cleanupBound(ctx)
 	s, keys, args := m.kind.leaveCall(member)
 	replies := m.fanout(cctx, s, keys, args, targets)
@@ -685,7 +703,7 @@ func (m *NetMutex) leave(ctx context.Context, member string, targets []bool) {
 // settle counts the replies of a release or extend: nil when a quorum did
 // it, ErrLockLost when so many nodes no longer hold our value that a quorum
 // never can, and a quorum error otherwise.
-func (m *NetMutex) settle(replies []nodeReply) error {
+func (m *engine) settle(replies []nodeReply) error {
 	ok, gone := 0, 0
 	var errs []error
 	for _, r := range replies {

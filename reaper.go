@@ -17,7 +17,7 @@ import (
 // stranded until its TTL runs out.
 //
 // It also sends a waiter's leave of the queue that could not be sent, or
-// was cut short by the caller's ctx (see NetMutex.leave), and a Semaphore
+// was cut short by the caller's ctx (see engine.leave), and a Semaphore
 // lease's count again after a call's reply was lost (see Semaphore.resend):
 // each thing pending is a redelivery, which knows what to send and when it
 // is over. A leave is sent again at once (reapNow): a turn a release may
@@ -43,11 +43,11 @@ type reaper struct {
 type redelivery interface {
 	// deliver sends it once more, and reports whether it is over; if not,
 	// the reaper sends it again after a pause.
-	deliver(m *NetMutex) bool
+	deliver(m *engine) bool
 }
 
 // A pendingLeave is a leave of a waiters' queue by member on one node (see
-// NetMutex.leave).
+// engine.leave).
 type pendingLeave struct {
 	node   int
 	member string
@@ -57,7 +57,7 @@ type pendingLeave struct {
 // deliver sends the leave once more (see redelivery). It is over once
 // answered, or once nothing can take it; after ten expiries, whatever the
 // queue kept of member is long gone.
-func (p *pendingLeave) deliver(m *NetMutex) bool {
+func (p *pendingLeave) deliver(m *engine) bool {
 	if m.clk.Now().After(p.giveUp) {
 		return true
 	}
@@ -74,12 +74,12 @@ type pendingRelease struct {
 	value  string
 	giveUp time.Time
 	err    error // the last delivery's
-	held   bool  // value was held on some node (see NetMutex.release)
+	held   bool  // value was held on some node (see engine.release)
 }
 
 // reapLater queues releases of value for the nodes whose replies were
 // errors, and starts the reaper's goroutine if it is not running.
-func (m *NetMutex) reapLater(value string, replies []nodeReply, targets []bool, held bool) {
+func (m *engine) reapLater(value string, replies []nodeReply, targets []bool, held bool) {
 	r := &m.reaper
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -93,7 +93,7 @@ func (m *NetMutex) reapLater(value string, replies []nodeReply, targets []bool, 
 
 // resending reports whether a release of value waits in the reaper to be
 // sent again.
-func (m *NetMutex) resending(value string) bool {
+func (m *engine) resending(value string) bool {
 	return m.reaper.any(func(d redelivery) bool {
 		p, ok := d.(*pendingRelease)
 		return ok && p.value == value
@@ -116,7 +116,7 @@ func (r *reaper) any(match func(redelivery) bool) bool {
 
 // reapAgain queues d, and starts the reaper's goroutine if it is not
 // running.
-func (m *NetMutex) reapAgain(d redelivery) {
+func (m *engine) reapAgain(d redelivery) {
 	r := &m.reaper
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -125,7 +125,7 @@ func (m *NetMutex) reapAgain(d redelivery) {
 }
 
 // reapNow queues ds and has them sent at once, on the reaper's goroutine.
-func (m *NetMutex) reapNow(ds ...redelivery) {
+func (m *engine) reapNow(ds ...redelivery) {
 	r := &m.reaper
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -139,7 +139,7 @@ func (m *NetMutex) reapNow(ds ...redelivery) {
 
 // reapLocked starts the reaper's goroutine if redeliveries are pending and
 // it is not running. The caller holds m.reaper.mu.
-func (m *NetMutex) reapLocked() {
+func (m *engine) reapLocked() {
 	r := &m.reaper
 	if r.now == nil {
 		r.now = make(chan struct{}, 1)
@@ -160,7 +160,7 @@ const (
 
 // reap retries the pending redeliveries, with a growing pause between
 // passes, until none is left, and at once when asked on now.
-func (m *NetMutex) reap(now <-chan struct{}) {
+func (m *engine) reap(now <-chan struct{}) {
 	r := &m.reaper
 	pause := reapFirstPause
 	t := time.NewTimer(pause) // a retry delay: the real clock
@@ -196,7 +196,7 @@ func (m *NetMutex) reap(now <-chan struct{}) {
 }
 
 // deliver sends the release once more (see redelivery).
-func (p *pendingRelease) deliver(m *NetMutex) bool {
+func (p *pendingRelease) deliver(m *engine) bool {
 	if m.clk.Now().After(p.giveUp) {
 		m.reapGaveUp(*p, "the tombstone's lifetime ended: a late acquire can no longer take the key", p.err)
 		return true

@@ -162,6 +162,7 @@ func readRWInspect(v []int64) (RWNodeInfo, bool) {
 		l.HolderInfo = keyspace.HolderDecode(h)
 		n.Leases = append(n.Leases, l)
 	}
+	sortLeases(n.Leases) // the script's order breaks ties of a millisecond otherwise
 	return n, len(rest) == 0
 }
 

@@ -68,8 +68,8 @@ import (
 // A NetRWMutex must be created with NewRW and must not be copied after first
 // use.
 type NetRWMutex struct {
-	w    *NetMutex // the write lock; readers may share it (see sharesWrite)
-	r    *NetMutex // the read lease, shared by this process's readers
+	w    *engine // the write lock; readers may share it (see sharesWrite)
+	r    *engine // the read lease, shared by this process's readers
 	keys rwKeys
 	// joined is the channel where a writer taking its place is told:
 	// p{name}:rw:joined.
@@ -217,38 +217,51 @@ const placeExpiries = 3
 // validates its input as New does and does not contact Redis. A NetRWMutex
 // and a NetMutex of the same name are different locks.
 func NewRW(name string, backends []Backend, opts ...Option) (*NetRWMutex, error) {
-	w, err := New(name, backends, opts...)
+	cfg, err := newCheckedConfig(name, backends, opts)
 	if err != nil {
 		return nil, err
 	}
-	r, err := New(name, backends, opts...)
+	k := keyspace.RW(cfg.prefix, name, cfg.fencing)
+	placeMS := strconv.FormatInt(placeExpiries*cfg.expiry.Milliseconds(), 10)
+	side := func(mode byte) func(m *engine) kind {
+		return func(m *engine) kind { return &rwSide{m: m, mode: mode, keys: k, placeMS: placeMS} }
+	}
+	tomb := keyspace.Tomb(k.Writer, "")
+	w, err := newEngine(name, backends, cfg, spec{
+		keys:       newKeys(cfg.prefix, name, cfg.fencing),
+		tombPrefix: tomb,
+		waitChan:   func(id string, _ bool) string { return k.Channel + ":w:" + id },
+		kind:       side('w'),
+	})
 	if err != nil {
 		return nil, err
 	}
-	k := keyspace.RW(w.cfg.prefix, name, w.cfg.fencing)
-	placeMS := strconv.FormatInt(placeExpiries*w.cfg.expiry.Milliseconds(), 10)
-	w.setKind(&rwSide{m: w, mode: 'w', keys: k, placeMS: placeMS})
-	r.setKind(&rwSide{m: r, mode: 'r', keys: k, placeMS: placeMS})
-	for _, m := range []*NetMutex{w, r} {
-		m.tombPrefix = keyspace.Tomb(k.Writer, "")
-	}
-	// A read lease is a member of a sorted set: its value carries the
-	// holder (see lua/rw_acquire.lua).
-	r.valueSuffix = keyspace.LeaseSuffix(r.holder)
-	// A release grants a waiter its hold in its own script where New would
-	// let it grant a NetMutex's (m.grants: one backend, whose PUBLISH counts
-	// the listeners, without WithSyncReplicas), and tells the waiter alone:
-	// a writer, or a process's reader, on a channel of its own. Otherwise
-	// readers are told together, to attempt; a writer alone (see
-	// lua/rw_wake.lua).
-	r.waitChan = k.Channel + ":r"
-	if r.grants {
-		r.waitChan += ":" + r.waiterID
-	}
-	w.waitChan = k.Channel + ":w:" + w.waiterID
 	// WithMinHold bounds the write lock; a read lease, shared by readers
 	// that come and go, ends when the last one leaves.
-	r.cfg.minHold = 0
+	cfg.minHold = 0
+	r, err := newEngine(name, backends, cfg, spec{
+		keys:       newKeys(cfg.prefix, name, cfg.fencing),
+		tombPrefix: tomb,
+		// A release grants a waiter its hold in its own script where it
+		// would grant a NetMutex's (engine.grants: one backend, whose
+		// PUBLISH counts the listeners, without WithSyncReplicas), and
+		// tells the waiter alone: a writer, or a process's reader, on a
+		// channel of its own. Otherwise readers are told together, to
+		// attempt; a writer alone (see lua/rw_wake.lua).
+		waitChan: func(id string, grants bool) string {
+			if grants {
+				return k.Channel + ":r:" + id
+			}
+			return k.Channel + ":r"
+		},
+		// A read lease is a member of a sorted set: its value carries the
+		// holder (see lua/rw_acquire.lua).
+		leases: true,
+		kind:   side('r'),
+	})
+	if err != nil {
+		return nil, err
+	}
 	return &NetRWMutex{w: w, r: r, keys: k, joined: k.Joined}, nil
 }
 
@@ -259,7 +272,7 @@ type rwKeys = keyspace.RWKeys
 // ('w'): lua/rw_acquire.lua, rw_release.lua, rw_extend.lua, rw_leave.lua,
 // whose argument starts with the mode.
 type rwSide struct {
-	m       *NetMutex
+	m       *engine
 	mode    byte
 	keys    rwKeys
 	placeMS string // how long a waiter's place lasts: placeExpiries
@@ -363,7 +376,7 @@ func (*rwSide) rule() localRule { return rwRule{} }
 // leaves all get in before a later writer.
 type rwRule struct{ exclusiveRule }
 
-func (rwRule) admitLocked(m *NetMutex, h *hold, n int64) (rest int64, handed int) {
+func (rwRule) admitLocked(m *engine, h *hold, n int64) (rest int64, handed int) {
 	rest, handed = exclusiveRule{}.admitLocked(m, h, n)
 	if handed > 0 && m.shared > 0 { // a reader got it: the readers next to it too
 		handed += m.admitSharedLocked(h)
@@ -552,7 +565,7 @@ func (rw *NetRWMutex) LockCtx(ctx context.Context) error {
 	rw.mu.Lock()
 	rw.writers++
 	rw.mu.Unlock()
-	if err := rw.w.LockCtx(ctx); err != nil {
+	if err := rw.w.lockCtx(ctx); err != nil {
 		rw.writerLeft()
 		return err
 	}
@@ -573,7 +586,7 @@ func (rw *NetRWMutex) TryLockCtx(ctx context.Context) (bool, error) {
 	}
 	rw.writers++
 	rw.mu.Unlock()
-	ok, err := rw.w.TryLockCtx(ctx)
+	ok, err := rw.w.tryLockCtx(ctx)
 	if !ok {
 		rw.writerLeft()
 	}
@@ -587,7 +600,7 @@ func (rw *NetRWMutex) UnlockCtx(ctx context.Context) error {
 	if err := rw.check(); err != nil {
 		return err
 	}
-	err := rw.w.UnlockCtx(ctx)
+	err := rw.w.unlockCtx(ctx)
 	if errors.Is(err, ErrNotHeld) {
 		return err
 	}
@@ -771,7 +784,7 @@ func (rw *NetRWMutex) newLease(ctx context.Context) error {
 	rw.mu.Unlock()
 
 	listen := rw.newLeaseWatch()
-	err := rw.r.LockCtx(ctx)
+	err := rw.r.lockCtx(ctx)
 
 	rw.mu.Lock()
 	rw.leasing = nil
@@ -823,7 +836,7 @@ func (rw *NetRWMutex) TryRLockCtx(ctx context.Context) (bool, error) {
 	rw.mu.Unlock()
 
 	listen := rw.newLeaseWatch()
-	ok, err := rw.r.TryLockCtx(ctx)
+	ok, err := rw.r.tryLockCtx(ctx)
 
 	rw.mu.Lock()
 	rw.leasing = nil
@@ -903,7 +916,7 @@ func (rw *NetRWMutex) runlock(ctx context.Context) error {
 		// handed it: it queues in Redis, behind the writer.
 		rw.r.noHandOff()
 	}
-	err := rw.r.UnlockCtx(ctx)
+	err := rw.r.unlockCtx(ctx)
 	close(end)
 	return err
 }

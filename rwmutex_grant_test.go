@@ -55,7 +55,7 @@ func grantedValue(h *hold) bool { return h != nil && strings.Contains(h.value, "
 // checkGrantHolder checks that the hold a release granted m is written with
 // m's holder identity (not the releaser's): in the writer key, or in the
 // read lease's value.
-func checkGrantHolder(t *testing.T, srv *miniredis.Miniredis, m *NetMutex) {
+func checkGrantHolder(t *testing.T, srv *miniredis.Miniredis, m *engine) {
 	t.Helper()
 	k := m.kind.(*rwSide).keys
 	h := m.current()

@@ -312,7 +312,7 @@ func (mc *rwMachine) close() {
 	}
 	eventually(mc.rt, 10*time.Second, "every reaper done", func() bool {
 		for _, c := range mc.all {
-			for _, m := range []*NetMutex{c.rw.w, c.rw.r} {
+			for _, m := range []*engine{c.rw.w, c.rw.r} {
 				m.reaper.mu.Lock()
 				running := m.reaper.running
 				m.reaper.mu.Unlock()
@@ -1066,11 +1066,11 @@ func (mc *rwMachine) extendAll() {
 	ctx := context.Background()
 	for i, c := range mc.cs {
 		if h := c.rw.w.current(); h != nil {
-			err := c.rw.w.ExtendCtx(ctx)
+			err := c.rw.w.extendCtx(ctx)
 			mc.checkErr(fmt.Sprintf("client %d extend of the write lock", i), err, ErrLockLost, ErrQuorum, ErrNotHeld)
 		}
 		if h, _ := mc.leaseHold(c); h != nil {
-			err := c.rw.r.ExtendCtx(ctx)
+			err := c.rw.r.extendCtx(ctx)
 			mc.checkErr(fmt.Sprintf("client %d extend of the read lease", i), err, ErrLockLost, ErrQuorum, ErrNotHeld)
 		}
 	}
@@ -1246,7 +1246,7 @@ func (mc *rwMachine) writerVsReaders() {
 		// tried again.
 		var err error
 		for range 5 {
-			if err = mc.cs[i].rw.r.ExtendCtx(ctx); err == nil {
+			if err = mc.cs[i].rw.r.extendCtx(ctx); err == nil {
 				break
 			}
 		}

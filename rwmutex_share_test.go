@@ -37,7 +37,7 @@ func (c *countingBackend) scripts() int {
 
 // localWaiters returns how many goroutines wait in m's local queue, and
 // how many of them are shared.
-func (m *NetMutex) localWaiters() (all, shared int) {
+func (m *engine) localWaiters() (all, shared int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, w := range m.waiters {

@@ -358,7 +358,7 @@ func TestRWReaderAfterWriterGaveUp(t *testing.T) {
 	eventually(t, 5*time.Second, "the writer queued", func() bool { return srv.Exists(writers) })
 	// The lease's next extend (its watchdog's, every expiry/3) learns
 	// that a writer waits.
-	if err := a.r.ExtendCtx(ctx); err != nil {
+	if err := a.r.extendCtx(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-errc; !errors.Is(err, ErrNotObtained) {

@@ -60,7 +60,7 @@ import (
 // A Semaphore must be created with NewSemaphore and must not be copied
 // after first use.
 type Semaphore struct {
-	m       *NetMutex // the engine: the node, options, limiter, pub/sub, the local queue, and the lease's watchdog
+	m       *engine   // the engine: the node, options, limiter, pub/sub, the local queue, and the lease's watchdog
 	kind    *semLease // m.leaseKind: its extend, and the local admission rule
 	size    int64
 	keys    []string // see lua/sem_acquire.lua
@@ -163,25 +163,33 @@ func NewSemaphore(name string, size int64, backends []Backend, opts ...Option) (
 	if size < 1 {
 		return nil, fmt.Errorf("netlock: semaphore %q: size %d, want at least 1", name, size)
 	}
-	m, err := New(name, backends, opts...)
+	cfg, err := newCheckedConfig(name, backends, opts)
 	if err != nil {
 		return nil, err
 	}
-	if m.cfg.minHold > 0 {
+	if cfg.minHold > 0 {
 		return nil, fmt.Errorf("netlock: semaphore %q: WithMinHold applies to a NetMutex and a NetRWMutex's write lock, not to a Semaphore's permits", name)
 	}
 	if len(backends) != 1 {
 		return nil, fmt.Errorf("netlock: semaphore %q: %d backends; a Semaphore runs on one (a server, with its replicas, or a Cluster): a quorum of independent deployments cannot bound k > 1 holders without nearly every node answering (see Semaphore)", name, len(backends))
 	}
-	k := keyspace.Sem(m.cfg.prefix, name)
+	k := keyspace.Sem(cfg.prefix, name)
 	lease := &semLease{
-		keys:    []string{k.Leases, k.Permits, k.Queue, k.Places, k.Wants},
-		placeMS: strconv.FormatInt(placeExpiries*m.cfg.expiry.Milliseconds(), 10),
+		keys:     []string{k.Leases, k.Permits, k.Queue, k.Places, k.Wants},
+		expiryMS: strconv.FormatInt(cfg.expiry.Milliseconds(), 10),
+		placeMS:  strconv.FormatInt(placeExpiries*cfg.expiry.Milliseconds(), 10),
 	}
-	lease.expiryMS = m.expiryMS
-	m.kind, m.leaseKind, m.rule = nil, lease, lease
-	m.grants = false
-	m.waitChan = k.Leases + ":wake:" + m.waiterID // where our waiter is told to look again, or granted
+	m, err := newEngine(name, backends, cfg, spec{
+		keys:     newKeys(cfg.prefix, name, cfg.fencing),
+		noGrants: true,
+		// where our waiter is told to look again, or granted
+		waitChan: func(id string, _ bool) string { return k.Leases + ":wake:" + id },
+		lease:    lease,
+		rule:     lease,
+	})
+	if err != nil {
+		return nil, err
+	}
 	lease.s = &Semaphore{m: m, kind: lease, size: size, keys: lease.keys, placeMS: lease.placeMS,
 		grants: m.hubs[0] != nil && m.cfg.replicas == 0}
 	return lease.s, nil
@@ -206,8 +214,8 @@ func (l *semLease) extendCall(value string) (*Script, []string, []string) {
 
 func (*semLease) extended(*hold, []nodeReply) {}
 
-// admitLocked is a Semaphore's local admission rule (DESIGN §9: weights
-// within the size): it hands h, the lease, on to the waiters at the head of
+// admitLocked is a Semaphore's local admission rule (weights within the
+// size): it hands h, the lease, on to the waiters at the head of
 // m's local line, the owner (m.first, waiting in Redis) first, in their
 // order, each while n (the permits a release gives back) covers its whole
 // weight, so that a heavier waiter at the head keeps the lighter ones
@@ -216,7 +224,7 @@ func (*semLease) extended(*hold, []nodeReply) {}
 // WithLocalHandoffs, and h well within its validity). It returns what is
 // left of n, and how many it handed. The caller holds m.mu, and sees that
 // the owner has no call in flight (its reply could grant it as well).
-func (*semLease) admitLocked(m *NetMutex, h *hold, n int64) (rest int64, handed int) {
+func (*semLease) admitLocked(m *engine, h *hold, n int64) (rest int64, handed int) {
 	for h != nil && m.owned && m.first != nil && m.first.n <= n && m.mayHandOffLocked(h) {
 		w := m.first
 		m.handLocked(w, h)
@@ -234,7 +242,7 @@ func (*semLease) admitLocked(m *NetMutex, h *hold, n int64) (rest int64, handed 
 // leaves (owed), and the first's entry, if it named the waiter that left
 // as its next, must name another (or none), or a grant would keep our
 // process's place for it, keeping every later waiter out.
-func (l *semLease) leftLocked(m *NetMutex, _ *localWaiter, i int) func(context.Context) {
+func (l *semLease) leftLocked(m *engine, _ *localWaiter, i int) func(context.Context) {
 	s := l.s
 	if !m.owned {
 		return func(ctx context.Context) { s.leave(ctx, false, nil) }
@@ -248,14 +256,14 @@ func (l *semLease) leftLocked(m *NetMutex, _ *localWaiter, i int) func(context.C
 
 // unwanted gives back the permits the first waiter's call took for w, or a
 // release handed on to it.
-func (l *semLease) unwanted(ctx context.Context, _ *NetMutex, w *localWaiter) {
+func (l *semLease) unwanted(ctx context.Context, _ *engine, w *localWaiter) {
 	l.s.ReleaseCtx(ctx, w.n)
 }
 
 // fitsLocked returns how many waiters at the head of m's local line, the
 // owner first, n permits cover in their order (as admitLocked would hand
 // them on), and their weight. The caller holds m.mu.
-func (*semLease) fitsLocked(m *NetMutex, n int64) (k int, sum int64) {
+func (*semLease) fitsLocked(m *engine, n int64) (k int, sum int64) {
 	if !m.owned || m.first == nil || m.first.n > n {
 		return 0, 0
 	}
@@ -1174,7 +1182,7 @@ type semResend struct {
 	giveUp time.Time
 }
 
-func (r *semResend) deliver(*NetMutex) bool { return r.s.resend(r.giveUp) }
+func (r *semResend) deliver(*engine) bool { return r.s.resend(r.giveUp) }
 
 // resend sends the lease's count again if a call's reply was lost
 // (dirty), and reports whether it is over: Redis answered (and no reply

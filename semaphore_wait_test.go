@@ -265,7 +265,7 @@ func TestSemaphoreWaitersGiveUpTogether(t *testing.T) {
 				go func() { done <- p.Acquire(ctx, 1) }()
 			}
 			// Queued, and the first waiter's attempt that tells Redis of
-			// the second (see semWaiter.poke) has run: an attempt still on
+			// the second (see Semaphore.pokeFirstLocked) has run: an attempt still on
 			// its way when the waiters give up may reach Redis after their
 			// leave, which is another matter.
 			eventually(t, 10*time.Second, "both waiters queued, the second told to Redis", func() bool {

@@ -18,7 +18,7 @@ import (
 // once per NetMutex whatever the answer: a node that does not answer is
 // not asked again by this NetMutex, and the acquire that follows reports
 // it.
-func (m *NetMutex) checkServers(ctx context.Context) {
+func (m *engine) checkServers(ctx context.Context) {
 	if m.checked.Load() || !m.checked.CompareAndSwap(false, true) {
 		return
 	}
@@ -57,7 +57,7 @@ func (m *NetMutex) checkServers(ctx context.Context) {
 	}
 }
 
-func (m *NetMutex) evictionWarning(ctx context.Context, node int, n NodeInfo) {
+func (m *engine) evictionWarning(ctx context.Context, node int, n NodeInfo) {
 	what := "lock keys, which releases a lock under its holder"
 	if strings.HasPrefix(n.MaxMemoryPolicy, "allkeys-") {
 		what += ", and fence counters, which makes fencing tokens go back"

@@ -44,13 +44,13 @@ import (
 // While the nodes do not answer at all, a waiter retries with the same
 // delays for at most the outage window (WithOutageWindow).
 type waiter struct {
-	m    *NetMutex
+	m    *engine
 	a    acquirer // how the call's kind acquires
 	wait bool     // LockCtx; TryLockCtx makes one attempt
 	busy bool     // an attempt found the lock held
 
 	// wake, capacity 1: a message on our channel, or "" for a connection
-	// failed (or, from a Semaphore's waiters, see semWaiter.poke, a reason
+	// failed (or, from a Semaphore's waiters, see Semaphore.pokeFirstLocked, a reason
 	// to look again). Made by init unless given.
 	wake    chan string
 	watches []*watch // per node; nil where not watching
@@ -102,7 +102,7 @@ const maxSplits = 3
 // it makes just one attempt. It reports false, with a nil error, only when
 // wait is false and the lock is held elsewhere; and whether an attempt found
 // the lock held. The caller owns m.
-func (m *NetMutex) acquire(ctx context.Context, wait bool) (ok, busy bool, err error) {
+func (m *engine) acquire(ctx context.Context, wait bool) (ok, busy bool, err error) {
 	m.checkServers(ctx)
 	w := waiter{m: m, a: quorumAcquirer{m}, wait: wait, delay: backoff{min: m.cfg.minRetryDelay, max: m.cfg.maxRetryDelay}}
 	ok, err = w.run(ctx)
@@ -377,7 +377,7 @@ func (w *waiter) keeps(ctx context.Context, g grant) error {
 
 // warnClosed logs that a waiter of the closed client of node i could not
 // pass its turn on (err): a grant to it expires.
-func (m *NetMutex) warnClosed(ctx context.Context, i int, err error) {
+func (m *engine) warnClosed(ctx context.Context, i int, err error) {
 	if l := m.log(ctx, slog.LevelWarn); l != nil {
 		l.LogAttrs(ctx, slog.LevelWarn, "netlock: a waiter of a closed client could not pass its turn on; a grant to it expires", m.lockAttr(), slog.Int("node", i), errAttr(err))
 	}
@@ -532,7 +532,7 @@ const (
 )
 
 // yieldLeft returns how long an acquire starting now must yield.
-func (m *NetMutex) yieldLeft() time.Duration {
+func (m *engine) yieldLeft() time.Duration {
 	return time.Duration(m.yieldUntil.Load()) - m.clk.Since(m.epoch)
 }
 
@@ -542,7 +542,7 @@ func (m *NetMutex) yieldLeft() time.Duration {
 // was set up: then an attempt must follow before sleeping, for a release
 // published before the subscription reached nobody, and the attempt joins
 // the queue. A node whose user may not publish or subscribe on our
-// channels (see NetMutex.checkChannels) fails it with that error: no
+// channels (see engine.checkChannels) fails it with that error: no
 // release could tell us, nor could ours tell the waiters behind us.
 func (w *waiter) listen(ctx context.Context) (bool, error) {
 	m := w.m
@@ -598,7 +598,7 @@ func (w *waiter) listen(ctx context.Context) (bool, error) {
 
 // watch watches m's release channel on node i's hub, bounded by the node
 // timeout; nil and the error if it could not.
-func (m *NetMutex) watch(ctx context.Context, i int, wake chan<- string) (*watch, error) {
+func (m *engine) watch(ctx context.Context, i int, wake chan<- string) (*watch, error) {
 	wt, err := m.watchChannelFor(ctx, i, m.waitChan, wake, m.orphan)
 	// A MultiMutex waits in the queue of whichever of its names is held:
 	// it watches the release channel of each, all or none.
@@ -618,13 +618,13 @@ func (m *NetMutex) watch(ctx context.Context, i int, wake chan<- string) (*watch
 
 // watchChannel watches channel on node i's hub, bounded by the node
 // timeout; nil and the error if it could not.
-func (m *NetMutex) watchChannel(ctx context.Context, i int, channel string, wake chan<- string) (*watch, error) {
+func (m *engine) watchChannel(ctx context.Context, i int, channel string, wake chan<- string) (*watch, error) {
 	return m.watchChannelFor(ctx, i, channel, wake, nil)
 }
 
 // watchChannelFor is watchChannel with the Hub's orphan handler of channel
 // (see Hub.watchFor).
-func (m *NetMutex) watchChannelFor(ctx context.Context, i int, channel string, wake chan<- string, orphan func(string)) (*watch, error) {
+func (m *engine) watchChannelFor(ctx context.Context, i int, channel string, wake chan<- string, orphan func(string)) (*watch, error) {
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.nodeTimeout)
 	defer cancel()
 	return m.hubs[i].watchFor(ctx, channel, wake, orphan)
@@ -639,7 +639,7 @@ func (m *NetMutex) watchChannelFor(ctx context.Context, i int, channel string, w
 // until the grant expires. It is released at once, as granted releases a
 // grant to an earlier call. A grant to a waiter that succeeded is m's hold
 // (adopted by an attempt, the message late), or was: never released here.
-func (m *NetMutex) orphan(payload string) {
+func (m *engine) orphan(payload string) {
 	nonce, n, _, ok := parseGrant(payload)
 	if !ok {
 		return
@@ -653,7 +653,7 @@ func (m *NetMutex) orphan(payload string) {
 
 // gaveUpOn reports whether a waiter of m gave up the place it joined
 // under nonce lately.
-func (m *NetMutex) gaveUpOn(nonce string) bool {
+func (m *engine) gaveUpOn(nonce string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return slices.Contains(m.gaveUp[:], nonce)
@@ -661,7 +661,7 @@ func (m *NetMutex) gaveUpOn(nonce string) bool {
 
 // gaveUpLocked records that the waiter of nonce gave up (see orphan). The
 // caller holds m.mu.
-func (m *NetMutex) gaveUpLocked(nonce string) {
+func (m *engine) gaveUpLocked(nonce string) {
 	m.gaveUp[m.gaveUpNext] = nonce
 	m.gaveUpNext = (m.gaveUpNext + 1) % len(m.gaveUp)
 }
@@ -699,7 +699,7 @@ func (w *waiter) join() {
 // joinAll joins, on hub h, our release channel and those of alsoChans (a
 // MultiMutex's other names), all or none; nil if one is not subscribed and
 // confirmed already.
-func (m *NetMutex) joinAll(h *Hub, wake chan<- string) *watch {
+func (m *engine) joinAll(h *Hub, wake chan<- string) *watch {
 	wt := h.join(m.waitChan, wake)
 	for _, c := range m.alsoChans {
 		if wt == nil {
