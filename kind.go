@@ -5,13 +5,15 @@ import (
 	"time"
 )
 
-// The engine (a NetMutex's hold and watchdog, its per-call waiter, the
-// quorum fan-out, the reaper, the in-process queue) runs a kind of lock; a
-// kind says what differs between kinds: its keys and scripts, how a reply
-// becomes an outcome, and what its waiters ask for. Each kind's code is in
-// the file of its primitive: mutexKind in mutex.go, rwSide (a NetRWMutex's
-// read lease or write lock) in rwmutex.go, semLease (a Semaphore's lease) and
-// semAcquirer (how its waiter takes it) in semaphore.go.
+// The engine (engine.go: the holds and their watchdog, the waiting calls,
+// the quorum fan-out, the reaper, the in-process queue) runs a kind of
+// lock; a kind says what differs between kinds: its keys and scripts, how a
+// reply becomes an outcome, and what its waiters ask for. Each kind builds
+// its engine from a spec (see newEngine), and its code is in files of its
+// own: mutexKind in netmutex.go, rwSide (a NetRWMutex's read lease or write
+// lock) in rwside.go, semLease (a Semaphore's lease) and semAcquirer (how
+// its waiter takes it) in semlease.go, electionKind in election.go,
+// multiKind in multi.go.
 
 // A leaseKind is what a hold needs of its kind: how to extend it, and how
 // observers and logs name it.

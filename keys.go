@@ -25,3 +25,15 @@ func newKeys(prefix, name string, fencing bool) keys {
 
 // keySlot is Redis Cluster's HASH_SLOT of key (keyspace.Slot).
 func keySlot(key string) uint16 { return keyspace.Slot(key) }
+
+// lockCall returns the keys of an acquire or release script (lock,
+// tombstone, waiters' queue, and the fence counter with fencing on) and its
+// three arguments, in one allocation.
+func (k *keys) lockCall(tomb, arg1, arg2, arg3 string) (keys, args []string) {
+	all := []string{k.lock, tomb, k.waiters, k.fence, arg1, arg2, arg3}
+	keys = all[:4:4]
+	if k.fence == "" {
+		keys = all[:3:3]
+	}
+	return keys, all[4:]
+}

@@ -153,40 +153,6 @@ type line struct {
 	gaveUpNext int
 }
 
-// New returns a NetMutex for the lock called name on backends: one backend is
-// a plain lock; several independent deployments make a quorum lock, held
-// when a majority (len(backends)/2+1) of them grant it with the same fencing
-// token. It validates name, backends and options and returns an error naming
-// what is wrong; it does not contact Redis.
-//
-// For a quorum the backends must be independent deployments (not replicas of
-// one another, not the same server twice), and their fence counters must
-// survive restarts (appendonly yes, appendfsync always), or a node that lost
-// them must be re-seeded before it rejoins.
-//
-// Every NetMutex with the same name, prefix and backends, in any process,
-// excludes every other.
-func New(name string, backends []Backend, opts ...Option) (*NetMutex, error) {
-	m, err := newMutexEngine(name, backends, opts)
-	if err != nil {
-		return nil, err
-	}
-	return &NetMutex{m}, nil
-}
-
-// newMutexEngine returns the engine of a NetMutex: New's, which Inspect
-// uses too.
-func newMutexEngine(name string, backends []Backend, opts []Option) (*engine, error) {
-	cfg, err := newCheckedConfig(name, backends, opts)
-	if err != nil {
-		return nil, err
-	}
-	return newEngine(name, backends, cfg, spec{
-		keys: newKeys(cfg.prefix, name, cfg.fencing),
-		kind: func(m *engine) kind { return mutexKind{m} },
-	})
-}
-
 // newCheckedConfig checks New's name and backends, and returns the
 // configuration opts make: every kind's constructor starts with it.
 func newCheckedConfig(name string, backends []Backend, opts []Option) (config, error) {
