@@ -76,6 +76,21 @@ type Semaphore struct {
 	// weighted); m.mu is never held across a call to Redis.
 	op sync.Mutex
 
+	// grants: a release may grant our waiters their permits in its own
+	// script (see lua/sem_wake.lua): we can be told (a Hub), and no
+	// WithSyncReplicas (a script cannot wait for replicas).
+	grants   bool
+	semCount // the lease and its count, guarded by m.mu
+	semPlace // the first waiter's call and the process's place in Redis
+	// The hand-ons in a row are m.handoffs, bounded by WithLocalHandoffs
+	// (m.cfg.handoffs), counted since the process last got permits from
+	// Redis.
+}
+
+// A semCount is the lease of a Semaphore's process in Redis and the count
+// of its permits, guarded by the engine's mu (calls that change it are
+// ordered by the Semaphore's op).
+type semCount struct {
 	// value is the lease's value; "" when the process has none in Redis.
 	value string
 	// lease is value's watchdog; nil when the process holds no permits
@@ -95,10 +110,11 @@ type Semaphore struct {
 	// reaches Redis after a later one changes nothing (see
 	// lua/sem_acquire.lua). Under op.
 	seq int64
-	// grants: a release may grant our waiters their permits in its own
-	// script (see lua/sem_wake.lua): we can be told (a Hub), and no
-	// WithSyncReplicas (a script cannot wait for replicas).
-	grants bool
+}
+
+// A semPlace is what a Semaphore's process knows of its waiting call in
+// Redis and of its place in the queue there.
+type semPlace struct {
 	// nonce names the waiting call of the first local waiter, under which
 	// a release may grant it, while it waits; joined is when its first
 	// attempt began, before any grant under nonce. fold is the nonce of a
@@ -128,9 +144,6 @@ type Semaphore struct {
 	// waiter's call was sent, and no reply or leave has taken it off since).
 	// Set under op and m.mu.
 	placed bool
-	// The hand-ons in a row are m.handoffs, bounded by WithLocalHandoffs
-	// (m.cfg.handoffs), counted since the process last got permits from
-	// Redis.
 }
 
 // ErrSizeMismatch means the processes using a Semaphore's name disagree on
