@@ -42,18 +42,18 @@ type Once struct {
 // (waiting, queue, watchdog, local hand-off, quorum, fencing); only its
 // keys and the Kind its events carry are its own. Beside it, in the same
 // hash slot, the record p{name}:once:done says that the function ran to
-// success: "<token>:<unix ms>:<holder>", written by lua/once_record.lua only
-// where the lock holds the runner's value and token, and counted done when
-// a quorum of the nodes hold it; once a quorum does, it is copied to the
-// nodes that answered but did not hold the runner's hold (a quorum hold
+// success: "<token>:<unix ms>:<holder>", written by lua/once_record.lua
+// only where the lock holds the runner's value and token, and counted done
+// when a quorum of the nodes hold it. Once a quorum does, it is copied to
+// the nodes that answered but did not hold the runner's hold (a quorum hold
 // need not be on every node), so that Done still tells with a node of the
-// quorum down. The record is written by a script of its
-// own, before the release, not by the release: so the hold is released as
-// every hold is (hand-off to the next waiter, local or in Redis, a release
-// delivered again in the background), and a hold handed to a goroutine of
-// this process, which no script sees, finds the record all the same. Each
+// quorum down. The record is written by a script of its own, before the
+// release, not by the release: so the hold is released as every hold is
+// (hand-off to the next waiter, local or in Redis, a release delivered
+// again in the background), and a hold handed to a goroutine of this
+// process, which no script sees, finds the record all the same. Each
 // waiter, when its turn comes, reads the record and gives the lock on: a
-// run that succeeded releases its waiters one round trip or two apart, in
+// run that succeeded releases its waiters a few round trips apart, in
 // their order of arrival.
 
 // onceKind is the kind of a Once's lock: a NetMutex's, under its own keys,
