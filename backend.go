@@ -135,8 +135,8 @@ var (
 	//go:embed lua/readstate.lua
 	readStateLua string
 	// pack, which puts a string in a reply of integers, is shared by the
-	// scripts that read (inspect, rw_inspect, sem_inspect, elect_read):
-	// one definition, prepended to each.
+	// scripts that read (inspect, rw_inspect, sem_inspect, elect_read,
+	// once_inspect): one definition, prepended to each.
 	//go:embed lua/pack.lua
 	packLua string
 
@@ -180,6 +180,15 @@ var (
 	//go:embed lua/sem_inspect.lua
 	semInspectLua string
 
+	//go:embed lua/once_read.lua
+	onceReadLua string
+	//go:embed lua/once_record.lua
+	onceRecordLua string
+	//go:embed lua/once_forget.lua
+	onceForgetLua string
+	//go:embed lua/once_inspect.lua
+	onceInspectLua string
+
 	acquireScript = newScript("acquire", acquireLua).withOp(opAcquire)
 	releaseScript = newTelling("release", withHandOn(releaseLua)).withOp(opRelease)
 	extendScript  = newScript("extend", extendLua).withOp(opExtend)
@@ -211,4 +220,10 @@ var (
 	semExtendScript  = newTelling("sem_extend", semWakeLua+semExtendLua).withOp(opExtend)
 	semLeaveScript   = newTelling("sem_leave", semWakeLua+semLeaveLua).withOp(opRelease)
 	semInspectScript = newScript("sem_inspect", packLua+semInspectLua)
+
+	// Once's (see once.go).
+	onceReadScript    = newScript("once_read", onceReadLua)
+	onceRecordScript  = newScript("once_record", onceRecordLua)
+	onceForgetScript  = newScript("once_forget", onceForgetLua)
+	onceInspectScript = newScript("once_inspect", packLua+onceInspectLua)
 )

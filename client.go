@@ -29,6 +29,7 @@ type Client struct {
 	mutexes map[string]weak.Pointer[NetMutex]
 	rws     map[string]weak.Pointer[NetRWMutex]
 	sems    map[semName]weak.Pointer[Semaphore]
+	onces   map[string]weak.Pointer[Once]
 }
 
 // semName is a semaphore's name and size: Semaphores of one name but
@@ -55,6 +56,7 @@ func NewClient(backends []Backend, opts ...Option) (*Client, error) {
 		mutexes:  map[string]weak.Pointer[NetMutex]{},
 		rws:      map[string]weak.Pointer[NetRWMutex]{},
 		sems:     map[semName]weak.Pointer[Semaphore]{},
+		onces:    map[string]weak.Pointer[Once]{},
 	}, nil
 }
 

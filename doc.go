@@ -4,7 +4,8 @@
 // does the same for sync.RWMutex, and Semaphore for
 // golang.org/x/sync/semaphore.Weighted; a MultiMutex locks several names at
 // once, all or nothing. Election elects one leader among the processes that
-// campaign under a name, as etcd's concurrency.Election does.
+// campaign under a name, as etcd's concurrency.Election does, and Once runs
+// a function once across processes, as sync.Once does within one.
 //
 // The guides in the repository's docs directory go into depth: [usage],
 // [clients], [leader election], [waiting and fairness], [quorum and
@@ -45,7 +46,11 @@
 //
 // TryDo runs a function under the lock only if the lock is free right now
 // ("skip if busy"): a process that tries while another runs it skips it,
-// and one that tries after that run has returned runs it again.
+// and one that tries after that run has returned runs it again. A job that
+// must run once (a migration), or once per tick of a schedule (a Once per
+// tick, named by the tick), is a Once: its Do runs the function unless it
+// already ran to success, and the callers that come while it runs wait for
+// it.
 //
 // ErrNotObtained means the lock was held by another when a call stopped; a
 // wait that ended while Redis could not be asked matches ErrQuorum instead.

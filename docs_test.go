@@ -109,6 +109,7 @@ func charge(ctx context.Context, card string) error                      { retur
 func rebuild(ctx context.Context, token uint64) (map[string]string, error) { return nil, nil }
 func nextQuestion(ctx context.Context) (string, error)                   { return "", nil }
 func sendReport(ctx context.Context) error                               { return nil }
+func migrate(ctx context.Context) error                                  { return nil }
 `
 
 // The packages a statement snippet may name; each file of snippets imports

@@ -13,7 +13,7 @@ import (
 // own: mutexKind in netmutex.go, rwSide (a NetRWMutex's read lease or write
 // lock) in rwside.go, semLease (a Semaphore's lease) and semAcquirer (how
 // its waiter takes it) in semlease.go, electionKind in election.go,
-// multiKind in multi.go.
+// multiKind in multi.go, onceKind in once.go.
 
 // A leaseKind is what a hold needs of its kind: how to extend it, and how
 // observers and logs name it.

@@ -245,6 +245,9 @@ const (
 	// KindElection: an Election's leadership; its campaign (an acquire),
 	// extends, Resign (an unlock) and loss.
 	KindElection Kind = "election"
+	// KindOnce: a Once's lock; a Do's wait for it (an acquire), the run's
+	// extends, its release (an unlock) and loss.
+	KindOnce Kind = "once"
 )
 
 // lockAttr names the lock in a log record: its name, and for a NetRWMutex

@@ -85,6 +85,11 @@ type config struct {
 	maxHold       time.Duration // WithMaxHold; 0: no bound
 	minHold       time.Duration // WithMinHold; 0: none
 	holderInfo    string        // WithHolderInfo, as given
+	remember      time.Duration // WithRemember; 0: until Forget
+	rememberSet   bool
+	// forOnce: the config of a Once, the one kind WithRemember applies to
+	// (NewOnce adds it; see onceConfig).
+	forOnce bool
 }
 
 func defaultConfig() config {
@@ -164,6 +169,15 @@ func WithMinHold(d time.Duration) Option { return func(c *config) { c.minHold = 
 // leases and a Semaphore's leases carry their process's. s must be at most
 // MaxHolderInfo bytes of printable UTF-8 (no newline or tab); "" writes none.
 func WithHolderInfo(s string) Option { return func(c *config) { c.holderInfo = s } }
+
+// WithRemember sets how long a Once remembers that its function ran to
+// success (default 0: until Forget): d after the run, the next Do runs it
+// again. Only NewOnce and Client.Once take it; the other constructors, and
+// NewClient, refuse it. d must not be negative, nor below Redis's
+// millisecond.
+func WithRemember(d time.Duration) Option {
+	return func(c *config) { c.remember, c.rememberSet = d, true }
+}
 
 // WithRetryDelay bounds the jittered wait between acquire attempts where a
 // waiter cannot be told its turn (defaults 1ms and 50ms): a Backend without
@@ -335,6 +349,11 @@ func (c *config) checkTimes() (errs []string) {
 	if c.minHold < 0 {
 		errs = append(errs, fmt.Sprintf("minimum hold %v is negative", c.minHold))
 	}
+	if c.remember < 0 {
+		errs = append(errs, fmt.Sprintf("WithRemember(%v) is negative", c.remember))
+	} else if c.remember > 0 && c.remember < time.Millisecond {
+		errs = append(errs, fmt.Sprintf("WithRemember(%v) is below Redis's 1ms resolution", c.remember))
+	}
 	if !c.outageSet {
 		c.outage = c.expiry
 	} else if c.outage < 0 {
@@ -360,6 +379,9 @@ func (c *config) checkRest() (errs []string) {
 	}
 	if e := checkHolderInfo(c.holderInfo); e != "" {
 		errs = append(errs, e)
+	}
+	if c.rememberSet && !c.forOnce {
+		errs = append(errs, "WithRemember applies to a Once only: give it to NewOnce or Client.Once")
 	}
 	return errs
 }

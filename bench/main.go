@@ -11,6 +11,7 @@
 //	cd bench && go run . -only semwaiting40 -out - # a full Semaphore's waiting cost, about 30 s
 //	cd bench && go run . -only 'multi[24]' -out -  # MultiMutex against NetMutexes in sorted order, about 40 s
 //	cd bench && go run . -only elect8 -out -       # Election hand-over against a NetMutex hand-over, about 20 s
+//	cd bench && go run . -only once -out -         # Once: a Do of a name done, and stampedes of 50 processes, about 20 s
 //
 // It starts its own redis-server processes on free 127.0.0.1 ports (no
 // persistence), stops them by pid when it ends, also on error or ^C, and
@@ -20,7 +21,7 @@
 // from round to round, so that drift of a noisy machine falls on all rows
 // alike. The waiting scenarios measure each row once, for -window; the
 // holds scenario, for -holdfor. An overlap or a lost update in a scenario
-// of netlock alone (NetRWMutex, Semaphore, MultiMutex, Election) ends the run with an error, after
+// of netlock alone (NetRWMutex, Semaphore, MultiMutex, Election, Once) ends the run with an error, after
 // the report is written.
 package main
 
@@ -64,7 +65,7 @@ func main() {
 	flag.DurationVar(&f.holdFor, "holdfor", time.Minute, fmt.Sprintf("how long each row of the holds scenario holds its %d locks", manyHolds))
 	flag.DurationVar(&rwSection, "rwsection", rwSection, fmt.Sprintf("critical section of the rwread scenario: a busy wait below %v, a sleep from it", rwSleepFrom))
 	flag.StringVar(&f.out, "out", "RESULTS.md", "Markdown report to write (- for standard output)")
-	flag.StringVar(&only, "only", "", "run only rows whose \"scenario/contender\" matches this regexp (scenarios: floor, uncontended, clients8, shared8, keys8, keys64, quorum5, waiting40, holds10k, rwread, rwwaiting40, sem4, semwaiting40, multi2, multi4, multi2slots, multi4slots, elect8)")
+	flag.StringVar(&only, "only", "", "run only rows whose \"scenario/contender\" matches this regexp (scenarios: floor, uncontended, clients8, shared8, keys8, keys64, quorum5, waiting40, holds10k, rwread, rwwaiting40, sem4, semwaiting40, multi2, multi4, multi2slots, multi4slots, elect8, once)")
 	flag.StringVar(&f.note, "note", "", "a line to put at the top of the report")
 	flag.StringVar(&f.profile, "cpuprofile", "", "write a CPU profile of the whole run to this file (narrow it with -only)")
 	flag.Parse()
@@ -277,6 +278,10 @@ func warmUp(ctx context.Context, f flags, sc *scenario, rows []active) bool {
 // logRound tells on stderr what one round of row r measured.
 func logRound(sc *scenario, f flags, r *row, round int, res *result) {
 	switch {
+	case sc.shape == shapeOnce && res.once != nil:
+		o := res.once
+		logf("  %s round %d/%d %-24s done: %s calls/s, %s scripts per call; %d stampedes, %d runs, last return p50 %s after the job; %d early, %d errors",
+			sc.id, round+1, f.rounds, r.name, fmtRate(res.rate()), fmtRate(float64(o.doneScripts)/float64(max(res.ops, 1))), o.stampedes, o.runs, pctNs(o.after, 0.5), o.early, res.errs)
 	case sc.shape == shapeElect:
 		logf("  %s round %d/%d %-24s %s hand-overs/s, p50 %s p99 %s; %d overlaps, %d lost, %d errors",
 			sc.id, round+1, f.rounds, r.name, fmtRate(handOversPerSecond(res)), fmtPct(res, 0.5), fmtPct(res, 0.99), res.overlaps, res.lost, res.errs)

@@ -55,6 +55,8 @@ func report(f flags, scs []*scenario, started time.Time, took time.Duration) str
 			writeMultiTable(p, sc)
 		case shapeElect:
 			writeElectTable(p, sc)
+		case shapeOnce:
+			writeOnceTable(p, sc)
 		}
 		p("\n")
 	}

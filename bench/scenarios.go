@@ -26,6 +26,7 @@ const (
 	shapeSem                    // goroutines of several processes on one Semaphore (or NetMutexes): acquisitions/s, fairness
 	shapeMulti                  // processes each taking several names (MultiMutex, or NetMutexes in order): sets/s
 	shapeElect                  // processes campaigning for one Election (or one NetMutex): hand-overs
+	shapeOnce                   // a Once: Do of a name done, and stampedes of processes on one name
 )
 
 // waitingID is the waiting scenario's id.
@@ -208,6 +209,7 @@ func buildScenarios(cs []contender, addrs []string) []*scenario {
 	multis := multiScenarios()
 	multiSlots := multiSlotsScenarios()
 	elect := electScenario()
+	once := onceScenario()
 	for i := range cs {
 		c := &cs[i]
 		if c.waitingOnly {
@@ -245,6 +247,7 @@ func buildScenarios(cs []contender, addrs []string) []*scenario {
 				}
 			}
 			elect.rows = append(elect.rows, electRows(c, one[0])...)
+			once.rows = append(once.rows, onceRows(c, one[0])...)
 		}
 	}
 	out := []*scenario{&floor, &uncontended, &clients, &shared}
@@ -258,7 +261,7 @@ func buildScenarios(cs []contender, addrs []string) []*scenario {
 	for k := range multiSlots {
 		out = append(out, &multiSlots[k])
 	}
-	return append(out, &elect)
+	return append(out, &elect, &once)
 }
 
 // lockName is a fresh lock name for one round of one row.

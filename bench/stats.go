@@ -41,6 +41,8 @@ type result struct {
 	rw *rwResult
 	// The sem4 scenario only, summed over rounds.
 	sem *semStats
+	// The once scenario only, summed over rounds.
+	once *onceResult
 }
 
 func (r *result) addErr(err error) {
@@ -107,6 +109,12 @@ func (r *result) merge(o result) {
 			r.sem = &semStats{}
 		}
 		r.sem.add(o.sem)
+	}
+	if o.once != nil {
+		if r.once == nil {
+			r.once = &onceResult{}
+		}
+		r.once.add(o.once)
 	}
 }
 

@@ -1,5 +1,5 @@
--- pack: not a script of its own. Its function is prepended to inspect.lua
--- and elect_read.lua (see backend.go), whose replies carry a string.
+-- pack: not a script of its own. Its function is prepended to the scripts
+-- whose replies carry a string (see backend.go).
 --
 -- pack appends to reply the length of s in bytes, then s itself, six bytes
 -- to an integer, big-endian, the last one holding what is left (a reply

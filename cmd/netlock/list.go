@@ -24,7 +24,8 @@ const listHelp = `Usage: netlock list [flags]
 
 Lists the locks held under --prefix on each Redis node: NetMutex locks
 (MultiMutex names too), NetRWMutex writers and read leases, Semaphore
-leases, and Election leaders' holds, sorted by name.
+leases, Election leaders' holds, and the locks of Once runs under way
+(what "netlock once" runs under), sorted by name.
 It changes nothing in Redis. Waiters' queues, tombstones of released
 values and fence counters are not locks and are not listed; a name whose
 only keys are those (waiters, but no holder) is not held.
@@ -39,11 +40,12 @@ master that serves slots, found with CLUSTER NODES, with the same
 credentials and TLS.
 
 Columns: NAME (the {name} of the keys), KIND (mutex, rw-write, rw-read,
-semaphore, election), TOKEN (the fencing token of a mutex or a writer, the
-term of an election's leader: 0 with fencing off, ? for a value netlock
-did not write, - for read leases and semaphores, which have none), TTL
-(what is left of the key's TTL, or of the last lease's deadline; none: no
-TTL), HELD (1 for a mutex, writer or leader; the live read leases; the
+semaphore, election, once), TOKEN (the fencing token of a mutex, a writer
+or a once's run, the term of an election's leader: 0 with fencing off, ?
+for a value netlock did not write, - for read leases and semaphores, which
+have none), TTL (what is left of the key's TTL, or of the last lease's
+deadline; none: no TTL), HELD (1 for a mutex, writer, leader or once; the
+live read leases; the
 permits out of the semaphore's size), NODE when
 more than one node is listed, and HOLDER: who holds it, the identity the
 holder wrote with its hold (netlock.WithHolderInfo, by default
@@ -80,9 +82,10 @@ const (
 	kindRWRead  = "rw-read"
 	kindSem     = "semaphore"
 	kindElect   = "election"
+	kindOnce    = "once" // a Once's lock: a run under way
 )
 
-var kindOrder = []string{kindMutex, kindRWWrite, kindRWRead, kindSem, kindElect}
+var kindOrder = []string{kindMutex, kindRWWrite, kindRWRead, kindSem, kindElect, kindOnce}
 
 // A listRow is one held lock on one node.
 type listRow struct {
@@ -118,9 +121,10 @@ func listPatterns(prefix string) (head string, pats []listPattern) {
 	_, leasesTail := split(keyspace.RW(prefix, marker, false).Leases)
 	_, semTail := split(keyspace.Sem(prefix, marker).Leases)
 	_, electTail := split(keyspace.Election(prefix, marker).Lock)
+	_, onceTail := split(keyspace.Once(prefix, marker, false).Lock)
 	// Longest tails first: "}:rw:leases" before "}:rw" (no tail ends
 	// another, but the order keeps it so if one ever does).
-	pats = []listPattern{{kindRWRead, leasesTail}, {kindRWWrite, writerTail}, {kindSem, semTail}, {kindElect, electTail}, {kindMutex, mutexTail}}
+	pats = []listPattern{{kindRWRead, leasesTail}, {kindRWWrite, writerTail}, {kindSem, semTail}, {kindElect, electTail}, {kindOnce, onceTail}, {kindMutex, mutexTail}}
 	slices.SortStableFunc(pats, func(a, b listPattern) int { return len(b.tail) - len(a.tail) })
 	return head, pats
 }
@@ -494,7 +498,7 @@ func (l *lister) sendReads(conn redis.Conn, keys []string) []listItem {
 		}
 		items = append(items, listItem{kind: kind, name: name})
 		switch kind {
-		case kindMutex, kindRWWrite, kindElect:
+		case kindMutex, kindRWWrite, kindElect, kindOnce:
 			conn.Send("GET", k)
 			conn.Send("PTTL", k)
 		case kindRWRead:
@@ -561,7 +565,7 @@ func receiveReads(ctx context.Context, conn redis.Conn) (listReplies, int64, err
 func readRow(n node, it listItem, rs *listReplies, now int64) (listRow, bool) {
 	row := listRow{Node: n.name, Name: it.name, Kind: it.kind, TTLMS: -1, Holders: []string{}}
 	switch it.kind {
-	case kindMutex, kindRWWrite, kindElect:
+	case kindMutex, kindRWWrite, kindElect, kindOnce:
 		get, pttl := rs.next(), rs.next()
 		return keyRow(row, get, pttl)
 	case kindRWRead:

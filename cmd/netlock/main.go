@@ -8,6 +8,7 @@
 // Commands:
 //
 //	run     run a program while holding a lock (flock(1) over Redis) or leading an election
+//	once    run a program once across every host that runs it (a migration, a cron tick)
 //	status  show whether a lock is held, on each Redis node
 //	list    list the locks held, on each Redis node
 //	break   end a lock's hold by force and let the first waiter in
@@ -40,6 +41,7 @@ type command struct {
 // To add one, append it here and put its code in its own file.
 var commands = []command{
 	{name: "run", summary: "run a program while holding a lock (flock(1) over Redis) or leading an election", run: runRun},
+	{name: "once", summary: "run a program once across every host that runs it (a migration, a cron tick)", run: runOnce},
 	{name: "status", summary: "show whether a lock is held, on each Redis node", run: runStatus},
 	{name: "list", summary: "list the locks held, on each Redis node", run: runList},
 	{name: "break", summary: "end a lock's hold by force and let the first waiter in", run: runBreak},

@@ -128,7 +128,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if !ok {
 		return code
 	}
-	r := &runner{cfg: cfg, stdout: stdout, stderr: stderr, msgs: &lockedWriter{w: stderr}}
+	r := &runner{command: "run", cfg: cfg, stdout: stdout, stderr: stderr, msgs: &lockedWriter{w: stderr}}
 	return r.run(ctx)
 }
 
@@ -173,26 +173,11 @@ func parseRunFlags(args []string, stdout, stderr io.Writer) (cfg runConfig, code
 		}
 		return bad("%s", flagError(fs, err))
 	}
-	rest := fs.Args()
-	switch {
-	case dashDashFirst(fs, args) && len(rest) == 0:
-		return bad("missing the lock name and the program: netlock run [flags] NAME -- PROGRAM [ARGS...]")
-	case dashDashFirst(fs, args):
-		return bad("missing the lock name before --: netlock run [flags] NAME -- %s", strings.Join(rest, " "))
-	case len(rest) == 0:
-		return bad("missing the lock name: netlock run [flags] NAME -- PROGRAM [ARGS...]")
-	case len(rest) == 1:
-		return bad("missing -- PROGRAM after the lock name %q", rest[0])
-	case rest[1] != "--" && strings.HasPrefix(rest[1], "-"):
-		return bad("%s after the lock name: flags go before NAME", rest[1])
-	case rest[1] != "--":
-		return bad("want -- between the lock name and the program: netlock run [flags] %s -- %s", rest[0], strings.Join(rest[1:], " "))
-	case len(rest) == 2:
-		return bad("missing the program after --")
-	case rest[2] == "":
-		return bad("empty program name")
+	name, argv, msg := nameAndProgram(fs, args, "run")
+	if msg != "" {
+		return bad("%s", msg)
 	}
-	cfg.name, cfg.argv = rest[0], rest[2:]
+	cfg.name, cfg.argv = name, argv
 	cfg.holderSet = holder.set
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -206,6 +191,32 @@ func parseRunFlags(args []string, stdout, stderr io.Writer) (cfg runConfig, code
 	}
 	cfg.conn = c
 	return cfg, exitOK, true
+}
+
+// nameAndProgram returns the NAME -- PROGRAM [ARGS...] that follow the
+// flags of "netlock command" in args, which fs parsed; or what is wrong
+// with them.
+func nameAndProgram(fs *flag.FlagSet, args []string, command string) (name string, argv []string, msg string) {
+	rest := fs.Args()
+	switch {
+	case dashDashFirst(fs, args) && len(rest) == 0:
+		return "", nil, "missing the lock name and the program: netlock " + command + " [flags] NAME -- PROGRAM [ARGS...]"
+	case dashDashFirst(fs, args):
+		return "", nil, fmt.Sprintf("missing the lock name before --: netlock %s [flags] NAME -- %s", command, strings.Join(rest, " "))
+	case len(rest) == 0:
+		return "", nil, "missing the lock name: netlock " + command + " [flags] NAME -- PROGRAM [ARGS...]"
+	case len(rest) == 1:
+		return "", nil, fmt.Sprintf("missing -- PROGRAM after the lock name %q", rest[0])
+	case rest[1] != "--" && strings.HasPrefix(rest[1], "-"):
+		return "", nil, rest[1] + " after the lock name: flags go before NAME"
+	case rest[1] != "--":
+		return "", nil, fmt.Sprintf("want -- between the lock name and the program: netlock %s [flags] %s -- %s", command, rest[0], strings.Join(rest[1:], " "))
+	case len(rest) == 2:
+		return "", nil, "missing the program after --"
+	case rest[2] == "":
+		return "", nil, "empty program name"
+	}
+	return rest[0], rest[2:], ""
 }
 
 // checkElect returns what is wrong with --elect and the other flags set
@@ -242,8 +253,9 @@ func (r *runner) whyLost() netlock.LostReason {
 	}
 }
 
-// A runner is one "netlock run".
+// A runner is one "netlock run" (or the program of one "netlock once").
 type runner struct {
+	command        string // "run" or "once", after "netlock " in messages
 	cfg            runConfig
 	stdout, stderr io.Writer
 	// msgs is stderr for netlock's own messages, one line per Write,
@@ -276,12 +288,12 @@ func (r *runner) logger() *slog.Logger {
 	if !r.cfg.verbose {
 		return slog.New(slog.DiscardHandler)
 	}
-	return slog.New(&lineHandler{prefix: "netlock run: ", w: r.msgs, level: slog.LevelWarn, node: r.cfg.conn.nodeNamer()})
+	return slog.New(&lineHandler{prefix: "netlock " + r.command + ": ", w: r.msgs, level: slog.LevelWarn, node: r.cfg.conn.nodeNamer()})
 }
 
 // errorf reports on stderr, always.
 func (r *runner) errorf(format string, a ...any) {
-	fmt.Fprintf(r.msgs, "netlock run: "+format+"\n", a...)
+	fmt.Fprintf(r.msgs, "netlock "+r.command+": "+format+"\n", a...)
 }
 
 // logf reports on stderr with -v.
@@ -347,6 +359,30 @@ func (r *runner) run(ctx context.Context) int {
 // NewElection's.
 func (r *runner) newHeld(backends []netlock.Backend) error {
 	cfg := &r.cfg
+	opts := r.options()
+	if cfg.elect {
+		e, err := netlock.NewElection(cfg.name, backends, opts...)
+		if err != nil {
+			return err
+		}
+		r.h = &leadership{e: e, value: cfg.value}
+		return nil
+	}
+	if cfg.minHold > 0 {
+		opts = append(opts, netlock.WithMinHold(cfg.minHold))
+	}
+	m, err := netlock.New(cfg.name, backends, opts...)
+	if err != nil {
+		return err
+	}
+	r.h = &lockHold{m: m, backends: backends, opts: opts}
+	return nil
+}
+
+// options returns the options the flags set, with the logger and the
+// Observer that tells r.lostWhy.
+func (r *runner) options() []netlock.Option {
+	cfg := &r.cfg
 	opts := []netlock.Option{
 		netlock.WithExpiry(cfg.expiry),
 		// A wait rides out Redis not answering for --expiry (runHelp says
@@ -369,23 +405,7 @@ func (r *runner) newHeld(backends []netlock.Backend) error {
 	if cfg.holderSet {
 		opts = append(opts, netlock.WithHolderInfo(cfg.holder))
 	}
-	if cfg.elect {
-		e, err := netlock.NewElection(cfg.name, backends, opts...)
-		if err != nil {
-			return err
-		}
-		r.h = &leadership{e: e, value: cfg.value}
-		return nil
-	}
-	if cfg.minHold > 0 {
-		opts = append(opts, netlock.WithMinHold(cfg.minHold))
-	}
-	m, err := netlock.New(cfg.name, backends, opts...)
-	if err != nil {
-		return err
-	}
-	r.h = &lockHold{m: m, backends: backends, opts: opts}
-	return nil
+	return opts
 }
 
 // notTaken reports why acquire, which began at start, returned err, and
@@ -494,7 +514,8 @@ func (r *runner) acquire(ctx context.Context, sigs <-chan os.Signal) (os.Signal,
 // back when the program has exited.
 func (r *runner) supervise(ctx context.Context, sigs <-chan os.Signal) int {
 	cfg := &r.cfg
-	p := &program{r: r, token: r.h.token(), lost: r.h.lost()}
+	token := r.h.token()
+	p := &program{r: r, token: token, lost: r.h.lost(), held: fmt.Sprintf("%s (%s %d)", r.h.what(), r.h.tokenName(), token)}
 	cmd := exec.Command(cfg.argv[0], cfg.argv[1:]...)
 	cmd.Env = append(os.Environ(), "NETLOCK_NAME="+cfg.name, "NETLOCK_TOKEN="+strconv.FormatUint(p.token, 10))
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, r.stdout, r.stderr
@@ -533,7 +554,10 @@ type program struct {
 	ownGroup bool            // it runs in a process group of its own
 	token    uint64          // r.h's, when the program started
 	lost     <-chan struct{} // r.h's
-	waitErr  error           // cmd.Wait's, once it exited
+	// held names what the program runs under in messages, with its
+	// token: `the lock "job" (fencing token 7)`.
+	held    string
+	waitErr error // cmd.Wait's, once it exited
 }
 
 // wait waits for the program to exit, forwarding signals, and stopping it
@@ -589,8 +613,8 @@ func (p *program) wait(ctx context.Context, sigs <-chan os.Signal) (lost bool) {
 // --grace 0, else SIGTERM, and a timer for the SIGKILL, which it returns.
 func (p *program) stop() *time.Timer {
 	r, prog := p.r, p.cmd.Args[0]
-	what := fmt.Sprintf("lost %s (%s %d) while %s ran", r.h.what(), r.h.tokenName(), p.token, prog)
-	if r.whyLost() == netlock.LostMaxHold {
+	what := fmt.Sprintf("lost %s while %s ran", p.held, prog)
+	if r.whyLost() == netlock.LostMaxHold { // run only: once has no --max-time
 		what = fmt.Sprintf("%s ran for --max-time %v: %s (%s %d) ended", prog, r.cfg.maxTime, r.h.hold(), r.h.tokenName(), p.token)
 	}
 	if r.cfg.grace == 0 {

@@ -28,22 +28,25 @@ one holder's value; a key on fewer nodes is left over from an acquire that
 failed or a hold that expired elsewhere, and no longer excludes anyone.
 netlock.Inspect decides, as in a Go program.
 
-NAME is a NetMutex (what "netlock run" takes), a NetRWMutex or a Semaphore:
-status tells which by the keys NAME has in Redis (a name with none is free,
-whatever its kind). A NetMutex, a NetRWMutex and a Semaphore of one name
-are different locks: where more than one of them has keys, status names
-them and exits 64, and --kind says which to show. For a NetRWMutex
-(NetRWMutex.Inspect) it shows the writer (fencing token, TTL, holder), the
-read leases (one per process whose readers hold, with its holder), and the
-writers and readers waiting; for a Semaphore (Semaphore.Inspect), its size,
-the permits out, the leases and their holders, and the processes waiting.
+NAME is a NetMutex (what "netlock run" takes), a NetRWMutex, a Semaphore or
+a Once (what "netlock once" takes): status tells which by the keys NAME has
+in Redis (a name with none is free, whatever its kind). A NetMutex, a
+NetRWMutex, a Semaphore and a Once of one name are different locks: where
+more than one of them has keys, status names them and exits 64, and --kind
+says which to show. For a NetRWMutex (NetRWMutex.Inspect) it shows the
+writer (fencing token, TTL, holder), the read leases (one per process whose
+readers hold, with its holder), and the writers and readers waiting; for a
+Semaphore (Semaphore.Inspect), its size, the permits out, the leases and
+their holders, and the processes waiting; for a Once (Once.Inspect),
+whether it is done (by which run: fencing token, holder, when, remembered
+for how long), and its lock as a NetMutex's: held while a run is under way.
 
 A node whose maxmemory-policy can evict keys with a TTL (volatile-*,
 allkeys-*) can drop the lock's key under its holder: status warns about it
 on stderr. netlock needs maxmemory-policy noeviction.
 
---json prints the same as one JSON object, with "kind" (mutex, rw or
-semaphore). For a NetMutex: "state" (held, free or unknown), "token",
+--json prints the same as one JSON object, with "kind" (mutex, rw,
+semaphore or once). For a NetMutex: "state" (held, free or unknown), "token",
 "ttl_ms" (-1: no TTL), "holder" (12 hex digits that tell holds apart),
 "holder_info" (the holder's identity), and "nodes", each with "addr",
 "state" (held, free or error), "token", "foreign" (a value netlock did not
@@ -54,10 +57,12 @@ and "error". For a NetRWMutex, the writer's fields as a NetMutex's, with
 "holder_info" and "ttl_ms"), and nodes with "state" write, read, free or
 error, "leases", "write_waiters" and "read_waiters". For a Semaphore:
 "state", "addr", "size", "permits" (out), "leases", "waiters", "holders"
-and "error".
+and "error". For a Once: "state" (done, not done or unknown), "running",
+the recorded run's "token", "holder_info", "at" and "ttl_ms" (-1: until
+Forget), and "lock", its lock as a NetMutex's.
 
 Exit status: 0 free, 1 held (a NetRWMutex by a writer or by readers, a
-Semaphore by any lease), 64 bad usage (or keys of several kinds without
+Semaphore by any lease, a Once by a run under way), 64 bad usage (or keys of several kinds without
 --kind), 69 too few nodes answered to tell (not reachable, not answering,
 not a Redis server, or answering with an error).
 
@@ -74,7 +79,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	cmd := newSubcommand("status", statusHelp, stdout, stderr)
 	asJSON := cmd.fs.Bool("json", false, "print the status as JSON (see above)")
 	var kind string
-	cmd.fs.Var(&choiceValue{p: &kind, choices: statusKinds}, "kind", "the `kind` of lock NAME is: mutex, rw or semaphore (default: the kind whose keys NAME has)")
+	cmd.fs.Var(&choiceValue{p: &kind, choices: statusKinds}, "kind", "the `kind` of lock NAME is: mutex, rw, semaphore or once (default: the kind whose keys NAME has)")
 	if code, done := cmd.parse(args); done {
 		return code
 	}
@@ -105,6 +110,8 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return s.rw(ctx)
 	case statusSem:
 		return s.sem(ctx)
+	case statusOnce:
+		return s.once(ctx)
 	}
 	return s.mutex(ctx)
 }

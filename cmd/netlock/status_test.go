@@ -186,8 +186,8 @@ func TestStatusBadInput(t *testing.T) {
 		{[]string{"--redis", "nope:", "a"}, `invalid value "nope:" for --redis: want host or host:port`},
 		{[]string{"--wait", "0", "a"}, "unknown flag --wait"},
 		{[]string{"--json=maybe", "a"}, `invalid value "maybe" for --json`},
-		{[]string{"--kind", "lock", "a"}, `invalid value "lock" for --kind: want mutex, rw or semaphore`},
-		{[]string{"--kind", "", "a"}, `invalid value "" for --kind: want mutex, rw or semaphore`},
+		{[]string{"--kind", "lock", "a"}, `invalid value "lock" for --kind: want mutex, rw, semaphore or once`},
+		{[]string{"--kind", "", "a"}, `invalid value "" for --kind: want mutex, rw, semaphore or once`},
 		{[]string{"--kind", "rw", ""}, "empty lock name"},
 		{[]string{"--kind", "semaphore", "}x"}, `lock name "}x" starts with '}'`},
 	} {

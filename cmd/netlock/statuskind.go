@@ -22,25 +22,28 @@ const (
 	statusMutex = "mutex"
 	statusRW    = "rw"
 	statusSem   = "semaphore"
+	statusOnce  = "once"
 )
 
-var statusKinds = []string{statusMutex, statusRW, statusSem}
+var statusKinds = []string{statusMutex, statusRW, statusSem, statusOnce}
 
 // kindNames name the kinds in messages.
-var kindNames = map[string]string{statusMutex: "NetMutex", statusRW: "NetRWMutex", statusSem: "Semaphore"}
+var kindNames = map[string]string{statusMutex: "NetMutex", statusRW: "NetRWMutex", statusSem: "Semaphore", statusOnce: "Once"}
 
 // kindKeys returns, for each kind, the keys that exist while a lock of that
 // kind called name is held or waited for: its lock or writer key, its
-// leases, its queues. Tombstones and fence counters outlive the holds and
-// say nothing.
+// leases, its queues; and a Once's record of its run. Tombstones and fence
+// counters outlive the holds and say nothing.
 func kindKeys(prefix, name string) map[string][]string {
 	m := keyspace.New(prefix, name, false)
 	rw := keyspace.RW(prefix, name, false)
 	sem := keyspace.Sem(prefix, name)
+	once := keyspace.Once(prefix, name, false)
 	return map[string][]string{
 		statusMutex: {m.Lock, m.Waiters},
 		statusRW:    {rw.Writer, rw.Leases, rw.Writers, rw.Readers},
 		statusSem:   {sem.Leases, sem.Permits, sem.Queue},
+		statusOnce:  {once.Lock, once.Waiters, once.Done},
 	}
 }
 

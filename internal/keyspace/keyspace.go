@@ -13,7 +13,7 @@
 //
 // A NetRWMutex of the same name uses keys of its own, under p{name}:rw (see
 // RW); a Semaphore, under p{name}:sem (see Sem); an Election, under
-// p{name}:elect (see Election).
+// p{name}:elect (see Election); a Once, under p{name}:once (see Once).
 //
 // The braces are a Redis Cluster hash tag. Fence counters are kept per hash
 // slot, not per name: t is a short tag chosen so that the counter lands in
@@ -98,6 +98,23 @@ func Election(prefix, name string) ElectionKeys {
 	k := Keys{Lock: lock, Channel: lock + ":released", Waiters: lock + ":waiters",
 		Fence: prefix + "{" + SlotTags()[Slot(lock)] + "}:fence"}
 	return ElectionKeys{Keys: k, Leader: lock + ":leader", Changes: lock + ":changes"}
+}
+
+// OnceKeys are the Redis names of one Once: a lock of its own (Keys, whose
+// holder runs the function), and beside it the record of its success.
+type OnceKeys struct {
+	Keys
+	Done string // p{name}:once:done, "<token>:<unix ms>:<holder>" once the function ran to success
+}
+
+// Once returns the names of the Once name under prefix: its lock key is
+// p{name}:once, with New's waiters' queue, release channel and fence
+// counter (when fencing is on) derived from it, and its record
+// p{name}:once:done, all in the hash slot of p{name}.
+func Once(prefix, name string, fencing bool) OnceKeys {
+	k := New(prefix, name, fencing)
+	lock := k.Lock + ":once"
+	return OnceKeys{Keys: Keys{Lock: lock, Channel: lock + ":released", Waiters: lock + ":waiters", Fence: k.Fence}, Done: lock + ":done"}
 }
 
 // Tomb returns the tombstone key of value for the lock key lock:

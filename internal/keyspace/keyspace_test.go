@@ -86,3 +86,27 @@ func TestRWSameSlot(t *testing.T) {
 		}
 	}
 }
+
+// TestOnceSameSlot: every key and channel of a Once is in the slot of its
+// lock key, which is not a NetMutex's, so one script may touch them all on
+// a Redis Cluster.
+func TestOnceSameSlot(t *testing.T) {
+	for _, name := range []string{"a", "migrate:v42", "{x}", "a}b", "名前"} {
+		k := Once("netlock:", name, true)
+		if got, want := k.Lock, "netlock:{"+name+"}:once"; got != want {
+			t.Errorf("name %q: lock key %q, want %q", name, got, want)
+		}
+		want := Slot(k.Lock)
+		for _, key := range []string{k.Done, k.Waiters, k.Channel, k.Fence, Tomb(k.Lock, "v")} {
+			if got := Slot(key); got != want {
+				t.Errorf("name %q: %s in slot %d, lock key %s in %d", name, key, got, k.Lock, want)
+			}
+		}
+		if k.Lock == New("netlock:", name, true).Lock {
+			t.Errorf("name %q: the Once's lock key is the NetMutex's", name)
+		}
+	}
+	if k := Once("p:", "a", false); k.Fence != "" {
+		t.Errorf("fence key with fencing off: got %q, want none", k.Fence)
+	}
+}
