@@ -202,8 +202,25 @@ func (m *engine) extendCtx(ctx context.Context) error {
 
 // runLocked runs fn for Do and TryDo, m locked, and unlocks m.
 func runLocked[T any](ctx context.Context, m *engine, fn func(ctx context.Context) (T, error)) (result T, err error) {
-	h := m.current()
+	fctx, stop := m.whileHeld(ctx, m.current())
+	defer func() {
+		// Runs on return and on panic; a panic goes on after the unlock.
+		stop()
+		if uerr := m.unlockCtx(context.WithoutCancel(ctx)); uerr != nil {
+			err = join(err, uerr)
+		}
+	}()
+	return fn(fctx)
+}
+
+// whileHeld returns a context derived from ctx that is cancelled when h is
+// lost (its cause: lostCause), for a function run under h; stop cancels it
+// and returns once nothing of it runs any more.
+func (m *engine) whileHeld(ctx context.Context, h *hold) (_ context.Context, stop func()) {
 	lost := m.lostChan()
+	if h != nil {
+		lost = h.lostChan()
+	}
 	fctx, cancel := context.WithCancelCause(ctx)
 	watched := make(chan struct{})
 	go func() {
@@ -214,15 +231,10 @@ func runLocked[T any](ctx context.Context, m *engine, fn func(ctx context.Contex
 		case <-fctx.Done():
 		}
 	}()
-	defer func() {
-		// Runs on return and on panic; a panic goes on after the unlock.
+	return fctx, func() {
 		cancel(nil)
 		<-watched
-		if uerr := m.unlockCtx(context.WithoutCancel(ctx)); uerr != nil {
-			err = join(err, uerr)
-		}
-	}()
-	return fn(fctx)
+	}
 }
 
 // lostCause returns the cause of the end of the context Do gives fn when h

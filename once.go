@@ -161,22 +161,11 @@ func (o *Once) Do(ctx context.Context, fn func(ctx context.Context) error) (ran 
 // release's, or the record's.
 func (o *Once) run(ctx context.Context, h *hold, fn func(ctx context.Context) error) (err error) {
 	m := o.m
-	fctx, cancel := context.WithCancelCause(ctx)
-	lost := h.lostChan()
-	watched := make(chan struct{})
-	go func() {
-		defer close(watched)
-		select {
-		case <-lost:
-			cancel(m.lostCause(h))
-		case <-fctx.Done():
-		}
-	}()
+	fctx, stop := m.whileHeld(ctx, h)
 	recorded := false
 	defer func() {
 		// Runs on return and on panic; a panic goes on after the release.
-		cancel(nil)
-		<-watched
+		stop()
 		uerr := m.UnlockCtx(context.WithoutCancel(ctx))
 		// After the record, the run is done whatever the release does: a
 		// release that did not reach every node is delivered again in the
