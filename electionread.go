@@ -73,7 +73,7 @@ func readView(vals []int64, now time.Time) (nodeView, error) {
 		return v, nil
 	}
 	v.until = now.Add(time.Duration(vals[3]) * time.Millisecond)
-	value, ok := replyString(vals[4], vals[5:])
+	value, ok := unpackAll(vals[4:])
 	if !ok {
 		return nodeView{}, fmt.Errorf("elect_read script: value of %d bytes in %d integers", vals[4], len(vals)-5)
 	}

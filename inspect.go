@@ -212,49 +212,41 @@ func nodeInfo(i int, r nodeReply) NodeInfo {
 	var who string
 	ok := len(v) >= inspectReplyLen && v[0] >= 0 && v[0] <= 2
 	if ok {
-		who, ok = replyString(v[inspectReplyLen-1], v[inspectReplyLen:])
+		who, ok = unpackAll(v[inspectReplyLen-1:])
 	}
 	if !ok {
 		return NodeInfo{Err: nodeError(i, fmt.Errorf("inspect script: unexpected reply %v", v)), MaxMemory: -1}
 	}
-	n := NodeInfo{
-		Held:         v[0] != 0,
-		Foreign:      v[0] == 2,
-		Token:        uint64(v[1]),
-		Waiters:      int(v[4]),
-		FenceCounter: uint64(v[5]),
-		MaxMemory:    v[7],
-	}
-	if n.Held {
-		n.Holder = fmt.Sprintf("%012x", v[3])
-		n.HolderInfo = keyspace.HolderDecode(who)
-		n.TTL = time.Duration(v[2]) * time.Millisecond
-		if v[2] < 0 {
-			n.TTL = -1
-		}
-	}
-	if p := v[6]; p >= 1 && int(p) <= len(maxmemoryPolicies) {
-		n.MaxMemoryPolicy = maxmemoryPolicies[p-1]
-	}
+	n := NodeInfo{Waiters: int(v[4]), FenceCounter: uint64(v[5])}
+	n.readLock(v[:4], who)
+	n.readMemory(v[6], v[7])
 	return n
 }
 
-// replyString decodes a string of n bytes that a script packed into the
-// integers packed, six bytes to an integer, big-endian, the last one holding
-// what is left (see lua/pack.lua). It reports false if packed does not hold
-// n bytes so.
-func replyString(n int64, packed []int64) (string, bool) {
-	if n < 0 || int64(len(packed)) != (n+5)/6 {
-		return "", false
+// readLock reads what an inspect script says of a lock key, v: {status (0
+// free, 1 held, 2 held by a value netlock did not write), token, TTL in ms,
+// holder}, and who, the holder's info.
+func (n *NodeInfo) readLock(v []int64, who string) {
+	n.Held, n.Foreign, n.Token = v[0] != 0, v[0] == 2, uint64(v[1])
+	if !n.Held {
+		return
 	}
-	b := make([]byte, 0, n)
-	for _, x := range packed {
-		k := min(6, int(n)-len(b))
-		for j := k - 1; j >= 0; j-- {
-			b = append(b, byte(x>>(8*j)))
-		}
+	n.Holder = fmt.Sprintf("%012x", v[3])
+	n.HolderInfo = keyspace.HolderDecode(who)
+	n.TTL = time.Duration(v[2]) * time.Millisecond
+	if v[2] < 0 {
+		n.TTL = -1
 	}
-	return string(b), true
+}
+
+// readMemory reads what an inspect script says of the server's memory: the
+// maxmemory policy's place in maxmemoryPolicies (from 1; 0 for another),
+// and maxmemory.
+func (n *NodeInfo) readMemory(policy, maxMemory int64) {
+	n.MaxMemory = maxMemory
+	if policy >= 1 && int(policy) <= len(maxmemoryPolicies) {
+		n.MaxMemoryPolicy = maxmemoryPolicies[policy-1]
+	}
 }
 
 // judge decides from the nodes' answers whether the lock is held, by the

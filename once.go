@@ -391,7 +391,7 @@ func (info *OnceInfo) take(vals []int64) error {
 	if len(vals) < 5 {
 		return errors.New("once_inspect script: unexpected reply")
 	}
-	who, ok := replyString(vals[4], vals[5:])
+	who, ok := unpackAll(vals[4:])
 	if !ok {
 		return errors.New("once_inspect script: unexpected reply")
 	}

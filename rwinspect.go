@@ -126,28 +126,9 @@ func readRWInspect(v []int64) (RWNodeInfo, bool) {
 	if !ok || len(rest) == 0 || rest[0] < 0 {
 		return RWNodeInfo{}, false
 	}
-	n := RWNodeInfo{
-		NodeInfo: NodeInfo{
-			Held:         v[0] != 0,
-			Foreign:      v[0] == 2,
-			Token:        uint64(v[1]),
-			Waiters:      int(v[4]),
-			FenceCounter: uint64(v[6]),
-			MaxMemory:    v[8],
-		},
-		ReadWaiters: int(v[5]),
-	}
-	if n.Held {
-		n.Holder = fmt.Sprintf("%012x", v[3])
-		n.HolderInfo = keyspace.HolderDecode(who)
-		n.TTL = time.Duration(v[2]) * time.Millisecond
-		if v[2] < 0 {
-			n.TTL = -1
-		}
-	}
-	if p := v[7]; p >= 1 && int(p) <= len(maxmemoryPolicies) {
-		n.MaxMemoryPolicy = maxmemoryPolicies[p-1]
-	}
+	n := RWNodeInfo{NodeInfo: NodeInfo{Waiters: int(v[4]), FenceCounter: uint64(v[6])}, ReadWaiters: int(v[5])}
+	n.readLock(v[:4], who)
+	n.readMemory(v[7], v[8])
 	count := rest[0]
 	rest = rest[1:]
 	for range count {
@@ -164,21 +145,6 @@ func readRWInspect(v []int64) (RWNodeInfo, bool) {
 	}
 	sortLeases(n.Leases) // the script's order breaks ties of a millisecond otherwise
 	return n, len(rest) == 0
-}
-
-// unpack reads a string that lua/pack.lua packed at the start of v (its
-// length, then its bytes six to an integer), and returns it with what
-// follows it in v. It reports false if v does not start with one.
-func unpack(v []int64) (s string, rest []int64, ok bool) {
-	if len(v) == 0 || v[0] < 0 {
-		return "", nil, false
-	}
-	words := (v[0] + 5) / 6
-	if int64(len(v)-1) < words {
-		return "", nil, false
-	}
-	s, ok = replyString(v[0], v[1:1+words])
-	return s, v[1+words:], ok
 }
 
 // judgeRW decides from the nodes' answers whether a writer holds the lock,

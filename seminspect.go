@@ -58,20 +58,12 @@ func readSemInspect(vals []int64) (SemaphoreInfo, bool) {
 	info := SemaphoreInfo{Size: vals[0], Out: vals[1], Leases: int(vals[2]), Waiters: int(vals[3])}
 	rest := vals[4:]
 	for range info.Leases {
-		if len(rest) == 0 {
-			return SemaphoreInfo{}, false
-		}
-		n := rest[0]
-		words := (n + 5) / 6
-		if n < 0 || int64(len(rest)-1) < words {
-			return SemaphoreInfo{}, false
-		}
-		h, ok := replyString(n, rest[1:1+words])
+		h, next, ok := unpack(rest)
 		if !ok {
 			return SemaphoreInfo{}, false
 		}
 		info.Holders = append(info.Holders, keyspace.HolderDecode(h))
-		rest = rest[1+words:]
+		rest = next
 	}
 	return info, len(rest) == 0
 }
