@@ -149,6 +149,17 @@ func (d *watchdog) bark() {
 	}
 }
 
+// nextTick returns when a watchdog whose extend began at now and returned
+// err extends next: when the next extend is due (nextExtend) after one
+// that succeeded; soon after one that could not ask the nodes (down, slow,
+// partitioned), to try again while the hold's deadline allows.
+func (m *engine) nextTick(now time.Time, err error) time.Time {
+	if err != nil {
+		return now.Add(max(m.cfg.expiry/extendsPerExpiry/failedExtendRetries, time.Millisecond))
+	}
+	return m.nextExtend(now)
+}
+
 // nextExtend returns when the extend after one made at from (or after the
 // acquire begun at from) is due: at a random point of the last
 // 1/extendJitter of the interval, expiry/extendsPerExpiry, never later.
@@ -209,17 +220,11 @@ func (h *hold) tick() {
 	late := h.watchDeadline()
 	err := h.m.extendRound(ctx, h)
 	late.stop()
-	switch {
-	case err == nil:
-		next = h.m.nextExtend(now)
-	case errors.Is(err, ErrLockLost):
+	if errors.Is(err, ErrLockLost) {
 		h.lose()
 		return
-	default:
-		// The nodes could not be asked (down, slow, partitioned): try
-		// again soon, while until allows.
-		next = now.Add(max(h.m.cfg.expiry/extendsPerExpiry/failedExtendRetries, time.Millisecond))
 	}
+	next = h.m.nextTick(now, err)
 	h.mu.Lock()
 	h.next = next
 	h.mu.Unlock()

@@ -297,12 +297,7 @@ func (sh *setHold) tick() {
 	m := sh.s.groups[0]
 	now := m.clk.Now()
 	err := sh.extend(ctx)
-	next := m.nextExtend(now)
-	if err != nil {
-		// The nodes could not be asked: try again soon, while the
-		// groups' deadlines allow.
-		next = now.Add(max(m.cfg.expiry/extendsPerExpiry/failedExtendRetries, time.Millisecond))
-	}
+	next := m.nextTick(now, err)
 	cancel()
 	sh.mu.Lock()
 	if !sh.stopped && !errors.Is(err, ErrLockLost) && !errors.Is(err, ErrNotHeld) {
