@@ -38,9 +38,10 @@ type engine struct {
 	// Semaphore's lease.
 	kind      kind
 	leaseKind leaseKind
-	// rule is the kind's local admission rule: whom of the local line a
-	// hold of the process serves (see localRule).
-	rule localRule
+	// opt is what the kind does of the optional interfaces (see
+	// kindOptions), among them its local admission rule: whom of the local
+	// line a hold of the process serves (see localRule).
+	opt kindOptions
 
 	// mu guards line, and the kinds' state of the process's holds and
 	// waits.
@@ -246,11 +247,11 @@ func newEngine(name string, backends []Backend, cfg config, sp spec) (*engine, e
 		m.waitChan = sp.waitChan(m.waiterID, m.grants)
 	}
 	if sp.kind == nil {
-		m.leaseKind, m.rule = sp.lease, sp.rule
+		m.leaseKind, m.opt = sp.lease, optionsOf(sp.lease, sp.rule)
 		return m, nil
 	}
 	k := sp.kind(m)
-	m.kind, m.leaseKind, m.rule = k, k, k.rule()
+	m.kind, m.leaseKind, m.opt = k, k, optionsOf(k, nil)
 	if w, ok := k.(alsoWatcher); ok {
 		m.alsoChans = w.alsoChannels()
 	}

@@ -87,7 +87,7 @@ func (m *engine) unlock(ctx context.Context, shared bool) error {
 	}
 	m.hold = nil
 	held := m.clk.Since(m.since)
-	if _, handed := m.rule.admitLocked(m, h, 1); handed > 0 {
+	if _, handed := m.opt.rule.admitLocked(m, h, 1); handed > 0 {
 		m.mu.Unlock()
 		m.unlocked(ctx, h, held, true, nil)
 		return nil

@@ -436,7 +436,9 @@ func (m *engine) extendRound(ctx context.Context, h *hold) (err error) {
 	if err = m.settle(replies); err != nil {
 		return err
 	}
-	m.leaseKind.extended(h, replies)
+	if m.opt.extended != nil {
+		m.opt.extended(h, replies)
+	}
 	if !h.moveUntil(start.Add(m.cfg.expiry - m.clk.Since(start) - m.driftTerm)) {
 		return ErrLockLost
 	}

@@ -23,21 +23,18 @@ type leaseKind interface {
 	// extendCall returns the extend script, its keys and arguments, for
 	// the hold of value.
 	extendCall(value string) (*Script, []string, []string)
-	// extended takes in what a quorum's replies to an extend of h say
-	// besides its success.
-	extended(h *hold, replies []nodeReply)
 }
 
-// A kind is a kind of lock a NetMutex's waiter acquires: a leaseKind with
-// the scripts that take, give back and queue for the hold.
+// A kind is a kind of lock a waiter acquires: a leaseKind with the scripts
+// that take, give back and queue for the hold. What only some kinds do is
+// an optional interface (replyReader, extendReader, grantReader, ordered,
+// ruled), found once by newEngine (see kindOptions).
 type kind interface {
 	leaseKind
 	// acquireCall returns the acquire script, keys and arguments for an
 	// acquire of value (whose tombstone key is tomb) proposing the fencing
 	// token proposal, as the waiters' queue member q.
 	acquireCall(value, tomb, proposal string, q ask) (*Script, []string, []string)
-	// acquireReply reads one node's reply to the acquire script.
-	acquireReply(vals []int64) acquireReply
 	// releaseCall returns the release script, keys and arguments for value
 	// (whose tombstone key is tomb).
 	releaseCall(value, tomb string) (*Script, []string, []string)
@@ -52,14 +49,75 @@ type kind interface {
 	// is listening or not, whose turn came (a release named it), and that
 	// may be queued already.
 	waitFlags(listening, turn, queued bool) string
-	// ordered reports whether a waiter's place is its arrival time, the
-	// same on every node (see ask.arrival).
-	ordered() bool
+}
+
+// A replyReader is a kind whose acquire script's reply says more than
+// lua/acquire.lua's (see readAcquire, the others' reader).
+type replyReader interface {
+	// acquireReply reads one node's reply to the acquire script.
+	acquireReply(vals []int64) acquireReply
+}
+
+// An extendReader is a leaseKind whose extend script's replies say more
+// than whether the extend succeeded.
+type extendReader interface {
+	// extended takes in what a quorum's replies to an extend of h say
+	// besides its success.
+	extended(h *hold, replies []nodeReply)
+}
+
+// A grantReader is a kind whose release's message granting a waiter the
+// hold says more than a NetMutex's (see lua/handon.lua).
+type grantReader interface {
 	// messageGrant completes a grant told by a release's message, whose
 	// last number is in g.token.
 	messageGrant(g *grant)
-	// rule returns the kind's local admission rule (see localRule).
+}
+
+// An ordered kind is one whose waiter's place is its arrival time, the
+// same on every node (see ask.arrival); the others' is the order they
+// joined each node's queue in.
+type ordered interface {
+	orderedByArrival()
+}
+
+// A ruled kind has a local admission rule of its own (see localRule); the
+// others' is exclusiveRule, one goroutine at a time.
+type ruled interface {
 	rule() localRule
+}
+
+// kindOptions are what a kind does of the optional interfaces above, found
+// once by newEngine.
+type kindOptions struct {
+	reply    func(vals []int64) acquireReply // readAcquire, or a replyReader's
+	extended func(h *hold, replies []nodeReply)
+	granted  func(g *grant)
+	ordered  bool
+	rule     localRule
+}
+
+// optionsOf returns k's kindOptions; rule is the local rule of a kind that
+// acquires by calls of its own (k is a leaseKind only: a Semaphore's).
+func optionsOf(k leaseKind, rule localRule) kindOptions {
+	o := kindOptions{reply: readAcquire, rule: rule}
+	if r, ok := k.(replyReader); ok {
+		o.reply = r.acquireReply
+	}
+	if r, ok := k.(extendReader); ok {
+		o.extended = r.extended
+	}
+	if r, ok := k.(grantReader); ok {
+		o.granted = r.messageGrant
+	}
+	_, o.ordered = k.(ordered)
+	if r, ok := k.(ruled); ok {
+		o.rule = r.rule()
+	}
+	if o.rule == nil {
+		o.rule = exclusiveRule{}
+	}
+	return o
 }
 
 // Reply statuses of the acquire scripts (lua/acquire.lua,

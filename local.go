@@ -21,7 +21,7 @@ import (
 // permits on to the waiters at the head of the line, the owner first, as
 // far as they go (handLocked, by its kind's rule: see semLease.admitLocked).
 //
-// Each kind's local admission rule (a localRule, m.rule) says whom of the
+// Each kind's local admission rule (a localRule, m.opt.rule) says whom of the
 // line a hold the process has serves as well, without a round trip: a
 // NetMutex's, one owner (exclusiveRule); a NetRWMutex's readers
 // under the write lock, sync.RWMutex's (rwRule); a Semaphore's, weights
@@ -94,7 +94,7 @@ func (m *engine) own(ctx context.Context) (h *hold, waited bool, err error) {
 // awaitTurn waits for queued w's turn: it returns the hold handed over, or
 // nil with ownership of m (a Semaphore's waiter: nil, unless its permits
 // were handed to it, see handLocked). If ctx ends first it returns ctx's
-// cause, and m is as if w had not queued: w's kind's rule (m.rule) gives
+// cause, and m is as if w had not queued: w's kind's rule (m.opt.rule) gives
 // back what reached it and does what its giving up leaves to do.
 func (m *engine) awaitTurn(ctx context.Context, w *localWaiter) (*hold, error) {
 	select {
@@ -118,10 +118,10 @@ func (m *engine) giveUpTurn(ctx context.Context, w *localWaiter) {
 	m.mu.Lock()
 	if w.handed {
 		m.mu.Unlock()
-		m.rule.unwanted(context.WithoutCancel(ctx), m, w)
+		m.opt.rule.unwanted(context.WithoutCancel(ctx), m, w)
 		return
 	}
-	after := m.rule.leftLocked(m, w, m.unqueueLocked(w))
+	after := m.opt.rule.leftLocked(m, w, m.unqueueLocked(w))
 	m.mu.Unlock()
 	if after != nil {
 		after(ctx)

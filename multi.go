@@ -289,8 +289,6 @@ type multiKind struct {
 }
 
 // multiKind's waiters queue as a NetMutex's.
-func (*multiKind) rule() localRule { return exclusiveRule{} }
-
 func newMultiKind(m *engine, names []string) *multiKind {
 	k := &multiKind{m: m, names: names, n: strconv.Itoa(len(names))}
 	for _, name := range names {
@@ -350,8 +348,6 @@ func (k *multiKind) acquireCall(value, _, proposal string, q ask) (*Script, []st
 	return multiAcquireScript, k.keys(value), []string{value, m.expiryMS, m.acquireArg(proposal, q), m.wakeTries, k.n}
 }
 
-func (*multiKind) acquireReply(vals []int64) acquireReply { return readAcquire(vals) }
-
 func (k *multiKind) releaseCall(value, _ string) (*Script, []string, []string) {
 	m := k.m
 	return multiReleaseScript, k.keys(value), []string{value, m.tombMS, m.wakeTries, k.n}
@@ -360,8 +356,6 @@ func (k *multiKind) releaseCall(value, _ string) (*Script, []string, []string) {
 func (k *multiKind) extendCall(value string) (*Script, []string, []string) {
 	return k.keepCall(value, k.m.cfg.expiry.Milliseconds())
 }
-
-func (*multiKind) extended(*hold, []nodeReply) {}
 
 func (k *multiKind) keepCall(value string, ms int64) (*Script, []string, []string) {
 	keys := append(slices.Clip(k.locks), k.waiters...)
@@ -379,11 +373,7 @@ func (*multiKind) waitFlags(listening, turn, queued bool) string {
 	return mutexKind{}.waitFlags(listening, turn, queued)
 }
 
-func (*multiKind) ordered() bool { return false }
-
 // messageGrant is never called: a release does not grant a MultiMutex.
-func (*multiKind) messageGrant(*grant) {}
-
 // alsoChannels returns the release channels of k's names but the first,
 // which a waiter watches besides its own (see alsoWatcher).
 func (k *multiKind) alsoChannels() []string { return k.channels[1:] }

@@ -271,8 +271,6 @@ func (k mutexKind) acquireCall(value, tomb, proposal string, q ask) (*Script, []
 	return acquireScript, keys, args
 }
 
-func (mutexKind) acquireReply(vals []int64) acquireReply { return readAcquire(vals) }
-
 func (k mutexKind) releaseCall(value, tomb string) (*Script, []string, []string) {
 	m := k.m
 	keys, args := m.keys.lockCall(tomb, value, m.tombMS, m.wakeTries)
@@ -283,8 +281,6 @@ func (k mutexKind) extendCall(value string) (*Script, []string, []string) {
 	m := k.m
 	return extendScript, m.extendKeys, []string{value, m.expiryMS, m.queueMS}
 }
-
-func (mutexKind) extended(*hold, []nodeReply) {}
 
 // keepCall returns the extend script, keys and arguments that set the key
 // of value to expire in ms (WithMinHold: a hold released early keeps
@@ -321,12 +317,6 @@ func (mutexKind) waitFlags(listening, turn, queued bool) string {
 	}
 	return ""
 }
-
-func (mutexKind) ordered() bool { return false }
-
-func (mutexKind) messageGrant(*grant) {}
-
-func (mutexKind) rule() localRule { return exclusiveRule{} }
 
 // exclusiveRule is the local admission rule of a lock with one owner (a
 // NetMutex; an Election's and a MultiMutex's kinds): a hold given back goes

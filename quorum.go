@@ -124,7 +124,7 @@ func (a quorumAcquirer) flags(listening, turn, queued bool) string {
 	return a.m.kind.waitFlags(listening, turn, queued)
 }
 
-func (a quorumAcquirer) ordered() bool { return a.m.kind.ordered() }
+func (a quorumAcquirer) ordered() bool { return a.m.opt.ordered }
 
 func (a quorumAcquirer) round(ctx context.Context, q ask) outcome { return a.m.acquireRound(ctx, q) }
 
@@ -192,7 +192,9 @@ func (a quorumAcquirer) messageGrant(ctx context.Context, w *waiter, payload str
 		return grant{}, false
 	}
 	g := grant{value: value, token: token, start: w.joined, until: until}
-	m.kind.messageGrant(&g)
+	if m.opt.granted != nil {
+		m.opt.granted(&g)
+	}
 	return g, true
 }
 
@@ -234,7 +236,7 @@ func (m *engine) tally(v *votes, reads []acquireReply, replies []nodeReply) {
 			}
 			continue
 		}
-		a := m.kind.acquireReply(r.vals)
+		a := m.opt.reply(r.vals)
 		reads[i] = a
 		v.answered++
 		m.learn(a.counter)

@@ -106,7 +106,7 @@ func (s *rwSide) waitFlags(_, _, queued bool) string {
 	return "j"
 }
 
-func (s *rwSide) ordered() bool { return true }
+func (*rwSide) orderedByArrival() {}
 
 // messageGrant: a read lease has no token; the message's last number says
 // whether a writer waits (see lua/rw_wake.lua).

@@ -35,8 +35,6 @@ func (l *semLease) extendCall(value string) (*Script, []string, []string) {
 	return semExtendScript, l.keys, []string{value + ":" + l.expiryMS + ":" + l.placeMS}
 }
 
-func (*semLease) extended(*hold, []nodeReply) {}
-
 // admitLocked is a Semaphore's local admission rule (weights within the
 // size): it hands h, the lease, on to the waiters at the head of
 // m's local line, the owner (m.first, waiting in Redis) first, in their
