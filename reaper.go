@@ -238,14 +238,18 @@ func permanentErr(b Backend, op scriptOp, err error) bool {
 // a WAIT (WithSyncReplicas) gets when its master turns replica under it in
 // a failover. A server out of memory (maxmemory with noeviction) refuses a
 // release only until a moment frees memory, as the release itself would:
-// for an acquire, OOM is an answer.
+// for an acquire, OOM is an answer. So is an ACL's refusal (NOPERM), which
+// for a release or a leave is sent again while the hold's expiry allows:
+// a release or a leave dropped for an ACL fixed a moment later would leave
+// a key, or a waiter's place, that a release grants the lock to, for
+// nobody, for an expiry.
 func transientReply(op scriptOp, msg string) bool {
 	for _, p := range transientReplies {
 		if strings.HasPrefix(msg, p) {
 			return true
 		}
 	}
-	return op == opRelease && strings.HasPrefix(msg, "OOM")
+	return op == opRelease && (strings.HasPrefix(msg, "OOM") || strings.HasPrefix(msg, "NOPERM"))
 }
 
 // transientReplies are the prefixes of the error replies that transientReply

@@ -436,6 +436,10 @@ func TestTransientReply(t *testing.T) {
 		// A release frees memory; an acquire takes it.
 		{opRelease, "OOM command not allowed when used memory > 'maxmemory'.", true},
 		{opAcquire, "OOM command not allowed when used memory > 'maxmemory'.", false},
+		// A release or a leave refused by an ACL is sent again: the ACL
+		// may be fixed while the hold's expiry lasts.
+		{opRelease, "NOPERM netlock: this user may not publish on netlock:{a}:rw:joined", true},
+		{opRelease, "NOPERM this user has no permissions to run the 'evalsha' command", true},
 	} {
 		if got := transientReply(c.op, c.msg); got != c.want {
 			t.Errorf("transientReply(%v, %q): got %v, want %v", c.op, c.msg, got, c.want)
