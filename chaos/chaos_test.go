@@ -311,7 +311,7 @@ func runChaos(t *testing.T, s chaosSetup) {
 
 	slack := func(from, to time.Time) time.Duration { return chaosSlack + probe.longest(from, to) }
 	violations, fig := checkHistory(holds, resource.writes, slack)
-	freed, freedMax := checkFreed(holds, episodes, start, stopping, slack)
+	freed, freedMax := checkFreed(holdSpans(holds), 1, 1, episodes, start, stopping, slack)
 	violations = append(violations, freed...)
 	checking := time.Now()
 	linearizable, notLinearizable := checkLinearizable("the lock's resource", resource.ops)
