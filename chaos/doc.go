@@ -15,9 +15,10 @@
 // misconf faults are left out unless NETLOCK_CHAOS_ALL=1: under them,
 // rueidis panics when it unsubscribes (TestRueidisUnsubscribeRefused).
 //
-// Besides each workload's own checks, the NetMutex and Election tests
-// check that a lock never stays free while clients wait for it once a
-// fault has cleared (checkFreed), and the fenced resources'
+// Besides each workload's own checks, the NetMutex, RW, Semaphore and
+// Election tests check that a lock never stays free while clients wait for
+// it once a fault has cleared (checkFreed; for a Semaphore, permits enough
+// for any waiter), and the fenced resources'
 // histories (NetMutex, RW, Multi, Election) are checked for
 // linearizability against a fenced register by porcupine
 // (checkLinearizable).
