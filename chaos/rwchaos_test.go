@@ -46,9 +46,9 @@ func rwReadFor(i int, rng *rand.Rand) time.Duration {
 }
 
 // TestChaosRW is TestChaos for a NetRWMutex: eight clients, each a process
-// of its own (its own connections, three redigo, three rueidis, two
-// go-redis, through toxiproxies of their own), each with one NetRWMutex on
-// the same name on five redis-servers (a quorum; AOF, fsync always), and
+// of its own (its own connections, by default three redigo, three rueidis,
+// two go-redis, through toxiproxies of their own), each with one
+// NetRWMutex on the same name on five redis-servers (a quorum; AOF, fsync always), and
 // goroutines writing and reading under it (rwWriters, rwReaders); one in
 // eight of their attempts is a TryLockCtx or TryRLockCtx. The faults are
 // TestChaos's, on a minority of the servers (runFaults), with client
@@ -112,7 +112,7 @@ func runChaosRW(t *testing.T, s chaosSetup) {
 		recs[i].trace, recs[i].client = trace, i
 		backends := make([]netlock.Backend, s.nodes)
 		for k := range servers {
-			backends[k] = recs[i].wrap(newBackend(t, chaosClient(i), links[i][k].Addr()))
+			backends[k] = recs[i].wrap(newBackend(t, chaosClient(t, i), links[i][k].Addr()))
 		}
 		rw, err := netlock.NewRW(rwName, backends, netlock.WithExpiry(chaosExpiry), netlock.WithNodeTimeout(100*time.Millisecond),
 			netlock.WithDriftFactor(chaosDrift), netlock.WithRetryDelay(time.Millisecond, 20*time.Millisecond),
@@ -589,7 +589,7 @@ func logViolatedRW(t *testing.T, violations []string, holds []holdRecord, reads 
 			seen["r"+sub[1]] = true
 			r := &reads[i]
 			t.Logf("read %d: client %d (%s), lease %d: start %s (valid %v), end %s (valid %v), writes seen %d at %s, %d at %s, paused %v",
-				i, r.client, chaosClient(r.client), r.lease, at(r.start), r.validAtStart, at(r.end), r.validAtEnd,
+				i, r.client, chaosClient(t, r.client), r.lease, at(r.start), r.validAtStart, at(r.end), r.validAtEnd,
 				r.first, at(r.firstAt), r.second, at(r.secondAt), r.paused)
 		}
 		for _, sub := range leaseRef.FindAllStringSubmatch(v, -1) {
@@ -600,7 +600,7 @@ func logViolatedRW(t *testing.T, violations []string, holds []holdRecord, reads 
 			seen["l"+sub[1]] = true
 			l := &leases[i]
 			t.Logf("lease %d: client %d (%s), %d sections: until %s, RLost() %s, last RUnlock from %s to %s: %v; the Observer's Lost: %s %q",
-				i, l.client, chaosClient(l.client), l.sections, at(l.until), at(l.lostAt), at(l.unlockStart), at(l.unlockEnd), l.unlockErr, at(l.engineLost), l.engineReason)
+				i, l.client, chaosClient(t, l.client), l.sections, at(l.until), at(l.lostAt), at(l.unlockStart), at(l.unlockEnd), l.unlockErr, at(l.engineLost), l.engineReason)
 		}
 	}
 	for _, f := range timeline {

@@ -30,9 +30,9 @@ const (
 )
 
 // TestChaosSem runs eight clients, each a process of its own (its own
-// connections, three redigo, three rueidis, two go-redis, through a
-// toxiproxy of its own), each with one Semaphore of size semSize on the
-// same name on one redis-server (a Semaphore runs on one backend; AOF,
+// connections, by default three redigo, three rueidis, two go-redis,
+// through a toxiproxy of its own), each with one Semaphore of size semSize
+// on the same name on one redis-server (a Semaphore runs on one backend; AOF,
 // fsync always, as TestChaosSingle's), and semGoroutines goroutines each
 // acquiring 1 or 2 permits (Acquire with a timeout; one in eight a
 // TryAcquireCtx), writing to a resource a few times over a few
@@ -74,7 +74,7 @@ func TestChaosSem(t *testing.T) {
 	sems := make([]*netlock.Semaphore, chaosClients)
 	for i := range sems {
 		recs[i] = newSemRecorder(i, chaosExpiry, chaosDrift)
-		b := recs[i].wrap(newBackend(t, chaosClient(i), links[i][0].Addr()))
+		b := recs[i].wrap(newBackend(t, chaosClient(t, i), links[i][0].Addr()))
 		sem, err := netlock.NewSemaphore(semName, semSize, []netlock.Backend{b}, netlock.WithExpiry(chaosExpiry),
 			netlock.WithNodeTimeout(100*time.Millisecond), netlock.WithDriftFactor(chaosDrift),
 			netlock.WithRetryDelay(time.Millisecond, 20*time.Millisecond),
@@ -261,7 +261,7 @@ func TestChaosSem(t *testing.T) {
 	}
 	mix := map[string]int{}
 	for i := range chaosClients {
-		mix[chaosClient(i)]++
+		mix[chaosClient(t, i)]++
 	}
 	figures := fmt.Sprintf("%v, %d clients %v × %d goroutines on 1 server, size %d: %d acquisitions (%d of 2 permits, %d long), %d try misses, %d writes; %d holds lost (%d stopped early by Lost(), %d lost at once), on %d of %d leases (%d grants, %d extends); holds explained by a grant %d, by an adoption %d (%d possible adoptions, %d folded), by a hand-on %d, ambiguous %d, unexplained %d; max concurrent permits %d; latest Lost() %v after the deadline, %d writes after a hold's valid end (longest process stall %v); stranded after the fault cleared: max %v (bound %v); faults %v, client stalls %d; errors %v; clients stopped in %v; violations %d",
 		stopping.Sub(start).Round(time.Second), chaosClients, mix, semGoroutines, semSize, fig.holds, two, longs.Load(), tryMisses.Load(), len(resource.writes),
@@ -364,7 +364,7 @@ func logViolatedSem(t *testing.T, violations []string, holds []semHold, recs []*
 					h.lease.adopted, at(h.lease.made), h.ambiguous)
 			}
 			t.Logf("hold %d: client %d (%s), %d permits on lease %s: try %v, called %s, start %s (valid %v), end %s (valid %v, stopped %v), until %s, Lost() %s, release %s: %v, paused %v",
-				i, h.client, chaosClient(h.client), h.n, lease, h.try, at(h.a0), at(h.start), h.validAtStart, at(h.end), h.validAtEnd, h.stopped,
+				i, h.client, chaosClient(t, h.client), h.n, lease, h.try, at(h.a0), at(h.start), h.validAtStart, at(h.end), h.validAtEnd, h.stopped,
 				at(h.until), at(h.lostAt), at(h.releaseStart), h.releaseErr, h.paused)
 			r := recs[h.client]
 			r.mu.Lock()
