@@ -58,10 +58,6 @@ const (
 	strandedGrace = 750 * time.Millisecond
 )
 
-// chaosClient returns the client library of the chaos tests' client i:
-// three redigo, three rueidis and two go-redis.
-func chaosClient(i int) string { return clients[i%len(clients)] }
-
 // faultSeed returns the seed of a chaos test's faults: $NETLOCK_CHAOS_SEED,
 // or the time.
 func faultSeed(t *testing.T) uint64 {
@@ -103,13 +99,13 @@ type chaosSetup struct {
 	quiet func(rng *rand.Rand) time.Duration
 }
 
-// TestChaos runs eight clients, each with its own connections (three
-// redigo, three rueidis, two go-redis), against one quorum lock on five
-// real redis-servers (AOF, fsync always, so fence counters survive a
-// crash), each client reaching each server through a toxiproxy of its own.
-// While they lock, write to a fenced resource and unlock, faults hit a
-// random minority of the servers (one or two), one kind at a time in
-// shuffled rounds:
+// TestChaos runs eight clients, each with its own connections (by default
+// three redigo, three rueidis, two go-redis: see chaosClient), against one
+// quorum lock on five real redis-servers (AOF, fsync always, so fence
+// counters survive a crash), each client reaching each server through a
+// toxiproxy of its own. While they lock, write to a fenced resource and
+// unlock, faults hit a random minority of the servers (one or two), one
+// kind at a time in shuffled rounds:
 //
 //   - pause: SIGSTOP, then SIGCONT after up to 1.5 expiries;
 //   - kill: SIGKILL, and a restart (from the AOF) only after the expiry;
@@ -205,7 +201,7 @@ func runChaos(t *testing.T, s chaosSetup) {
 		recs[i] = newRecorder(s.nodes, chaosExpiry, chaosDrift)
 		backends := make([]netlock.Backend, s.nodes)
 		for k := range servers {
-			backends[k] = recs[i].wrap(newBackend(t, chaosClient(i), links[i][k].Addr()))
+			backends[k] = recs[i].wrap(newBackend(t, chaosClient(t, i), links[i][k].Addr()))
 		}
 		m, err := netlock.New("chaos", backends, netlock.WithExpiry(chaosExpiry), netlock.WithNodeTimeout(100*time.Millisecond),
 			netlock.WithDriftFactor(chaosDrift), netlock.WithRetryDelay(time.Millisecond, 20*time.Millisecond),
@@ -311,7 +307,7 @@ func runChaos(t *testing.T, s chaosSetup) {
 
 	slack := func(from, to time.Time) time.Duration { return chaosSlack + probe.longest(from, to) }
 	violations, fig := checkHistory(holds, resource.writes, slack)
-	freed, freedMax := checkFreed(holds, episodes, start, stopping, slack)
+	freed, freedMax := checkFreed(holdSpans(holds), 1, 1, episodes, start, stopping, slack)
 	violations = append(violations, freed...)
 	checking := time.Now()
 	linearizable, notLinearizable := checkLinearizable("the lock's resource", resource.ops)
@@ -341,7 +337,7 @@ func runChaos(t *testing.T, s chaosSetup) {
 	}
 	mix := map[string]int{}
 	for i := range chaosClients {
-		mix[chaosClient(i)]++
+		mix[chaosClient(t, i)]++
 	}
 	figures := fmt.Sprintf("%v, %d clients %v on %d servers: %d acquisitions, %d lost, %d stale writes rejected, latest Lost() %v after until (longest process stall %v); stranded after the fault cleared: max %v (bound %v); linearizable (porcupine, fenced register): %v, %d calls checked in %v; faults (servers hit, by kind) %v, client stalls %d; refusals the scripts met, by code %v; errors %v; violations %d",
 		elapsed.Round(time.Second), chaosClients, mix, s.nodes, fig.holds, fig.lost, fig.staleRejected, fig.maxLate.Round(time.Millisecond), probe.longest(start, time.Now()).Round(time.Millisecond),
@@ -361,7 +357,7 @@ func runChaos(t *testing.T, s chaosSetup) {
 	for i, h := range holds {
 		if late := h.lostAt.Sub(h.until); h.signalled() && late > chaosSlack/2 {
 			t.Logf("hold %d: client %d (%s), paused %v: held %v, Lost() %v after until, process stalled %v meanwhile, unlock %v",
-				i, h.client, chaosClient(h.client), h.paused, h.end.Sub(h.start), late,
+				i, h.client, chaosClient(t, h.client), h.paused, h.end.Sub(h.start), late,
 				probe.longest(h.until, h.lostAt), h.unlockErr)
 		}
 	}
@@ -401,7 +397,7 @@ func runFaults(t *testing.T, s chaosSetup, servers []*redistest.Server, links []
 	faults = map[string]int{}
 	refusals := map[string]map[string]int{} // by kind of fault: the refusals its victims answered, by code, and what refuse reported
 	clients := len(links)
-	kinds := faultKinds(s)
+	kinds := faultKinds(t, s)
 	addFillers(t, s, servers)
 	for n := 0; time.Since(start) < duration; n++ {
 		if n%len(kinds) == 0 {
@@ -602,7 +598,7 @@ func logViolated(t *testing.T, violations []string, holds []holdRecord, paths []
 			seen[i] = true
 			h := &holds[i]
 			t.Logf("hold %d: client %d (%s), token %d, by %v: start %s (valid %v), end %s (valid %v), until %s, Lost() %s, unlock %s: %v, paused %v",
-				i, h.client, chaosClient(h.client), h.token, paths[i], at(h.start), h.validAtStart,
+				i, h.client, chaosClient(t, h.client), h.token, paths[i], at(h.start), h.validAtStart,
 				at(h.end), h.validAtEnd, at(h.until), at(h.lostAt), at(h.unlockStart), h.unlockErr, h.paused)
 		}
 	}

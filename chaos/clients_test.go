@@ -3,6 +3,10 @@ package chaos
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,8 +21,42 @@ import (
 	"github.com/netlock-go/netlock/internal/redistest"
 )
 
-// clients are the client libraries every test here runs with.
+// clients are the client libraries netlock supports: the tests here run
+// with each (the chaos workloads with those chaosLibraries selects).
 var clients = []string{"redigo", "rueidis", "goredis"}
+
+// clientsEnv selects the client libraries of the chaos tests' clients: a
+// comma-separated subset of clients ("redigo,goredis"). Without it, all of
+// them. Without rueidis, the faults of rueidisPanics join the rotation
+// (faultKinds).
+const clientsEnv = "NETLOCK_CHAOS_CLIENTS"
+
+// chaosLibraries returns the client libraries of the chaos tests' clients,
+// in the order of clients: those $NETLOCK_CHAOS_CLIENTS names, or all. A
+// name that is not in clients fails the test.
+func chaosLibraries(t testing.TB) []string {
+	t.Helper()
+	v := os.Getenv(clientsEnv)
+	if v == "" {
+		return slices.Clone(clients)
+	}
+	named := strings.Split(v, ",")
+	for _, name := range named {
+		if !slices.Contains(clients, name) {
+			t.Fatalf("%s=%q: %q is no client library; want a comma-separated subset of %s", clientsEnv, v, name, strings.Join(clients, ","))
+		}
+	}
+	return slices.DeleteFunc(slices.Clone(clients), func(c string) bool { return !slices.Contains(named, c) })
+}
+
+// chaosClient returns the client library of the chaos tests' client i, of
+// chaosLibraries by turns: by default three redigo, three rueidis and two
+// go-redis.
+func chaosClient(t testing.TB, i int) string {
+	t.Helper()
+	libs := chaosLibraries(t)
+	return libs[i%len(libs)]
+}
 
 // newBackend returns a Backend on a client of its own for addr, as another
 // process would have; the client is closed when the test ends.
@@ -120,4 +158,65 @@ func errKind(err error) string {
 		kinds = append(kinds, "NOPERM")
 	}
 	return strings.Join(kinds, "+")
+}
+
+// TestChaosLibraries: NETLOCK_CHAOS_CLIENTS selects the chaos tests'
+// client libraries, in the order of clients, and fails a test on a name it
+// does not know; without rueidis, the faults under which rueidis panics
+// join the rotation.
+func TestChaosLibraries(t *testing.T) {
+	tests := []struct {
+		env   string
+		want  []string
+		fatal string // in the failure; "" for none
+	}{
+		{"", clients, ""},
+		{"goredis,redigo", []string{"redigo", "goredis"}, ""},
+		{"rueidis", []string{"rueidis"}, ""},
+		{"redigo,jedis", nil, `"jedis" is no client library`},
+		{"redigo,", nil, `"" is no client library`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.env, func(t *testing.T) {
+			t.Setenv(clientsEnv, tt.env)
+			f := &fatalTB{TB: t}
+			var got []string
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				got = chaosLibraries(f)
+			}()
+			<-done
+			switch {
+			case tt.fatal == "" && f.failed != "":
+				t.Errorf("%s=%q: failed with %q, want %q", clientsEnv, tt.env, f.failed, tt.want)
+			case tt.fatal == "" && !slices.Equal(got, tt.want):
+				t.Errorf("%s=%q: got %q, want %q", clientsEnv, tt.env, got, tt.want)
+			case tt.fatal != "" && (!strings.Contains(f.failed, tt.fatal) || !strings.Contains(f.failed, clientsEnv)):
+				t.Errorf("%s=%q: failed with %q, want a failure naming %s and containing %q", clientsEnv, tt.env, f.failed, clientsEnv, tt.fatal)
+			}
+		})
+	}
+	t.Setenv(allFaultsEnv, "")
+	for env, want := range map[string]bool{"": false, "redigo,goredis": true, "rueidis,goredis": false} {
+		t.Setenv(clientsEnv, env)
+		kinds := faultKinds(t, chaosSetup{})
+		if got := slices.Contains(kinds, "busy") && slices.Contains(kinds, "misconf"); got != want {
+			t.Errorf("%s=%q: faults %q, busy and misconf in them %v, want %v", clientsEnv, env, kinds, got, want)
+		}
+	}
+}
+
+// fatalTB is a testing.TB whose Fatalf records its message and ends the
+// calling goroutine, as a test's does, without failing the test.
+type fatalTB struct {
+	testing.TB
+	failed string
+}
+
+func (f *fatalTB) Helper() {}
+
+func (f *fatalTB) Fatalf(format string, args ...any) {
+	f.failed = fmt.Sprintf(format, args...)
+	runtime.Goexit()
 }

@@ -1,6 +1,6 @@
 // Package chaos holds netlock's fault-injection tests; it has no API of its
-// own. Its tests run clients of every client library netlock supports
-// against real redis-server processes (started by internal/redistest), each
+// own. Its tests run clients of every client library netlock supports (or
+// of those NETLOCK_CHAOS_CLIENTS selects, below) against real redis-server processes (started by internal/redistest), each
 // client reaching each server through a toxiproxy of its own (package
 // chaos/internal/toxi), and break things while the clients lock: servers
 // paused, killed and restarted, links slowed, blackholed, reset and cut
@@ -12,12 +12,14 @@
 // its clients' connections killed (CLIENT KILL), and the user's channel
 // rights taken away and given back (NOPERM). Each run logs, by kind of
 // fault, the refusals the servers hit answered meanwhile. The busy and
-// misconf faults are left out unless NETLOCK_CHAOS_ALL=1: under them,
-// rueidis panics when it unsubscribes (TestRueidisUnsubscribeRefused).
+// misconf faults are left out unless NETLOCK_CHAOS_ALL=1 or no client is a
+// rueidis one: under them, rueidis panics when it unsubscribes
+// (TestRueidisUnsubscribeRefused).
 //
-// Besides each workload's own checks, the NetMutex and Election tests
-// check that a lock never stays free while clients wait for it once a
-// fault has cleared (checkFreed), and the fenced resources'
+// Besides each workload's own checks, the NetMutex, RW, Semaphore and
+// Election tests check that a lock never stays free while clients wait for
+// it once a fault has cleared (checkFreed; for a Semaphore, permits enough
+// for any waiter), and the fenced resources'
 // histories (NetMutex, RW, Multi, Election) are checked for
 // linearizability against a fenced register by porcupine
 // (checkLinearizable).
@@ -40,6 +42,13 @@
 // NETLOCK_SOAK=10m runs each chaos test for ten minutes instead of 20s (add
 // -timeout 30m); NETLOCK_REPORT names a file to which the tests append their
 // figures.
+//
+// NETLOCK_CHAOS_CLIENTS, a comma-separated subset of redigo, rueidis and
+// goredis, runs the chaos tests' clients on those client libraries alone,
+// by turns (TestChaosMultiSlots on those with a cluster client, skipped if
+// none has); without rueidis, busy and misconf are in the rotation:
+//
+//	NETLOCK_REQUIRE_REDIS=1 NETLOCK_CHAOS_CLIENTS=redigo,goredis NETLOCK_SOAK=10m go test -run 'TestChaos$' -count=1 -timeout 30m -v .
 //
 // Each chaos test logs the seed of its faults ("faults from seed N");
 // NETLOCK_CHAOS_SEED=N gives it back to a run, to replay a failing soak:

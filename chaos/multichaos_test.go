@@ -276,7 +276,7 @@ func runChaosLocks(t *testing.T, ls locksSetup, s chaosSetup) {
 	for _, n := range ls.names {
 		v, fig := checkHistory(hist.holds[n], hist.resources[n].writes, slack)
 		if ls.contended {
-			freed, longest := checkFreed(hist.holds[n], episodes, start, stopping, slack)
+			freed, longest := checkFreed(holdSpans(hist.holds[n]), 1, 1, episodes, start, stopping, slack)
 			v = append(v, freed...)
 			freedMax = max(freedMax, longest)
 		}

@@ -7,7 +7,10 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -43,7 +46,8 @@ var slotsNames = func() []string {
 // (AOF, fsync always), with MultiMutexes whose names are in several slots,
 // taken one slot group at a time by the protocol of docs/multi.md ("Names in
 // several slots"): eight clients, each a cluster client of its own
-// (rueidis and go-redis by turns) that reaches each master through a
+// (rueidis and go-redis by turns, or the one of them NETLOCK_CHAOS_CLIENTS
+// selects) that reaches each master through a
 // toxiproxy of its own, take MultiMutexes of two to four of five names in
 // three or four slots, given in different orders, and NetMutexes of single
 // names. Faults hit one master at a time, as TestChaos's hit a server: the
@@ -55,6 +59,7 @@ var slotsNames = func() []string {
 //
 // It runs chaosCI by default, or for NETLOCK_SOAK.
 func TestChaosMultiSlots(t *testing.T) {
+	clusterLibraries(t) // skips before the Cluster starts, if none is selected
 	runChaosLocks(t, slotsSetup, chaosSetup{
 		nodes:   slotsMasters,
 		cluster: true,
@@ -102,7 +107,7 @@ func clientBackends(t *testing.T, s chaosSetup, i int, servers []*redistest.Serv
 	if !s.cluster {
 		backends := make([]netlock.Backend, len(servers))
 		for k := range servers {
-			backends[k] = newBackend(t, chaosClient(i), links[k].Addr())
+			backends[k] = newBackend(t, chaosClient(t, i), links[k].Addr())
 		}
 		return backends
 	}
@@ -112,11 +117,23 @@ func clientBackends(t *testing.T, s chaosSetup, i int, servers []*redistest.Serv
 		via[srv.Addr()] = links[k].Addr()
 		addrs = append(addrs, srv.Addr())
 	}
-	return []netlock.Backend{newClusterBackend(t, clusterClients[i%len(clusterClients)], addrs, via)}
+	libs := clusterLibraries(t)
+	return []netlock.Backend{newClusterBackend(t, libs[i%len(libs)], addrs, via)}
 }
 
 // clusterClients are the client libraries with a cluster client.
 var clusterClients = []string{"rueidis", "goredis"}
+
+// clusterLibraries returns those of chaosLibraries that have a cluster
+// client, and skips the test if none has.
+func clusterLibraries(t testing.TB) []string {
+	t.Helper()
+	libs := slices.DeleteFunc(chaosLibraries(t), func(c string) bool { return !slices.Contains(clusterClients, c) })
+	if len(libs) == 0 {
+		t.Skipf("%s=%s names no client library with a cluster client (%s)", clientsEnv, os.Getenv(clientsEnv), strings.Join(clusterClients, ", "))
+	}
+	return libs
+}
 
 // newClusterBackend returns a Backend on a cluster client of its own of the
 // Cluster of addrs, as another process would have, that dials each node

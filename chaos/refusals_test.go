@@ -52,8 +52,8 @@ var serverArgs = []string{
 //
 // readonly and loading are not for a Redis Cluster: REPLICAOF is refused
 // in cluster mode, and its nodes hold no filler keys (see addFillers).
-// busy and misconf are left out unless NETLOCK_CHAOS_ALL=1 (see
-// rueidisPanics).
+// busy and misconf are left out unless NETLOCK_CHAOS_ALL=1 or no client
+// is a rueidis one (see rueidisPanics).
 var refusalKinds = []string{"readonly", "loading", "misconf", "oom", "busy", "pause-write", "script-flush", "client-kill", "acl"}
 
 const (
@@ -84,11 +84,14 @@ until t[1] * 1000000 + t[2] - from >= tonumber(ARGV[1])
 return 1`
 
 // faultKinds returns the kinds of fault runFaults injects on s's servers:
-// rueidisPanics only with NETLOCK_CHAOS_ALL=1.
-func faultKinds(s chaosSetup) []string {
+// rueidisPanics only with NETLOCK_CHAOS_ALL=1, or when no client is a
+// rueidis one (NETLOCK_CHAOS_CLIENTS).
+func faultKinds(t testing.TB, s chaosSetup) []string {
+	t.Helper()
+	panics := os.Getenv(allFaultsEnv) != "1" && slices.Contains(chaosLibraries(t), "rueidis")
 	kinds := []string{"pause", "kill", "latency", "blackhole", "reset"}
 	for _, k := range refusalKinds {
-		if s.cluster && (k == "readonly" || k == "loading") || slices.Contains(rueidisPanics, k) && os.Getenv(allFaultsEnv) != "1" {
+		if s.cluster && (k == "readonly" || k == "loading") || panics && slices.Contains(rueidisPanics, k) {
 			continue
 		}
 		kinds = append(kinds, k)

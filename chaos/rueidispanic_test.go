@@ -15,9 +15,10 @@ import (
 )
 
 // rueidisPanics are the faults left out of runFaults' rotation unless
-// NETLOCK_CHAOS_ALL=1 (allFaultsEnv): while they last, rueidis panics when
-// it unsubscribes (see TestRueidisUnsubscribeRefused), which ends the test
-// process whatever netlock does.
+// NETLOCK_CHAOS_ALL=1 (allFaultsEnv), or no client is a rueidis one
+// (clientsEnv): while they last, rueidis panics when it unsubscribes (see
+// TestRueidisUnsubscribeRefused), which ends the test process whatever
+// netlock does.
 var rueidisPanics = []string{"busy", "misconf"}
 
 // allFaultsEnv, set to 1, puts every fault of refusalKinds in runFaults'

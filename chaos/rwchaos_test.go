@@ -46,9 +46,9 @@ func rwReadFor(i int, rng *rand.Rand) time.Duration {
 }
 
 // TestChaosRW is TestChaos for a NetRWMutex: eight clients, each a process
-// of its own (its own connections, three redigo, three rueidis, two
-// go-redis, through toxiproxies of their own), each with one NetRWMutex on
-// the same name on five redis-servers (a quorum; AOF, fsync always), and
+// of its own (its own connections, by default three redigo, three rueidis,
+// two go-redis, through toxiproxies of their own), each with one
+// NetRWMutex on the same name on five redis-servers (a quorum; AOF, fsync always), and
 // goroutines writing and reading under it (rwWriters, rwReaders); one in
 // eight of their attempts is a TryLockCtx or TryRLockCtx. The faults are
 // TestChaos's, on a minority of the servers (runFaults), with client
@@ -63,8 +63,10 @@ func rwReadFor(i int, rng *rand.Rand) time.Duration {
 // writer or a reader, none of them reported lost; tokens strictly
 // increase; a valid reader never sees the resource change, nor a token
 // older than one granted before its read; Lost() and RLost() close in time.
-// Once the clients stop, no key of the lock may keep anyone out
-// (checkStrandedRW). Errors must be the documented sentinels.
+// Once a fault has cleared, the lock may not stay free (nobody reading or
+// writing) while clients wait for it (checkFreed). Once the clients stop,
+// no key of the lock may keep anyone out (checkStrandedRW). Errors must be
+// the documented sentinels.
 //
 // It runs chaosCI by default; NETLOCK_SOAK=10m runs it for ten minutes
 // (add -timeout 30m). NETLOCK_CHAOS_SEED=N runs the faults of the run that
@@ -110,7 +112,7 @@ func runChaosRW(t *testing.T, s chaosSetup) {
 		recs[i].trace, recs[i].client = trace, i
 		backends := make([]netlock.Backend, s.nodes)
 		for k := range servers {
-			backends[k] = recs[i].wrap(newBackend(t, chaosClient(i), links[i][k].Addr()))
+			backends[k] = recs[i].wrap(newBackend(t, chaosClient(t, i), links[i][k].Addr()))
 		}
 		rw, err := netlock.NewRW(rwName, backends, netlock.WithExpiry(chaosExpiry), netlock.WithNodeTimeout(100*time.Millisecond),
 			netlock.WithDriftFactor(chaosDrift), netlock.WithRetryDelay(time.Millisecond, 20*time.Millisecond),
@@ -153,13 +155,16 @@ func runChaosRW(t *testing.T, s chaosSetup) {
 	var running, inStall atomic.Int64
 	var stallEnd atomic.Int64 // when the latest stall ended, ns since start
 	start := time.Now()
-	stalled := func(pause func(ended func())) {
+	var stallEps stallEpisodes
+	stalled := func(client int, pause func(ended func())) {
 		inStall.Add(1)
+		from := time.Now()
 		// The stall ends when every link of the client delivers again
 		// (see pauseClient).
 		pause(func() {
 			stallEnd.Store(int64(time.Since(start)))
 			inStall.Add(-1)
+			stallEps.add(client, from, time.Now())
 		})
 	}
 	for i, rw := range rws {
@@ -242,7 +247,7 @@ func runChaosRW(t *testing.T, s chaosSetup) {
 						stallTurn.Add(1)
 						h.paused = true
 						stalls.Add(1)
-						stalled(func(ended func()) {
+						stalled(i, func(ended func()) {
 							pauseClient(links[i], chaosExpiry*3/2+time.Duration(rng.IntN(500))*time.Millisecond, ended)
 						})
 					}
@@ -300,7 +305,7 @@ func runChaosRW(t *testing.T, s chaosSetup) {
 						stallTurn.Add(1)
 						rd.paused = true
 						stalls.Add(1)
-						stalled(func(ended func()) {
+						stalled(i, func(ended func()) {
 							pauseClient(links[i], chaosExpiry*3/2+time.Duration(rng.IntN(500))*time.Millisecond, ended)
 						})
 					}
@@ -329,7 +334,7 @@ func runChaosRW(t *testing.T, s chaosSetup) {
 		}
 	}
 
-	faults, timeline, _ := runFaults(t, s, servers, links, stall, start, duration, time.Sleep)
+	faults, timeline, episodes := runFaults(t, s, servers, links, stall, start, duration, time.Sleep)
 	stop()
 	// Every call of the clients is bounded once ctx ends: a lock call at
 	// once, an unlock by the node timeout (after a wait for a slot of at
@@ -372,9 +377,15 @@ func runChaosRW(t *testing.T, s chaosSetup) {
 		leases[l].explained = timing.explained
 		leases[l].engineLost, leases[l].engineReason = timing.lost()
 	}
-	violations, fig := checkRWHistory(holds, reads, leases, resource.writes, resource.at, func(from, to time.Time) time.Duration {
-		return chaosSlack + probe.longest(from, to)
-	})
+	slack := func(from, to time.Time) time.Duration { return chaosSlack + probe.longest(from, to) }
+	violations, fig := checkRWHistory(holds, reads, leases, resource.writes, resource.at, slack)
+	// The readers wait whenever they do not read: twenty over the eight
+	// clients, each pausing at most 2ms between its attempts, a failed or
+	// missed one included. So whenever nobody reads or writes, some client
+	// waits for the lock, whatever the writers' pauses between their holds.
+	// The clients' stalls are faults here (see stallEpisodes).
+	freed, freedMax := checkFreed(rwSpans(holds, reads, leases), 1, 1, stallEps.with(episodes), start, stopping, slack)
+	violations = append(violations, freed...)
 	linearizable, notLinearizable := checkLinearizable("the RW lock's resource", rwOps(resource, reads))
 	violations = append(violations, notLinearizable...)
 	violations = append(violations, hung...)
@@ -398,12 +409,12 @@ func runChaosRW(t *testing.T, s chaosSetup) {
 	for _, n := range errs {
 		errCount += n
 	}
-	figures := fmt.Sprintf("%v, %d clients on %d servers, %d writers and %d readers: %d reads on %d leases (%d handed over locally), %d write holds (%d writes, %d stale rejected); overlaps %d, token regressions %d; holds lost: %d write, %d leases (%d read sections not valid at their end, %d of which saw the resource change); valid reads that saw a lost writer's write with the latest token %d; try misses %d; latest Lost() %v, RLost() %v after the deadline (longest process stall %v); linearizable (porcupine, fenced register): %v; faults %v, client stalls %d; errors %d %v; clients stopped in %v; violations %d",
+	figures := fmt.Sprintf("%v, %d clients on %d servers, %d writers and %d readers: %d reads on %d leases (%d handed over locally), %d write holds (%d writes, %d stale rejected); overlaps %d, token regressions %d; holds lost: %d write, %d leases (%d read sections not valid at their end, %d of which saw the resource change); valid reads that saw a lost writer's write with the latest token %d; try misses %d; latest Lost() %v, RLost() %v after the deadline (longest process stall %v); stranded after the fault cleared: max %v (bound %v); linearizable (porcupine, fenced register): %v; faults %v, client stalls %d; errors %d %v; clients stopped in %v; violations %d",
 		elapsed.Round(time.Second), rwClients, s.nodes, sumOver(rwWriters), sumOver(rwReaders),
 		fig.reads, fig.leases, handedOver, fig.holds, fig.writes, fig.staleRejected, fig.overlaps, fig.tokenRegression,
 		fig.lost, fig.leasesLost, fig.readsLost, fig.staleReads, fig.staleSeen, tryMisses.Load(),
 		fig.maxLate.Round(time.Millisecond), fig.maxLeaseLate.Round(time.Millisecond), probe.longest(start, stopped).Round(time.Millisecond),
-		linearizable, faults, stalls.Load(), errCount, errs, stopped.Sub(stopping).Round(time.Millisecond), len(violations))
+		freedMax.Round(time.Millisecond), freedBound, linearizable, faults, stalls.Load(), errCount, errs, stopped.Sub(stopping).Round(time.Millisecond), len(violations))
 	redistest.Report(t, "%s", figures)
 	for i, v := range violations {
 		if i == 20 {
@@ -578,7 +589,7 @@ func logViolatedRW(t *testing.T, violations []string, holds []holdRecord, reads 
 			seen["r"+sub[1]] = true
 			r := &reads[i]
 			t.Logf("read %d: client %d (%s), lease %d: start %s (valid %v), end %s (valid %v), writes seen %d at %s, %d at %s, paused %v",
-				i, r.client, chaosClient(r.client), r.lease, at(r.start), r.validAtStart, at(r.end), r.validAtEnd,
+				i, r.client, chaosClient(t, r.client), r.lease, at(r.start), r.validAtStart, at(r.end), r.validAtEnd,
 				r.first, at(r.firstAt), r.second, at(r.secondAt), r.paused)
 		}
 		for _, sub := range leaseRef.FindAllStringSubmatch(v, -1) {
@@ -589,7 +600,7 @@ func logViolatedRW(t *testing.T, violations []string, holds []holdRecord, reads 
 			seen["l"+sub[1]] = true
 			l := &leases[i]
 			t.Logf("lease %d: client %d (%s), %d sections: until %s, RLost() %s, last RUnlock from %s to %s: %v; the Observer's Lost: %s %q",
-				i, l.client, chaosClient(l.client), l.sections, at(l.until), at(l.lostAt), at(l.unlockStart), at(l.unlockEnd), l.unlockErr, at(l.engineLost), l.engineReason)
+				i, l.client, chaosClient(t, l.client), l.sections, at(l.until), at(l.lostAt), at(l.unlockStart), at(l.unlockEnd), l.unlockErr, at(l.engineLost), l.engineReason)
 		}
 	}
 	for _, f := range timeline {

@@ -37,7 +37,7 @@ func TestRWQuorumProgress(t *testing.T) {
 			for i := range rws {
 				b := make([]netlock.Backend, n)
 				for k, s := range servers {
-					b[k] = &countingBackend{Backend: newBackend(t, chaosClient(i), s.Addr()), mu: &mu, calls: calls}
+					b[k] = &countingBackend{Backend: newBackend(t, chaosClient(t, i), s.Addr()), mu: &mu, calls: calls}
 				}
 				rw, err := netlock.NewRW("progress", b, netlock.WithExpiry(time.Second), netlock.WithLogger(slog.New(slog.DiscardHandler)))
 				if err != nil {

@@ -23,14 +23,16 @@ import (
 const (
 	semName = "chaos-sem"
 	semSize = 3
+	// semMostPermits is the most permits a goroutine acquires at once.
+	semMostPermits = 2
 	// semGoroutines is how many goroutines of each client acquire.
 	semGoroutines = 3
 )
 
 // TestChaosSem runs eight clients, each a process of its own (its own
-// connections, three redigo, three rueidis, two go-redis, through a
-// toxiproxy of its own), each with one Semaphore of size semSize on the
-// same name on one redis-server (a Semaphore runs on one backend; AOF,
+// connections, by default three redigo, three rueidis, two go-redis,
+// through a toxiproxy of its own), each with one Semaphore of size semSize
+// on the same name on one redis-server (a Semaphore runs on one backend; AOF,
 // fsync always, as TestChaosSingle's), and semGoroutines goroutines each
 // acquiring 1 or 2 permits (Acquire with a timeout; one in eight a
 // TryAcquireCtx), writing to a resource a few times over a few
@@ -48,7 +50,8 @@ const (
 // Acquire returning to the end of its section, its lease's local deadline
 // (as a semRecorder computes it from the client's calls) or Lost() closing,
 // whichever is first; at no instant may more than semSize be out; Lost()
-// closes in time. Once the clients stop, no live lease may stay (within
+// closes in time. Once a fault has cleared, semMostPermits permits may not
+// stay free while goroutines wait (checkFreed). Once the clients stop, no live lease may stay (within
 // strandedGrace), and no key of the semaphore (within three expiries, the
 // life of a waiter's place). Errors must be the documented sentinels.
 //
@@ -71,7 +74,7 @@ func TestChaosSem(t *testing.T) {
 	sems := make([]*netlock.Semaphore, chaosClients)
 	for i := range sems {
 		recs[i] = newSemRecorder(i, chaosExpiry, chaosDrift)
-		b := recs[i].wrap(newBackend(t, chaosClient(i), links[i][0].Addr()))
+		b := recs[i].wrap(newBackend(t, chaosClient(t, i), links[i][0].Addr()))
 		sem, err := netlock.NewSemaphore(semName, semSize, []netlock.Backend{b}, netlock.WithExpiry(chaosExpiry),
 			netlock.WithNodeTimeout(100*time.Millisecond), netlock.WithDriftFactor(chaosDrift),
 			netlock.WithRetryDelay(time.Millisecond, 20*time.Millisecond),
@@ -91,6 +94,7 @@ func TestChaosSem(t *testing.T) {
 		stalls    atomic.Int64
 		tryMisses atomic.Int64
 		longs     atomic.Int64 // long sections
+		stallEps  stallEpisodes
 	)
 	count := func(what string, err error) {
 		mu.Lock()
@@ -111,7 +115,7 @@ func TestChaosSem(t *testing.T) {
 				rng := rand.New(rand.NewPCG(uint64(i*16+g), uint64(time.Now().UnixNano())))
 				for ctx.Err() == nil {
 					time.Sleep(time.Duration(rng.IntN(3)) * time.Millisecond)
-					n := int64(1 + rng.IntN(2))
+					n := int64(1 + rng.IntN(semMostPermits))
 					actx, cancel := context.WithTimeout(ctx, time.Duration(200+rng.IntN(1800))*time.Millisecond)
 					var err error
 					ok, try, a0 := true, rng.IntN(8) == 0, time.Now()
@@ -175,7 +179,9 @@ func TestChaosSem(t *testing.T) {
 						if w == 0 && stall[i].CompareAndSwap(true, false) {
 							h.paused = true
 							stalls.Add(1)
+							from := time.Now()
 							pauseClient(links[i], chaosExpiry*3/2+time.Duration(rng.IntN(500))*time.Millisecond, nil)
+							stallEps.add(i, from, time.Now())
 						}
 						if w < writes-1 {
 							time.Sleep(time.Duration(rng.Int64N(int64(gap))))
@@ -199,7 +205,7 @@ func TestChaosSem(t *testing.T) {
 		}
 	}
 
-	faults, timeline, _ := runFaults(t, s, servers, links, stall, start, duration, time.Sleep)
+	faults, timeline, episodes := runFaults(t, s, servers, links, stall, start, duration, time.Sleep)
 	stop()
 	stopping := time.Now()
 	if !waitGroupWithin(&wg, 2*time.Minute) {
@@ -210,9 +216,15 @@ func TestChaosSem(t *testing.T) {
 
 	// Each hold's lease and its deadline, from the client's calls.
 	unexpl, assoc := resolveSem(recs, holds, gaveUp)
-	violations, fig := checkSemHistory(holds, resource.writes, semSize, func(from, to time.Time) time.Duration {
-		return chaosSlack + probe.longest(from, to)
-	})
+	slack := func(from, to time.Time) time.Duration { return chaosSlack + probe.longest(from, to) }
+	violations, fig := checkSemHistory(holds, resource.writes, semSize, slack)
+	// Every goroutine waits whenever it does not hold (pausing at most 2ms
+	// between its attempts, a failed or missed one included), and at most
+	// semSize of the 24 hold: some always wait. Waiters are served in order
+	// of arrival, so whichever comes first fits once semMostPermits are
+	// free. The clients' stalls are faults here (see stallEpisodes).
+	freed, freedMax := checkFreed(semSpans(holds), semSize, semMostPermits, stallEps.with(episodes), start, stopping, slack)
+	violations = append(violations, freed...)
 	violations = append(violations, unexpl...)
 	violations = append(violations, stranded...)
 	overs, counted := counter.report()
@@ -249,13 +261,13 @@ func TestChaosSem(t *testing.T) {
 	}
 	mix := map[string]int{}
 	for i := range chaosClients {
-		mix[chaosClient(i)]++
+		mix[chaosClient(t, i)]++
 	}
-	figures := fmt.Sprintf("%v, %d clients %v × %d goroutines on 1 server, size %d: %d acquisitions (%d of 2 permits, %d long), %d try misses, %d writes; %d holds lost (%d stopped early by Lost(), %d lost at once), on %d of %d leases (%d grants, %d extends); holds explained by a grant %d, by an adoption %d (%d possible adoptions, %d folded), by a hand-on %d, ambiguous %d, unexplained %d; max concurrent permits %d; latest Lost() %v after the deadline, %d writes after a hold's valid end (longest process stall %v); faults %v, client stalls %d; errors %v; clients stopped in %v; violations %d",
+	figures := fmt.Sprintf("%v, %d clients %v × %d goroutines on 1 server, size %d: %d acquisitions (%d of 2 permits, %d long), %d try misses, %d writes; %d holds lost (%d stopped early by Lost(), %d lost at once), on %d of %d leases (%d grants, %d extends); holds explained by a grant %d, by an adoption %d (%d possible adoptions, %d folded), by a hand-on %d, ambiguous %d, unexplained %d; max concurrent permits %d; latest Lost() %v after the deadline, %d writes after a hold's valid end (longest process stall %v); stranded after the fault cleared: max %v (bound %v); faults %v, client stalls %d; errors %v; clients stopped in %v; violations %d",
 		stopping.Sub(start).Round(time.Second), chaosClients, mix, semGoroutines, semSize, fig.holds, two, longs.Load(), tryMisses.Load(), len(resource.writes),
 		fig.lost, fig.stopped, fig.invalidAtStart, leasesLost, leases, grants, extends, assoc.byGrant, assoc.byAdoption, assoc.adoptions, assoc.folded, assoc.byHandOn, assoc.ambiguous, assoc.unexplained, fig.maxPermits,
 		fig.maxLate.Round(time.Millisecond), fig.writesLate, probe.longest(start, stopped).Round(time.Millisecond),
-		faults, stalls.Load(), errs, stopped.Sub(stopping).Round(time.Millisecond), len(violations))
+		freedMax.Round(time.Millisecond), freedBound, faults, stalls.Load(), errs, stopped.Sub(stopping).Round(time.Millisecond), len(violations))
 	redistest.Report(t, "%s; %s", figures, counted)
 	for i, v := range violations {
 		if i == 20 {
@@ -352,7 +364,7 @@ func logViolatedSem(t *testing.T, violations []string, holds []semHold, recs []*
 					h.lease.adopted, at(h.lease.made), h.ambiguous)
 			}
 			t.Logf("hold %d: client %d (%s), %d permits on lease %s: try %v, called %s, start %s (valid %v), end %s (valid %v, stopped %v), until %s, Lost() %s, release %s: %v, paused %v",
-				i, h.client, chaosClient(h.client), h.n, lease, h.try, at(h.a0), at(h.start), h.validAtStart, at(h.end), h.validAtEnd, h.stopped,
+				i, h.client, chaosClient(t, h.client), h.n, lease, h.try, at(h.a0), at(h.start), h.validAtStart, at(h.end), h.validAtEnd, h.stopped,
 				at(h.until), at(h.lostAt), at(h.releaseStart), h.releaseErr, h.paused)
 			r := recs[h.client]
 			r.mu.Lock()
