@@ -12,9 +12,6 @@ import (
 	"github.com/netlock-go/netlock/internal/keyspace"
 )
 
-// fuzzBackend is a Backend that is never called: New does not contact Redis.
-type fuzzBackend struct{ Backend }
-
 // FuzzName checks that any byte string given to New as a lock name is either
 // rejected with a clear error or mapped to keys (lock, release channel,
 // waiters' queue, fence counter, tombstone) in one Redis Cluster slot, computed here by a

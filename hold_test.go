@@ -257,22 +257,6 @@ func connectedClients(s *redistest.Server) int64 {
 	return -1
 }
 
-// stuckExtends is a Backend whose extends return only after stuck, whatever
-// their context says: a client library slow to honour a deadline on a
-// frozen connection.
-type stuckExtends struct {
-	Backend
-	stuck time.Duration
-}
-
-func (b stuckExtends) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
-	if s.op == opExtend {
-		time.Sleep(b.stuck) // a stall of that length, as a stuck link
-		return nil, context.DeadlineExceeded
-	}
-	return b.Backend.Eval(ctx, s, keys, args)
-}
-
 // TestLostOnTimeWithExtendStuck: Lost() closes at the hold's local
 // deadline even while an extend is stuck past it.
 func TestLostOnTimeWithExtendStuck(t *testing.T) {
@@ -294,23 +278,6 @@ func TestLostOnTimeWithExtendStuck(t *testing.T) {
 		}
 		m.UnlockCtx(context.Background()) // waits for the stuck extend
 	})
-}
-
-// firstExtendStuck is stuckExtends for the first extend only: the
-// watchdog's, stuck, while a later one (ExtendCtx, or a reader's recheck of
-// a read lease, see NetRWMutex.recheck) goes through.
-type firstExtendStuck struct {
-	Backend
-	stuck time.Duration
-	calls atomic.Int32
-}
-
-func (b *firstExtendStuck) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
-	if s.op == opExtend && b.calls.Add(1) == 1 {
-		time.Sleep(b.stuck)
-		return nil, context.DeadlineExceeded
-	}
-	return b.Backend.Eval(ctx, s, keys, args)
 }
 
 // TestLostOnTimeWithExtendStuckAndMoved: while the watchdog's extend is

@@ -5,40 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
 )
-
-// gatedBackend holds every acquire call it is given, in flight, while
-// gated, and counts the calls in flight and the releases. It keeps the
-// wrapped Backend's Hub, and so its limiter.
-type gatedBackend struct {
-	Backend
-	gated    atomic.Bool
-	gate     chan struct{} // closed to let the held acquires through
-	inFlight atomic.Int64
-	peak     atomic.Int64 // most acquire calls in flight at once
-	releases atomic.Int64
-}
-
-func (g *gatedBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
-	if s == releaseScript {
-		g.releases.Add(1)
-	}
-	if s == acquireScript && g.gated.Load() {
-		n := g.inFlight.Add(1)
-		defer g.inFlight.Add(-1)
-		for p := g.peak.Load(); n > p && !g.peak.CompareAndSwap(p, n); p = g.peak.Load() {
-		}
-		<-g.gate
-	}
-	return g.Backend.Eval(ctx, s, keys, args)
-}
-
-func (g *gatedBackend) Hub() *Hub { return g.Backend.(Subscriber).Hub() }
 
 // TestLimiterBoundsCallsInFlight fills a Backend's budget of calls with
 // acquires that do not return, and checks that no more are sent, that the

@@ -12,15 +12,6 @@ import (
 	"github.com/alicebob/miniredis/v2"
 )
 
-// clusterHubBackend is a Backend whose Hub says it is a Redis Cluster
-// (HubConfig.Cluster), over a miniredis that never sees a call.
-type clusterHubBackend struct {
-	Backend
-	hub *Hub
-}
-
-func (b clusterHubBackend) Hub() *Hub { return b.hub }
-
 func TestNewMultiRejectsBadInput(t *testing.T) {
 	b := newBackend(t, "redigo", miniredis.RunT(t).Addr())
 	cluster := clusterHubBackend{Backend: b, hub: NewHub(HubConfig{

@@ -5,13 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -108,24 +106,6 @@ type slotsPropLock struct {
 	crashed *atomic.Bool // its Backends refuse every call
 	held    bool
 	cut     bool // a LockCtx of it was cut short by its ctx
-}
-
-// slotsBackend is a Backend whose Hub says it is a Redis Cluster, listening
-// on the connections of its Backend's own Hub; while crashed is set, every
-// call is refused, as a dead process's would be.
-type slotsBackend struct {
-	Backend
-	hub     *Hub
-	crashed *atomic.Bool
-}
-
-func (b slotsBackend) Hub() *Hub { return b.hub }
-
-func (b slotsBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
-	if b.crashed.Load() {
-		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
-	}
-	return b.Backend.Eval(ctx, s, keys, args)
 }
 
 func newSlotsMachine(rt *rapid.T, n int, stats *propStats, steps *atomic.Int64) *slotsMachine {

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -318,26 +317,6 @@ func TestObserverHandOffAndLost(t *testing.T) {
 			t.Errorf("lost holds: got %+v, want one of token %d, reason LostExtend", losts, token)
 		}
 	})
-}
-
-// ctxSeenBackend records whether its Eval calls carried a context value.
-type ctxSeenBackend struct {
-	Backend
-	seen, unseen atomic.Int64
-}
-
-type observerKey struct{}
-
-func (b *ctxSeenBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
-	if s != acquireScript {
-		return b.Backend.Eval(ctx, s, keys, args)
-	}
-	if ctx.Value(observerKey{}) != nil {
-		b.seen.Add(1)
-	} else {
-		b.unseen.Add(1)
-	}
-	return b.Backend.Eval(ctx, s, keys, args)
 }
 
 // The context Observer.Acquire returns is the one the acquire's calls to

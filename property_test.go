@@ -206,38 +206,6 @@ func (n *modelNode) newPool() *redis.Pool {
 	}
 }
 
-// cancelBackend is a Backend that can cancel its caller's acquire midway: once
-// armed, its next acquire call runs fn (a context's cancel) just before or
-// just after passing the call on, while the other nodes' calls of the same
-// round are in flight.
-type cancelBackend struct {
-	Backend
-	fn    atomic.Pointer[func()]
-	after bool // set with fn, read after fn is taken
-}
-
-func (b *cancelBackend) arm(fn func(), after bool) {
-	b.after = after
-	b.fn.Store(&fn)
-}
-
-func (b *cancelBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
-	if s != acquireScript {
-		return b.Backend.Eval(ctx, s, keys, args)
-	}
-	fn := b.fn.Swap(nil)
-	if fn != nil && !b.after {
-		(*fn)()
-	}
-	vals, err := b.Backend.Eval(ctx, s, keys, args)
-	if fn != nil && b.after {
-		(*fn)()
-	}
-	return vals, err
-}
-
-func (b *cancelBackend) Final(err error) bool { return innerFinal(b.Backend, err) }
-
 // The model's constants.
 const (
 	propExpiry  = 8 * time.Second

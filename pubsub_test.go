@@ -5,7 +5,6 @@ import (
 	"errors"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,45 +12,6 @@ import (
 
 	"github.com/netlock-go/netlock/internal/redistest"
 )
-
-// countingBackend counts the script calls made through it, by script name,
-// once they have returned.
-// It keeps the wrapped Backend's pub/sub hub, unless polling is set.
-type countingBackend struct {
-	Backend
-	polling bool
-
-	mu    sync.Mutex
-	calls map[string]int
-}
-
-func counting(b Backend) *countingBackend {
-	return &countingBackend{Backend: b, calls: make(map[string]int)}
-}
-
-// Eval counts a call once it has returned, so that a count says what
-// Redis has run (a waiter counted twice has queued).
-func (c *countingBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
-	defer func() {
-		c.mu.Lock()
-		c.calls[s.Name()]++
-		c.mu.Unlock()
-	}()
-	return c.Backend.Eval(ctx, s, keys, args)
-}
-
-func (c *countingBackend) Hub() *Hub {
-	if s, ok := c.Backend.(Subscriber); ok && !c.polling {
-		return s.Hub()
-	}
-	return nil
-}
-
-func (c *countingBackend) count(script string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.calls[script]
-}
 
 // waitingMutex returns a NetMutex for name on a counting backend of its own,
 // with a retry delay so long that only a wake-up explains a prompt attempt.

@@ -16,9 +16,6 @@ import (
 	"github.com/netlock-go/netlock/internal/redistest"
 )
 
-// evalOnly is a Backend with nothing but Eval: not a ReplicaWaiter.
-type evalOnly struct{ Backend }
-
 func TestSyncReplicasNew(t *testing.T) {
 	mini := miniredis.RunT(t)
 	b := newBackend(t, "redigo", mini.Addr())

@@ -171,34 +171,6 @@ func (n *rwPropNode) nowMS() int64 {
 	return n.now.UnixMicro() / 1000
 }
 
-// errCrashed is what every call of a crashed client gets: a final error, so
-// that nothing is left to its reaper.
-var errCrashed = errors.New("rwprop: client crashed")
-
-// rwPropBackend is a client's Backend to one node of TestRWProperty: it
-// moves the node's clock before each call, fails every call once its client
-// crashed, and forwards Hub and Final to the redigo Backend it wraps, so
-// that waiters wait by message.
-type rwPropBackend struct {
-	inner Backend
-	node  *rwPropNode
-	dead  *atomic.Bool
-}
-
-func (b *rwPropBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
-	if b.dead.Load() {
-		return nil, errCrashed
-	}
-	b.node.tick()
-	return b.inner.Eval(ctx, s, keys, args)
-}
-
-func (b *rwPropBackend) Hub() *Hub { return b.inner.(Subscriber).Hub() }
-
-func (b *rwPropBackend) Final(err error) bool {
-	return errors.Is(err, errCrashed) || innerFinal(b.inner, err)
-}
-
 // rwPropOp is a lock call running on a goroutine of its own: another
 // goroutine of the client's process.
 type rwPropOp struct {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,47 +14,6 @@ import (
 // waiters of its own process without a round trip (see
 // Semaphore.handOnLocked), in their order, within WithLocalHandoffs' bound
 // and while the lease is well within its validity.
-
-// gateBackend wraps a redigo Backend on miniredis, counting its calls by
-// script name; closed, its gate holds every call of the Semaphore but a
-// waiter's attempt (sem_acquire) until opened.
-type gateBackend struct {
-	*countingBackend
-	mu       sync.Mutex
-	gate     chan struct{} // nil: open
-	attempts bool          // the gate holds attempts too
-}
-
-func (b *gateBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
-	b.mu.Lock()
-	gate, attempts := b.gate, b.attempts
-	b.mu.Unlock()
-	// The ACL check of a waiter's first listen (lua/channels.lua) is not
-	// one of the Semaphore's calls: never held.
-	if gate != nil && s != channelsScript && (attempts || s != semAcquireScript) {
-		select {
-		case <-gate:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
-	return b.countingBackend.Eval(ctx, s, keys, args)
-}
-
-// close holds every call but attempts from now on; the returned func lets
-// them through.
-func (b *gateBackend) close() (open func()) {
-	gate := make(chan struct{})
-	b.mu.Lock()
-	b.gate = gate
-	b.mu.Unlock()
-	return func() {
-		b.mu.Lock()
-		b.gate, b.attempts = nil, false
-		b.mu.Unlock()
-		close(gate)
-	}
-}
 
 // newGateSem returns a Semaphore on a gateBackend of its own, as another
 // process would have.

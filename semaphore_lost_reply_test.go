@@ -3,8 +3,6 @@ package netlock
 import (
 	"context"
 	"errors"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -189,38 +187,6 @@ func lateSemPair(t *testing.T) (a, b *Semaphore, late *heldBackBackend) {
 	return a, b, late
 }
 
-// heldBackBackend holds back, while hold is set, the calls of script: the caller
-// is told the node did not answer, and the call reaches the server only when
-// arrive is closed (as bytes held up on a link the client gave up on).
-type heldBackBackend struct {
-	Backend
-	script   string
-	hold     atomic.Bool
-	heldBack atomic.Int64  // the calls held back so far
-	arrive   chan struct{} // closed: the held-back calls go on
-	wg       sync.WaitGroup
-}
-
-// deliver stops holding calls back and lets the held-back ones reach the
-// server, returning once they have.
-func (b *heldBackBackend) deliver() {
-	b.hold.Store(false)
-	close(b.arrive)
-	b.wg.Wait()
-}
-
-func (b *heldBackBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
-	if s.Name() != b.script || !b.hold.Load() {
-		return b.Backend.Eval(ctx, s, keys, args)
-	}
-	b.heldBack.Add(1)
-	b.wg.Go(func() {
-		<-b.arrive
-		b.Backend.Eval(context.Background(), s, keys, args)
-	})
-	return nil, errors.New("i/o timeout (held back)")
-}
-
 // A lease that a release's grant made (lua/sem_wake.lua) carries a
 // sequence number, so a call of the process sent before the grant's
 // waiter wrote its entry, whose reply was lost and which reaches Redis
@@ -274,15 +240,6 @@ func TestSemaphoreLateReleaseAfterAdoptedGrant(t *testing.T) {
 		})
 	}
 }
-
-// lateSubBackend is heldBackBackend with the Backend's Hub and error
-// classes, so that a Semaphore on it waits by message and is granted by
-// releases (see Semaphore.grants).
-type lateSubBackend struct{ heldBackBackend }
-
-func (b *lateSubBackend) Hub() *Hub { return b.Backend.(Subscriber).Hub() }
-
-func (b *lateSubBackend) Final(err error) bool { return innerFinal(b.Backend, err) }
 
 // TestSemaphoreLateCallAfterAdoptedGrant is TestSemaphoreLateReleaseAfterAdoptedGrant
 // at the scripts, for both kinds of late call: a release's grant to a

@@ -3,11 +3,8 @@ package netlock
 import (
 	"context"
 	"errors"
-	"net"
-	"os"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,59 +15,6 @@ import (
 // Tests of a Semaphore's waiters across processes: the order in which they
 // get in, and what a waiter that gives up leaves behind (nothing). The
 // basic cases (FIFO, a cancelled head, batches) are in semaphore_test.go.
-
-// semFaultBackend wraps a redigo Backend on miniredis: its calls can be
-// made to lose their reply, to reach Redis late, or to be slow.
-type semFaultBackend struct {
-	inner Backend
-	// fail: 1 makes the next call fail with a non-final error (its reply
-	// lost) and every later one with a final error (the client closed).
-	fail atomic.Int32
-	// late: armed, the next sem_acquire call waits for its ctx to end,
-	// reports the ctx's error, and reaches Redis only when go is closed.
-	late     atomic.Bool
-	entered  chan struct{}
-	lateGo   chan struct{}
-	lateDone chan struct{}
-	// slow: sem_acquire calls of the waiter with this arrival are delayed.
-	slow atomic.Int64
-}
-
-func (b *semFaultBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
-	switch b.fail.Load() {
-	case 1:
-		b.fail.Store(2)
-		return nil, &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}
-	case 2:
-		return nil, errCrashed
-	}
-	if s == semAcquireScript {
-		if a := b.slow.Load(); a != 0 && strings.Split(args[0], ":")[8] == strconv.FormatInt(a, 10) {
-			time.Sleep(300 * time.Millisecond) // a slow attempt, on purpose
-		}
-		if b.late.CompareAndSwap(true, false) {
-			close(b.entered)
-			select {
-			case <-ctx.Done():
-				go func() {
-					<-b.lateGo
-					b.inner.Eval(context.Background(), s, keys, args)
-					close(b.lateDone)
-				}()
-				return nil, ctx.Err()
-			case <-time.After(300 * time.Millisecond):
-				close(b.lateDone) // not cut short: sent as usual
-			}
-		}
-	}
-	return b.inner.Eval(ctx, s, keys, args)
-}
-
-func (b *semFaultBackend) Hub() *Hub { return b.inner.(Subscriber).Hub() }
-
-func (b *semFaultBackend) Final(err error) bool {
-	return errors.Is(err, errCrashed) || innerFinal(b.inner, err)
-}
 
 // newFaultSem returns a Semaphore on a semFaultBackend of its own, as
 // another process would have.

@@ -1,0 +1,521 @@
+package netlock
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// innerFinal is what b's ErrorClassifier says of err, false if b has
+// none: the Final of a test's wrapper around a Backend.
+func innerFinal(b Backend, err error) bool {
+	f, ok := b.(ErrorClassifier)
+	return ok && f.Final(err)
+}
+
+// evalOnly is a Backend with nothing but Eval: not a ReplicaWaiter.
+type evalOnly struct{ Backend }
+
+// fuzzBackend is a Backend that is never called: New does not contact Redis.
+type fuzzBackend struct{ Backend }
+
+// hubBackend is a Subscriber with the given Hub; its Eval is never run.
+type hubBackend struct {
+	Backend
+	hub *Hub
+}
+
+func (b hubBackend) Hub() *Hub { return b.hub }
+
+// clusterHubBackend is a Backend whose Hub says it is a Redis Cluster
+// (HubConfig.Cluster), over a miniredis that never sees a call.
+type clusterHubBackend struct {
+	Backend
+	hub *Hub
+}
+
+func (b clusterHubBackend) Hub() *Hub { return b.hub }
+
+// slotsBackend is a Backend whose Hub says it is a Redis Cluster, listening
+// on the connections of its Backend's own Hub; while crashed is set, every
+// call is refused, as a dead process's would be.
+type slotsBackend struct {
+	Backend
+	hub     *Hub
+	crashed *atomic.Bool
+}
+
+func (b slotsBackend) Hub() *Hub { return b.hub }
+
+func (b slotsBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
+	if b.crashed.Load() {
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	}
+	return b.Backend.Eval(ctx, s, keys, args)
+}
+
+// countingBackend counts the script calls made through it, by script name,
+// once they have returned.
+// It keeps the wrapped Backend's pub/sub hub, unless polling is set.
+type countingBackend struct {
+	Backend
+	polling bool
+
+	mu    sync.Mutex
+	calls map[string]int
+}
+
+func counting(b Backend) *countingBackend {
+	return &countingBackend{Backend: b, calls: make(map[string]int)}
+}
+
+// Eval counts a call once it has returned, so that a count says what
+// Redis has run (a waiter counted twice has queued).
+func (c *countingBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
+	defer func() {
+		c.mu.Lock()
+		c.calls[s.Name()]++
+		c.mu.Unlock()
+	}()
+	return c.Backend.Eval(ctx, s, keys, args)
+}
+
+func (c *countingBackend) Hub() *Hub {
+	if s, ok := c.Backend.(Subscriber); ok && !c.polling {
+		return s.Hub()
+	}
+	return nil
+}
+
+func (c *countingBackend) count(script string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.calls[script]
+}
+
+// scripts returns how many script calls cb made, of any script.
+func (c *countingBackend) scripts() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, k := range c.calls {
+		n += k
+	}
+	return n
+}
+
+// gatedBackend holds every acquire call it is given, in flight, while
+// gated, and counts the calls in flight and the releases. It keeps the
+// wrapped Backend's Hub, and so its limiter.
+type gatedBackend struct {
+	Backend
+	gated    atomic.Bool
+	gate     chan struct{} // closed to let the held acquires through
+	inFlight atomic.Int64
+	peak     atomic.Int64 // most acquire calls in flight at once
+	releases atomic.Int64
+}
+
+func (g *gatedBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
+	if s == releaseScript {
+		g.releases.Add(1)
+	}
+	if s == acquireScript && g.gated.Load() {
+		n := g.inFlight.Add(1)
+		defer g.inFlight.Add(-1)
+		for p := g.peak.Load(); n > p && !g.peak.CompareAndSwap(p, n); p = g.peak.Load() {
+		}
+		<-g.gate
+	}
+	return g.Backend.Eval(ctx, s, keys, args)
+}
+
+func (g *gatedBackend) Hub() *Hub { return g.Backend.(Subscriber).Hub() }
+
+// gateBackend wraps a redigo Backend on miniredis, counting its calls by
+// script name; closed, its gate holds every call of the Semaphore but a
+// waiter's attempt (sem_acquire) until opened.
+type gateBackend struct {
+	*countingBackend
+	mu       sync.Mutex
+	gate     chan struct{} // nil: open
+	attempts bool          // the gate holds attempts too
+}
+
+func (b *gateBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
+	b.mu.Lock()
+	gate, attempts := b.gate, b.attempts
+	b.mu.Unlock()
+	// The ACL check of a waiter's first listen (lua/channels.lua) is not
+	// one of the Semaphore's calls: never held.
+	if gate != nil && s != channelsScript && (attempts || s != semAcquireScript) {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return b.countingBackend.Eval(ctx, s, keys, args)
+}
+
+// close holds every call but attempts from now on; the returned func lets
+// them through.
+func (b *gateBackend) close() (open func()) {
+	gate := make(chan struct{})
+	b.mu.Lock()
+	b.gate = gate
+	b.mu.Unlock()
+	return func() {
+		b.mu.Lock()
+		b.gate, b.attempts = nil, false
+		b.mu.Unlock()
+		close(gate)
+	}
+}
+
+// stuckExtends is a Backend whose extends return only after stuck, whatever
+// their context says: a client library slow to honour a deadline on a
+// frozen connection.
+type stuckExtends struct {
+	Backend
+	stuck time.Duration
+}
+
+func (b stuckExtends) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
+	if s.op == opExtend {
+		time.Sleep(b.stuck) // a stall of that length, as a stuck link
+		return nil, context.DeadlineExceeded
+	}
+	return b.Backend.Eval(ctx, s, keys, args)
+}
+
+// firstExtendStuck is stuckExtends for the first extend only: the
+// watchdog's, stuck, while a later one (ExtendCtx, or a reader's recheck of
+// a read lease, see NetRWMutex.recheck) goes through.
+type firstExtendStuck struct {
+	Backend
+	stuck time.Duration
+	calls atomic.Int32
+}
+
+func (b *firstExtendStuck) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
+	if s.op == opExtend && b.calls.Add(1) == 1 {
+		time.Sleep(b.stuck)
+		return nil, context.DeadlineExceeded
+	}
+	return b.Backend.Eval(ctx, s, keys, args)
+}
+
+// ctxSeenBackend records whether its Eval calls carried a context value.
+type ctxSeenBackend struct {
+	Backend
+	seen, unseen atomic.Int64
+}
+
+type observerKey struct{}
+
+func (b *ctxSeenBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
+	if s != acquireScript {
+		return b.Backend.Eval(ctx, s, keys, args)
+	}
+	if ctx.Value(observerKey{}) != nil {
+		b.seen.Add(1)
+	} else {
+		b.unseen.Add(1)
+	}
+	return b.Backend.Eval(ctx, s, keys, args)
+}
+
+// heldBackBackend holds back, while hold is set, the calls of script: the caller
+// is told the node did not answer, and the call reaches the server only when
+// arrive is closed (as bytes held up on a link the client gave up on).
+type heldBackBackend struct {
+	Backend
+	script   string
+	hold     atomic.Bool
+	heldBack atomic.Int64  // the calls held back so far
+	arrive   chan struct{} // closed: the held-back calls go on
+	wg       sync.WaitGroup
+}
+
+// deliver stops holding calls back and lets the held-back ones reach the
+// server, returning once they have.
+func (b *heldBackBackend) deliver() {
+	b.hold.Store(false)
+	close(b.arrive)
+	b.wg.Wait()
+}
+
+func (b *heldBackBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
+	if s.Name() != b.script || !b.hold.Load() {
+		return b.Backend.Eval(ctx, s, keys, args)
+	}
+	b.heldBack.Add(1)
+	b.wg.Go(func() {
+		<-b.arrive
+		b.Backend.Eval(context.Background(), s, keys, args)
+	})
+	return nil, errors.New("i/o timeout (held back)")
+}
+
+// lateSubBackend is heldBackBackend with the Backend's Hub and error
+// classes, so that a Semaphore on it waits by message and is granted by
+// releases (see Semaphore.grants).
+type lateSubBackend struct{ heldBackBackend }
+
+func (b *lateSubBackend) Hub() *Hub { return b.Backend.(Subscriber).Hub() }
+
+func (b *lateSubBackend) Final(err error) bool { return innerFinal(b.Backend, err) }
+
+// semFaultBackend wraps a redigo Backend on miniredis: its calls can be
+// made to lose their reply, to reach Redis late, or to be slow.
+type semFaultBackend struct {
+	inner Backend
+	// fail: 1 makes the next call fail with a non-final error (its reply
+	// lost) and every later one with a final error (the client closed).
+	fail atomic.Int32
+	// late: armed, the next sem_acquire call waits for its ctx to end,
+	// reports the ctx's error, and reaches Redis only when go is closed.
+	late     atomic.Bool
+	entered  chan struct{}
+	lateGo   chan struct{}
+	lateDone chan struct{}
+	// slow: sem_acquire calls of the waiter with this arrival are delayed.
+	slow atomic.Int64
+}
+
+func (b *semFaultBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
+	switch b.fail.Load() {
+	case 1:
+		b.fail.Store(2)
+		return nil, &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}
+	case 2:
+		return nil, errCrashed
+	}
+	if s == semAcquireScript {
+		if a := b.slow.Load(); a != 0 && strings.Split(args[0], ":")[8] == strconv.FormatInt(a, 10) {
+			time.Sleep(300 * time.Millisecond) // a slow attempt, on purpose
+		}
+		if b.late.CompareAndSwap(true, false) {
+			close(b.entered)
+			select {
+			case <-ctx.Done():
+				go func() {
+					<-b.lateGo
+					b.inner.Eval(context.Background(), s, keys, args)
+					close(b.lateDone)
+				}()
+				return nil, ctx.Err()
+			case <-time.After(300 * time.Millisecond):
+				close(b.lateDone) // not cut short: sent as usual
+			}
+		}
+	}
+	return b.inner.Eval(ctx, s, keys, args)
+}
+
+func (b *semFaultBackend) Hub() *Hub { return b.inner.(Subscriber).Hub() }
+
+func (b *semFaultBackend) Final(err error) bool {
+	return errors.Is(err, errCrashed) || innerFinal(b.inner, err)
+}
+
+// errCrashed is what every call of a crashed client gets: a final error, so
+// that nothing is left to its reaper.
+var errCrashed = errors.New("rwprop: client crashed")
+
+// rwPropBackend is a client's Backend to one node of TestRWProperty: it
+// moves the node's clock before each call, fails every call once its client
+// crashed, and forwards Hub and Final to the redigo Backend it wraps, so
+// that waiters wait by message.
+type rwPropBackend struct {
+	inner Backend
+	node  *rwPropNode
+	dead  *atomic.Bool
+}
+
+func (b *rwPropBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
+	if b.dead.Load() {
+		return nil, errCrashed
+	}
+	b.node.tick()
+	return b.inner.Eval(ctx, s, keys, args)
+}
+
+func (b *rwPropBackend) Hub() *Hub { return b.inner.(Subscriber).Hub() }
+
+func (b *rwPropBackend) Final(err error) bool {
+	return errors.Is(err, errCrashed) || innerFinal(b.inner, err)
+}
+
+// cancelBackend is a Backend that can cancel its caller's acquire midway: once
+// armed, its next acquire call runs fn (a context's cancel) just before or
+// just after passing the call on, while the other nodes' calls of the same
+// round are in flight.
+type cancelBackend struct {
+	Backend
+	fn    atomic.Pointer[func()]
+	after bool // set with fn, read after fn is taken
+}
+
+func (b *cancelBackend) arm(fn func(), after bool) {
+	b.after = after
+	b.fn.Store(&fn)
+}
+
+func (b *cancelBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
+	if s != acquireScript {
+		return b.Backend.Eval(ctx, s, keys, args)
+	}
+	fn := b.fn.Swap(nil)
+	if fn != nil && !b.after {
+		(*fn)()
+	}
+	vals, err := b.Backend.Eval(ctx, s, keys, args)
+	if fn != nil && b.after {
+		(*fn)()
+	}
+	return vals, err
+}
+
+func (b *cancelBackend) Final(err error) bool { return innerFinal(b.Backend, err) }
+
+// probeBackend wraps a process's Backend to see what netlock does through
+// it: the acquire rounds it makes, the lock values and nonces they propose
+// (to tell whose a lock key is), and the messages its pub/sub connection
+// receives, of which it can drop the next one as if it were lost in flight.
+// It has a hub of its own, dialing with the wrapped Backend's hub's dial.
+type probeBackend struct {
+	Backend
+	hub *Hub
+
+	rounds atomic.Int64 // acquire script calls
+	msgs   atomic.Int64 // messages received and passed on to the hub
+	mute   atomic.Bool  // drop the next message
+	muted  atomic.Int64 // messages dropped
+
+	mu   sync.Mutex
+	mine map[string]bool // lock values and nonces proposed by acquire rounds
+}
+
+func newProbe(b Backend) *probeBackend {
+	p := &probeBackend{Backend: b, mine: map[string]bool{}}
+	inner := b.(Subscriber).Hub()
+	p.hub = NewHub(HubConfig{Listen: func(ctx context.Context, onMessage func(channel, payload string)) (Listener, error) {
+		return inner.listen(ctx, func(channel, payload string) {
+			if p.mute.CompareAndSwap(true, false) {
+				p.muted.Add(1)
+				return
+			}
+			p.msgs.Add(1)
+			onMessage(channel, payload)
+		})
+	}, Cluster: !inner.counted})
+	return p
+}
+
+func (p *probeBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
+	if s == acquireScript && len(args) > 2 {
+		p.rounds.Add(1)
+		p.mu.Lock()
+		p.mine[args[0]] = true
+		// ARGV[3] is "<proposal>:<member>:<flags>", a member
+		// "<waiter id>+<expiry ms>+<nonce>" when a release may grant the
+		// lock, as "<nonce>.<n>" (see lua/acquire.lua).
+		if _, member, ok := strings.Cut(args[2], ":"); ok {
+			member, _, _ = strings.Cut(member, ":")
+			if parts := strings.Split(member, "+"); len(parts) == 3 && parts[2] != "" {
+				p.mine[parts[2]] = true
+			}
+		}
+		p.mu.Unlock()
+	}
+	return p.Backend.Eval(ctx, s, keys, args)
+}
+
+func (p *probeBackend) Hub() *Hub { return p.hub }
+
+func (p *probeBackend) Final(err error) bool { return innerFinal(p.Backend, err) }
+
+// owns reports whether the lock value v (the key's "<value>:<token>:<holder>"
+// without the token and holder) was proposed through p, or granted to one of its nonces.
+func (p *probeBackend) owns(v string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	nonce, _, _ := strings.Cut(v, ".")
+	return p.mine[v] || p.mine[nonce]
+}
+
+// stuckListener is a Listener whose SUBSCRIBE of channel stuck blocks until
+// its context ends (a server that does not answer), and whose other
+// SUBSCRIBEs are confirmed at once.
+type stuckListener struct {
+	stuck     string
+	confirmed chan string
+	closeOnce sync.Once
+	closed    chan struct{}
+}
+
+func newStuckListener(stuck string) *stuckListener {
+	return &stuckListener{stuck: stuck, confirmed: make(chan string, 16), closed: make(chan struct{})}
+}
+
+func (l *stuckListener) Subscribe(ctx context.Context, channel string) error {
+	if channel == l.stuck {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	l.confirmed <- channel
+	return nil
+}
+
+func (l *stuckListener) Unsubscribe(context.Context, string) error { return nil }
+
+func (l *stuckListener) Confirmed() (string, error) {
+	select {
+	case ch := <-l.confirmed:
+		return ch, nil
+	case <-l.closed:
+		return "", errors.New("closed")
+	}
+}
+
+func (l *stuckListener) Close() { l.closeOnce.Do(func() { close(l.closed) }) }
+
+// shardListener is a Listener of a fake shard: the server confirms each
+// SSUBSCRIBE at once, and fail makes Confirmed return an error, as a lost
+// connection, a MOVED reply or a server's own sunsubscribe do.
+type shardListener struct {
+	node      string
+	onMessage func(channel, payload string)
+	confirms  chan string
+	failed    chan struct{}
+	once      sync.Once
+}
+
+func (l *shardListener) Subscribe(_ context.Context, channel string) error {
+	l.confirms <- channel
+	return nil
+}
+
+func (l *shardListener) Unsubscribe(context.Context, string) error { return nil }
+
+func (l *shardListener) Confirmed() (string, error) {
+	select {
+	case ch := <-l.confirms:
+		return ch, nil
+	case <-l.failed:
+		return "", errors.New("shard " + l.node + " failed")
+	}
+}
+
+func (l *shardListener) Close() { l.fail() }
+
+func (l *shardListener) fail() { l.once.Do(func() { close(l.failed) }) }
