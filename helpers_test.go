@@ -2,6 +2,11 @@ package netlock
 
 import (
 	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -197,4 +202,380 @@ func eventually(t rapid.TB, d time.Duration, what string, cond func() bool) {
 		}
 		time.Sleep(pause) // between checks of cond, not an ordering
 	}
+}
+
+// newRW returns a NetRWMutex on a Backend of its own, as another process
+// would have.
+func (e *env) newRW(t testing.TB, name string, opts ...Option) *NetRWMutex {
+	t.Helper()
+	rw, err := NewRW(name, []Backend{e.backend(t)}, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rw
+}
+
+// newSem returns a Semaphore on a backend of its own, as another process
+// would have.
+func (e *env) newSem(t testing.TB, name string, size int64, opts ...Option) *Semaphore {
+	t.Helper()
+	s, err := NewSemaphore(name, size, []Backend{e.backend(t)}, opts...)
+	if err != nil {
+		t.Fatalf("NewSemaphore(%q, %d): %v", name, size, err)
+	}
+	return s
+}
+
+// newElection returns an Election on a backend of its own, as another
+// process would have.
+func (e *env) newElection(t testing.TB, name string, opts ...Option) *Election {
+	t.Helper()
+	el, err := NewElection(name, []Backend{e.backend(t)}, opts...)
+	if err != nil {
+		t.Fatalf("NewElection(%q): %v", name, err)
+	}
+	return el
+}
+
+// newMulti returns a MultiMutex of names on a backend of its own.
+func (e *env) newMulti(t testing.TB, names []string, opts ...Option) *MultiMutex {
+	t.Helper()
+	mm, err := NewMulti(names, []Backend{e.backend(t)}, opts...)
+	if err != nil {
+		t.Fatalf("NewMulti(%q): %v", names, err)
+	}
+	return mm
+}
+
+// queued returns the members of name's waiters' queue.
+func (e *env) queued(t testing.TB, name string) []string {
+	t.Helper()
+	members, err := redis.Strings(e.do(t, "ZRANGE", "netlock:{"+name+"}:waiters", 0, -1), nil)
+	if err != nil {
+		t.Fatalf("ZRANGE: %v", err)
+	}
+	return members
+}
+
+// mustLockMulti locks mm with a bound, failing the test rather than hanging.
+func mustLockMulti(t testing.TB, mm *MultiMutex) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := mm.LockCtx(ctx); err != nil {
+		t.Fatalf("LockCtx(%q): %v", mm.Names(), err)
+	}
+}
+
+func mustAcquire(t testing.TB, s *Semaphore, n int64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.Acquire(ctx, n); err != nil {
+		t.Fatalf("Acquire(%d): %v", n, err)
+	}
+}
+
+// campaign starts Campaign on a goroutine; its error comes on the channel.
+func campaign(ctx context.Context, el *Election, value string) <-chan error {
+	done := make(chan error, 1)
+	go func() { done <- el.Campaign(ctx, value) }()
+	return done
+}
+
+// mustCampaign campaigns with a bound, failing the test rather than hanging.
+func mustCampaign(t testing.TB, el *Election, value string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := el.Campaign(ctx, value); err != nil {
+		t.Fatalf("Campaign(%q): %v", value, err)
+	}
+}
+
+// mustLeader returns who leads, failing the test on an error.
+func mustLeader(t testing.TB, el *Election) Leader {
+	t.Helper()
+	l, err := el.Leader(context.Background())
+	if err != nil {
+		t.Fatalf("Leader: %v", err)
+	}
+	return l
+}
+
+// recv returns the next Leader Observe delivers, failing the test if none
+// comes within d or the channel is closed.
+func recv(t testing.TB, ch <-chan Leader, d time.Duration, what string) Leader {
+	t.Helper()
+	select {
+	case l, ok := <-ch:
+		if !ok {
+			t.Fatalf("%s: Observe's channel closed", what)
+		}
+		return l
+	case <-time.After(d):
+		t.Fatalf("%s: nothing delivered within %v", what, d)
+	}
+	return Leader{}
+}
+
+// waitingMutex returns a NetMutex for name on a counting backend of its own,
+// with a retry delay so long that only a wake-up explains a prompt attempt.
+func waitingMutex(t *testing.T, e *env, name string) (*NetMutex, *countingBackend) {
+	t.Helper()
+	cb := counting(e.backend(t))
+	m, err := New(name, []Backend{cb}, WithRetryDelay(time.Millisecond, 10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, cb
+}
+
+// lockInBackground starts m.LockCtx and waits until it has made its second
+// attempt (the one after subscribing): it is then waiting. Its result comes
+// on the returned channel.
+func lockInBackground(t *testing.T, m *NetMutex, cb *countingBackend) <-chan error {
+	t.Helper()
+	locked := make(chan error, 1)
+	go func() { locked <- m.LockCtx(context.Background()) }()
+	eventually(t, 5*time.Second, "the waiter's second attempt", func() bool { return cb.count("acquire") >= 2 })
+	return locked
+}
+
+func lockWithin(t *testing.T, m *NetMutex) (err error) {
+	t.Helper()
+	redistest.Within(t, 5*time.Second, "LockCtx", func() { err = m.LockCtx(context.Background()) })
+	return err
+}
+
+// isOpen reports whether c is not closed.
+func isOpen(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return false
+	default:
+		return true
+	}
+}
+
+// recoverErr runs fn and returns the error it panicked with (nil if it did
+// not panic).
+func recoverErr(fn func()) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			var ok bool
+			if err, ok = r.(error); !ok {
+				err = errors.New("panic with a non-error value")
+			}
+		}
+	}()
+	fn()
+	return nil
+}
+
+// windowCtx is a waiter's ctx that holds the waiter where it has queued and
+// is about to wait for its turn (in missingPeersRound and TestProperty's
+// "cancel while a hand-off is in flight"): the first call of Done, made by
+// the select that waits, reports the waiter on arrived and blocks until goOn
+// is closed. Everything else is the embedded Context's.
+type windowCtx struct {
+	context.Context
+	once    sync.Once
+	arrived chan<- struct{}
+	goOn    <-chan struct{}
+}
+
+func (c *windowCtx) Done() <-chan struct{} {
+	c.once.Do(func() {
+		c.arrived <- struct{}{}
+		<-c.goOn
+	})
+	return c.Context.Done()
+}
+
+// section is a critical section that notices overlap: inside counts the
+// goroutines in it at once, and count is updated without synchronisation of
+// its own, as code guarded by a mutex would be.
+type section struct {
+	inside   atomic.Int32
+	overlaps atomic.Int32
+	count    int
+}
+
+func (s *section) run(pause time.Duration) {
+	if s.inside.Add(1) != 1 {
+		s.overlaps.Add(1)
+	}
+	c := s.count
+	time.Sleep(pause) // the section's length: a lost update shows if another enters
+	s.count = c + 1
+	s.inside.Add(-1)
+}
+
+func (s *section) check(t *testing.T, want int) {
+	t.Helper()
+	if n := s.overlaps.Load(); n != 0 {
+		t.Errorf("overlapping critical sections: got %d, want 0", n)
+	}
+	if s.count != want {
+		t.Errorf("count: got %d, want %d", s.count, want)
+	}
+}
+
+// rwChecker counts the readers and writers inside their sections, across
+// every process of a test, and records any overlap a NetRWMutex must
+// exclude.
+type rwChecker struct {
+	readers, writers atomic.Int64
+	violations       atomic.Int64
+	reads, writes    atomic.Int64
+}
+
+func (c *rwChecker) read(pause time.Duration) {
+	c.readers.Add(1)
+	if c.writers.Load() != 0 {
+		c.violations.Add(1)
+	}
+	time.Sleep(pause) // the section's length
+	if c.writers.Load() != 0 {
+		c.violations.Add(1)
+	}
+	c.readers.Add(-1)
+	c.reads.Add(1)
+}
+
+func (c *rwChecker) write(pause time.Duration) {
+	if c.writers.Add(1) != 1 || c.readers.Load() != 0 {
+		c.violations.Add(1)
+	}
+	time.Sleep(pause) // the section's length
+	if c.writers.Load() != 1 || c.readers.Load() != 0 {
+		c.violations.Add(1)
+	}
+	c.writers.Add(-1)
+	c.writes.Add(1)
+}
+
+// checkNotHeld checks that mm, not locked, answers as a NetMutex does:
+// ErrNotHeld, a panic on Unlock, a closed Lost, no Tokens.
+func checkNotHeld(t *testing.T, mm *MultiMutex) {
+	t.Helper()
+	ctx := context.Background()
+	if err := mm.UnlockCtx(ctx); !errors.Is(err, ErrNotHeld) {
+		t.Errorf("UnlockCtx not locked: got %v, want ErrNotHeld", err)
+	}
+	if err := mm.ExtendCtx(ctx); !errors.Is(err, ErrNotHeld) {
+		t.Errorf("ExtendCtx not locked: got %v, want ErrNotHeld", err)
+	}
+	select {
+	case <-mm.Lost():
+	default:
+		t.Error("Lost not locked: not closed")
+	}
+	if toks := mm.Tokens(); toks != nil {
+		t.Errorf("Tokens not locked: got %v, want nil", toks)
+	}
+	func() {
+		defer func() {
+			if err, _ := recover().(error); !errors.Is(err, ErrNotHeld) {
+				t.Errorf("Unlock not locked: panic %v, want one matching ErrNotHeld", err)
+			}
+		}()
+		mm.Unlock()
+	}()
+}
+
+// lockWithin calls LockCtx, failing the test if it does not return within 5s.
+// hostileOutage is the outage window of the rows whose server never
+// answers: LockCtx rides it out, then reports the nodes' errors.
+const hostileOutage = 300 * time.Millisecond
+
+// wantNodeErr fails the test unless err is a node error, as an error must
+// be when a node cannot be asked: it matches ErrQuorum, names node 0, starts
+// "netlock: ", and contains want.
+func wantNodeErr(t *testing.T, what string, err error, want string) {
+	t.Helper()
+	if err == nil || !errors.Is(err, ErrQuorum) || !strings.HasPrefix(err.Error(), "netlock: ") ||
+		!strings.Contains(err.Error(), "node 0") || !strings.Contains(err.Error(), want) {
+		t.Errorf("%s: got %v, want an error matching ErrQuorum, naming node 0 and containing %q", what, err, want)
+	}
+}
+
+// wantErrs checks that err matches every error of want and none of
+// unwanted, and that its message is one line.
+func wantErrs(t *testing.T, what string, err error, want, unwanted []error) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("%s: got nil, want an error matching %v", what, want)
+	}
+	for _, w := range want {
+		if !errors.Is(err, w) {
+			t.Errorf("%s: got %q, want it to match %v", what, err, w)
+		}
+	}
+	for _, u := range unwanted {
+		if errors.Is(err, u) {
+			t.Errorf("%s: got %q, which matches %v: want it not to", what, err, u)
+		}
+	}
+	if strings.Contains(err.Error(), "\n") {
+		t.Errorf("%s: got %q, want one line", what, err)
+	}
+}
+
+// logRecords is a slog.Handler that keeps every record, with its
+// attributes flattened to strings.
+type logRecords struct {
+	level slog.Level
+	mu    sync.Mutex
+	recs  []logRecord
+}
+
+type logRecord struct {
+	level slog.Level
+	msg   string
+	attrs map[string]string
+}
+
+func (l *logRecords) Enabled(_ context.Context, level slog.Level) bool { return level >= l.level }
+
+func (l *logRecords) Handle(_ context.Context, r slog.Record) error {
+	rec := logRecord{level: r.Level, msg: r.Message, attrs: map[string]string{}}
+	r.Attrs(func(a slog.Attr) bool {
+		rec.attrs[a.Key] = a.Value.String()
+		return true
+	})
+	l.mu.Lock()
+	l.recs = append(l.recs, rec)
+	l.mu.Unlock()
+	return nil
+}
+
+func (l *logRecords) WithAttrs([]slog.Attr) slog.Handler { return l }
+
+func (l *logRecords) WithGroup(string) slog.Handler { return l }
+
+func (l *logRecords) count(level slog.Level) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, r := range l.recs {
+		if r.level == level {
+			n++
+		}
+	}
+	return n
+}
+
+// find returns the records at level whose message contains msg.
+func (l *logRecords) find(level slog.Level, msg string) []logRecord {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []logRecord
+	for _, r := range l.recs {
+		if r.level == level && strings.Contains(r.msg, msg) {
+			out = append(out, r)
+		}
+	}
+	return out
 }

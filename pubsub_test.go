@@ -13,29 +13,6 @@ import (
 	"github.com/netlock-go/netlock/internal/redistest"
 )
 
-// waitingMutex returns a NetMutex for name on a counting backend of its own,
-// with a retry delay so long that only a wake-up explains a prompt attempt.
-func waitingMutex(t *testing.T, e *env, name string) (*NetMutex, *countingBackend) {
-	t.Helper()
-	cb := counting(e.backend(t))
-	m, err := New(name, []Backend{cb}, WithRetryDelay(time.Millisecond, 10*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return m, cb
-}
-
-// lockInBackground starts m.LockCtx and waits until it has made its second
-// attempt (the one after subscribing): it is then waiting. Its result comes
-// on the returned channel.
-func lockInBackground(t *testing.T, m *NetMutex, cb *countingBackend) <-chan error {
-	t.Helper()
-	locked := make(chan error, 1)
-	go func() { locked <- m.LockCtx(context.Background()) }()
-	eventually(t, 5*time.Second, "the waiter's second attempt", func() bool { return cb.count("acquire") >= 2 })
-	return locked
-}
-
 // A waiter subscribed to the release channel makes no attempt while the
 // holder holds, however long that is, and one as soon as it releases. The
 // retry delay is long (seconds), so an attempt count of three (the failed

@@ -14,26 +14,6 @@ import (
 	"github.com/gomodule/redigo/redis"
 )
 
-// newSem returns a Semaphore on a backend of its own, as another process
-// would have.
-func (e *env) newSem(t testing.TB, name string, size int64, opts ...Option) *Semaphore {
-	t.Helper()
-	s, err := NewSemaphore(name, size, []Backend{e.backend(t)}, opts...)
-	if err != nil {
-		t.Fatalf("NewSemaphore(%q, %d): %v", name, size, err)
-	}
-	return s
-}
-
-func mustAcquire(t testing.TB, s *Semaphore, n int64) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := s.Acquire(ctx, n); err != nil {
-		t.Fatalf("Acquire(%d): %v", n, err)
-	}
-}
-
 // semOut returns the permits out in Redis, by the leases' counts and
 // grants.
 func semOut(t testing.TB, e *env, name string) int64 {
