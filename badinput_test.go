@@ -482,16 +482,6 @@ func eventuallyFree(t *testing.T, s *redistest.Server, m *NetMutex) {
 	}
 }
 
-// sdo runs a command on s and fails the test on error.
-func sdo(t *testing.T, s *redistest.Server, args ...string) string {
-	t.Helper()
-	v, err := s.Do(args...)
-	if err != nil {
-		t.Fatalf("%q: %v", args, err)
-	}
-	return v
-}
-
 // holdUntil returns the local deadline of m's current hold (zero if none).
 func holdUntil(m *NetMutex) time.Time {
 	if h := m.current(); h != nil {

@@ -3,7 +3,11 @@ package netlock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"runtime"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -578,4 +582,411 @@ func (l *logRecords) find(level slog.Level, msg string) []logRecord {
 		}
 	}
 	return out
+}
+
+// Servers: starting them, and what they say.
+
+// startServers starts n independent redis-servers.
+func startServers(t *testing.T, n int, args ...string) []*redistest.Server {
+	t.Helper()
+	servers := make([]*redistest.Server, n)
+	for i := range servers {
+		servers[i] = redistest.Start(t, args...)
+	}
+	return servers
+}
+
+// quorumMutex returns a NetMutex over servers, with clients of its own (as
+// another process would have).
+func quorumMutex(t *testing.T, client string, servers []*redistest.Server, name string, opts ...Option) *NetMutex {
+	t.Helper()
+	backends := make([]Backend, len(servers))
+	for i, s := range servers {
+		backends[i] = newBackend(t, client, s.Addr())
+	}
+	m, err := New(name, backends, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// holders counts the servers whose lock key for name exists.
+func holders(t *testing.T, servers []*redistest.Server, name string) (n int) {
+	t.Helper()
+	for _, s := range servers {
+		if got, err := s.Do("EXISTS", "netlock:{"+name+"}"); err == nil && got == "1" {
+			n++
+		}
+	}
+	return n
+}
+
+// scriptCalls returns how many EVALSHA and EVAL commands the server has run.
+func scriptCalls(t *testing.T, s *redistest.Server) int {
+	t.Helper()
+	info, err := s.Do("INFO", "commandstats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for line := range strings.SplitSeq(info, "\r\n") {
+		rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:calls=")
+		if !ok {
+			rest, ok = strings.CutPrefix(line, "cmdstat_eval:calls=")
+		}
+		if !ok {
+			continue
+		}
+		calls, _, _ := strings.Cut(rest, ",")
+		c, err := strconv.Atoi(calls)
+		if err != nil {
+			t.Fatalf("commandstats line %q: %v", line, err)
+		}
+		n += c
+	}
+	return n
+}
+
+// commandCounts returns, summed over servers, total_commands_processed
+// (INFO stats), which counts the commands scripts run too, and the commands
+// among them that the client library sends of its own accord: rueidis PINGs
+// every idle connection each second (its Dialer.KeepAlive) and a cluster
+// client asks for the topology (CLUSTER, READONLY...). The INFO that reads
+// them counts itself: callers subtract one per call and server.
+func commandCounts(t testing.TB, servers []*redistest.Server) (total, library int64) {
+	t.Helper()
+	for _, s := range servers {
+		info, err := s.Do("INFO", "all")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for line := range strings.SplitSeq(info, "\n") {
+			line = strings.TrimSpace(line)
+			if v, ok := strings.CutPrefix(line, "total_commands_processed:"); ok {
+				n, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					t.Fatal(err)
+				}
+				total += n
+			}
+			for _, cmd := range []string{"ping", "cluster|", "readonly", "hello", "client|"} {
+				if v, ok := strings.CutPrefix(line, "cmdstat_"+cmd); ok {
+					_, v, _ = strings.Cut(v, "calls=")
+					v, _, _ = strings.Cut(v, ",")
+					n, err := strconv.ParseInt(v, 10, 64)
+					if err != nil {
+						t.Fatalf("%s: %v", line, err)
+					}
+					library += n
+				}
+			}
+		}
+	}
+	return total, library
+}
+
+// numsub returns the number of subscribers of channel.
+func numsub(t testing.TB, e *env, channel string) int {
+	t.Helper()
+	v, err := redis.Values(e.do(t, "PUBSUB", "NUMSUB", channel), nil)
+	if err != nil || len(v) != 2 {
+		t.Fatalf("PUBSUB NUMSUB: %v %v", v, err)
+	}
+	n, _ := redis.Int(v[1], nil)
+	return n
+}
+
+// connectedClients returns the server's connected_clients, or -1.
+func connectedClients(s *redistest.Server) int64 {
+	info, err := s.Do("INFO", "clients")
+	if err != nil {
+		return -1
+	}
+	for line := range strings.SplitSeq(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "connected_clients:"); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return -1
+}
+
+// sdo runs a command on s and fails the test on error.
+func sdo(t *testing.T, s *redistest.Server, args ...string) string {
+	t.Helper()
+	v, err := s.Do(args...)
+	if err != nil {
+		t.Fatalf("%q: %v", args, err)
+	}
+	return v
+}
+
+// startReplicated starts a primary and a replica of it, linked.
+func startReplicated(t *testing.T) (primary, replica *redistest.Server) {
+	t.Helper()
+	primary = redistest.Start(t)
+	return primary, redistest.StartReplica(t, primary.Addr())
+}
+
+// caughtUp waits until n replicas of the primary at addr have caught up
+// with it: they acknowledged a write made after everything before it.
+func caughtUp(t *testing.T, addr string, n int) {
+	t.Helper()
+	c, err := redis.Dial("tcp", addr, redis.DialReadTimeout(15*time.Second))
+	if err != nil {
+		t.Fatalf("dial %s: %v", addr, err)
+	}
+	defer c.Close()
+	if _, err := c.Do("INCR", "netlock-test:caught-up"); err != nil {
+		t.Fatalf("INCR: %v", err)
+	}
+	if acked, err := redis.Int(c.Do("WAIT", n, 10_000)); acked < n {
+		t.Fatalf("WAIT %d: %d replicas acknowledged within 10s (%v)", n, acked, err)
+	}
+}
+
+// heldValue returns what m's lock key holds while m is held:
+// "<value>:<token>:<holder>" (see lua/acquire.lua).
+func heldValue(m *NetMutex) string {
+	h := m.current()
+	return keyValue(h.value, h.token)
+}
+
+// infoField returns the value of field in an INFO or CLUSTER INFO reply.
+func infoField(info, field string) string {
+	for line := range strings.SplitSeq(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// Redis Cluster.
+
+// clusterKinds are the client libraries with a cluster client: redigo has
+// none.
+func clusterKinds() []string {
+	return slices.DeleteFunc(testClients(), func(c string) bool { return c == "redigo" })
+}
+
+// newClusterClient returns a rueidis cluster client of its own, as another
+// process would have; it is closed when the test ends.
+func newClusterClient(t testing.TB, cluster *redistest.Cluster) rueidis.Client {
+	t.Helper()
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: cluster.Addrs(), DisableCache: true})
+	if err != nil {
+		t.Fatalf("rueidis.NewClient(%q): %v", cluster.Addrs(), err)
+	}
+	t.Cleanup(c.Close)
+	// Replicas too, once rueidis has refreshed its view (CLUSTER SHARDS).
+	for _, m := range masters(t, cluster) {
+		if _, ok := c.Nodes()[m.Addr()]; !ok {
+			t.Fatalf("rueidis client nodes %v, want every master's, %s among them", nodeAddrs(c), m.Addr())
+		}
+	}
+	return c
+}
+
+// clusterBackend returns a Backend of client library kind ("rueidis" or a
+// registered one) on a cluster client of its own, as another process would
+// have; it is closed when the test ends.
+func clusterBackend(t testing.TB, kind string, cluster *redistest.Cluster) Backend {
+	t.Helper()
+	if kind == "rueidis" {
+		return NewRueidis(newClusterClient(t, cluster))
+	}
+	return openRegistered(t, kind, TestClientConfig{Cluster: cluster.Addrs()})
+}
+
+// clusterInt runs cmd on the cluster client, which routes it by key slot,
+// and returns its integer reply.
+func clusterInt(t testing.TB, c rueidis.Client, cmd rueidis.Completed) int64 {
+	t.Helper()
+	n, err := c.Do(context.Background(), cmd).AsInt64()
+	if err != nil {
+		t.Fatalf("%q: %v", cmd.Commands(), err)
+	}
+	return n
+}
+
+// masters returns the nodes of cluster that ROLE says are masters.
+func masters(t testing.TB, cluster *redistest.Cluster) []*redistest.Server {
+	t.Helper()
+	var ms []*redistest.Server
+	for _, s := range cluster.Servers() {
+		if role, err := s.Do("ROLE"); err == nil && strings.HasPrefix(role, "master\n") {
+			ms = append(ms, s)
+		}
+	}
+	return ms
+}
+
+// ownerOf returns the address of the node that serves key: the other nodes
+// answer with a MOVED redirection.
+func ownerOf(t testing.TB, cluster *redistest.Cluster, key string) string {
+	t.Helper()
+	owner := ""
+	for _, s := range cluster.Servers() {
+		_, err := s.Do("EXISTS", key)
+		switch {
+		case err == nil && owner == "":
+			owner = s.Addr()
+		case err == nil:
+			t.Fatalf("both %s and %s serve %q", owner, s.Addr(), key)
+		case !strings.HasPrefix(err.Error(), "MOVED "):
+			t.Fatalf("EXISTS %q on %s: %v", key, s.Addr(), err)
+		}
+	}
+	if owner == "" {
+		t.Fatalf("no node serves %q", key)
+	}
+	return owner
+}
+
+// namesOnEveryMaster returns lock names, prefix-0, prefix-1..., until one
+// lives on each master of cluster; the result holds one name per master.
+func namesOnEveryMaster(t testing.TB, cluster *redistest.Cluster, prefix string) []string {
+	t.Helper()
+	seen := map[string]bool{}
+	var names []string
+	for i := 0; len(names) < len(masters(t, cluster)); i++ {
+		if i == 1000 {
+			t.Fatalf("names %s-0..%d: owners %v, want every master", prefix, i, seen)
+		}
+		name := fmt.Sprintf("%s-%d", prefix, i)
+		if owner := ownerOf(t, cluster, "netlock:{"+name+"}"); !seen[owner] {
+			seen[owner] = true
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
+// newTestMutex returns New(name, []Backend{b}, opts...), failing the test
+// on error.
+func newTestMutex(t testing.TB, name string, b Backend, opts ...Option) *NetMutex {
+	t.Helper()
+	m, err := New(name, []Backend{b}, opts...)
+	if err != nil {
+		t.Fatalf("New(%q): %v", name, err)
+	}
+	return m
+}
+
+// publishCalls returns the PUBLISH and SPUBLISH calls (INFO commandstats,
+// scripts' included) summed over the running nodes of cluster.
+func publishCalls(t testing.TB, cluster *redistest.Cluster) (publish, spublish int64) {
+	t.Helper()
+	for _, s := range cluster.Servers() {
+		info, err := s.Do("INFO", "commandstats")
+		if err != nil {
+			continue // a node killed by the test
+		}
+		for line := range strings.SplitSeq(info, "\n") {
+			rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_")
+			if !ok {
+				continue
+			}
+			name, rest, _ := strings.Cut(rest, ":calls=")
+			n, _, _ := strings.Cut(rest, ",")
+			v, err := strconv.ParseInt(n, 10, 64)
+			if err != nil {
+				t.Fatalf("commandstats line %q on %s: %v", line, s.Addr(), err)
+			}
+			switch name {
+			case "publish":
+				publish += v
+			case "spublish":
+				spublish += v
+			}
+		}
+	}
+	return publish, spublish
+}
+
+// waitRueidisDelayedCloses waits (at most 10s) until goroutines that a
+// rueidis cluster client starts to close a superseded connection five seconds
+// later have ended, so that goleak in TestMain does not report them. NewClient
+// usually starts some: it dials every InitAddress concurrently, returns after
+// the first dial, and its topology refresh then supersedes the connections
+// the other dials add meanwhile (rueidis v1.0.79, cluster.go, _refresh).
+// It waits as well for the topology refresh a cluster client delays after
+// a node's error or a connection's close, by up to a second, which Close
+// leaves running (singleflight.go, DelayDo; cluster.go, lazyRefresh).
+func waitRueidisDelayedCloses(t testing.TB) {
+	t.Helper()
+	start := time.Now()
+	buf := make([]byte, 1<<16)
+	for {
+		n := runtime.Stack(buf, true)
+		if n == len(buf) {
+			buf = make([]byte, 2*len(buf))
+			continue
+		}
+		stacks := string(buf[:n])
+		if !strings.Contains(stacks, "created by github.com/redis/rueidis.(*clusterClient)._refresh") &&
+			!strings.Contains(stacks, "created by github.com/redis/rueidis.(*clusterClient).redirectOrNew") &&
+			!strings.Contains(stacks, "created by github.com/redis/rueidis.(*call).DelayDo") {
+			if d := time.Since(start); d > 100*time.Millisecond {
+				t.Logf("waited %v for rueidis's delayed connection closes", d.Round(time.Millisecond))
+			}
+			return
+		}
+		if time.Since(start) > 10*time.Second {
+			t.Logf("rueidis's delayed connection closes still pending after 10s; goleak will report them")
+			return
+		}
+		time.Sleep(50 * time.Millisecond) // between looks at the stacks
+	}
+}
+
+// ownerServer returns the master that serves lock name's keys.
+func ownerServer(t testing.TB, cluster *redistest.Cluster, name string) *redistest.Server {
+	t.Helper()
+	owner := ownerOf(t, cluster, "netlock:{"+name+"}")
+	for _, s := range cluster.Servers() {
+		if s.Addr() == owner {
+			return s
+		}
+	}
+	t.Fatalf("no server at %s", owner)
+	return nil
+}
+
+// replicaOf returns a replica of master whose replication link is up.
+func replicaOf(t testing.TB, cluster *redistest.Cluster, master *redistest.Server) *redistest.Server {
+	t.Helper()
+	_, port, _ := strings.Cut(master.Addr(), ":")
+	var found *redistest.Server
+	eventually(t, 10*time.Second, "a replica of "+master.Addr()+" in sync", func() bool {
+		for _, s := range cluster.Servers() {
+			info, err := s.Do("INFO", "replication")
+			if err == nil && infoField(info, "master_port") == port && infoField(info, "master_link_status") == "up" {
+				found = s
+				return true
+			}
+		}
+		return false
+	})
+	return found
+}
+
+// groupsOf returns mm's names by slot group, in the order the groups are
+// taken.
+func groupsOf(mm *MultiMutex) [][]string {
+	var groups [][]string
+	for _, g := range mm.m.(*slotGroups).groups {
+		groups = append(groups, g.kind.(*multiKind).names)
+	}
+	return groups
+}
+
+func nodeAddrs(c rueidis.Client) []string {
+	var addrs []string
+	for a := range c.Nodes() {
+		addrs = append(addrs, a)
+	}
+	return addrs
 }

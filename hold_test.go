@@ -9,7 +9,6 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -240,21 +239,6 @@ func holdMany(t *testing.T, b Backend, s *redistest.Server, n int, holdFor, expi
 	wg.Wait()
 	r.lost, r.gone, r.unlockErrs = int(lost.Load()), int(gone.Load()), int(unlockErrs.Load())
 	return r
-}
-
-// connectedClients returns the server's connected_clients, or -1.
-func connectedClients(s *redistest.Server) int64 {
-	info, err := s.Do("INFO", "clients")
-	if err != nil {
-		return -1
-	}
-	for line := range strings.SplitSeq(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "connected_clients:"); ok {
-			n, _ := strconv.ParseInt(v, 10, 64)
-			return n
-		}
-	}
-	return -1
 }
 
 // TestLostOnTimeWithExtendStuck: Lost() closes at the hold's local

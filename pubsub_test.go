@@ -249,17 +249,6 @@ func pubsubClients(t testing.TB, e *env) int {
 	return strings.Count(list, "\n")
 }
 
-// numsub returns the number of subscribers of channel.
-func numsub(t testing.TB, e *env, channel string) int {
-	t.Helper()
-	v, err := redis.Values(e.do(t, "PUBSUB", "NUMSUB", channel), nil)
-	if err != nil || len(v) != 2 {
-		t.Fatalf("PUBSUB NUMSUB: %v %v", v, err)
-	}
-	n, _ := redis.Int(v[1], nil)
-	return n
-}
-
 // A release wakes only the waiter that has waited longest (the waiters'
 // queue names it in the message): the others make no attempt, and the lock
 // goes round in order of arrival. A waiter that gives up leaves the queue.
