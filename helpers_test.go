@@ -3,8 +3,12 @@ package netlock
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
+	"maps"
+	"net"
+	"os"
 	"runtime"
 	"slices"
 	"strconv"
@@ -19,6 +23,7 @@ import (
 	"github.com/redis/rueidis"
 	"pgregory.net/rapid"
 
+	"github.com/netlock-go/netlock/internal/keyspace"
 	"github.com/netlock-go/netlock/internal/redistest"
 )
 
@@ -584,6 +589,20 @@ func (l *logRecords) find(level slog.Level, msg string) []logRecord {
 	return out
 }
 
+func mustGet(t *testing.T, errc <-chan error) {
+	t.Helper()
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// sorted returns a sorted copy of s.
+func sorted(s []string) []string {
+	s = slices.Clone(s)
+	slices.Sort(s)
+	return s
+}
+
 // Servers: starting them, and what they say.
 
 // startServers starts n independent redis-servers.
@@ -989,4 +1008,369 @@ func nodeAddrs(c rueidis.Client) []string {
 		addrs = append(addrs, a)
 	}
 	return addrs
+}
+
+// What a lock leaves in Redis and in its process.
+
+// keyValue is what a lock or writer key holds for the hold of value with
+// token, taken with the default holder identity: "<value>:<token>:<holder>"
+// (see lua/acquire.lua).
+func keyValue(value string, token uint64) string {
+	return value + ":" + strconv.FormatUint(token, 10) + ":" + keyspace.HolderEncode(defaultHolderInfo())
+}
+
+// unmarked returns a lock key's value v without the '+' that ends it when
+// the waiters' queue may exist (see lua/acquire.lua), to compare with
+// keyValue.
+func unmarked(v string) string { return strings.TrimSuffix(v, "+") }
+
+// selfHolder is the default holder identity: "<hostname>/<pid>" of this
+// process, as the test works it out.
+func selfHolder(t *testing.T) string {
+	t.Helper()
+	host, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return host + "/" + strconv.Itoa(os.Getpid())
+}
+
+// An identity with every byte the scripts split values and members on.
+const oddHolder = "worker-2: pid 7 +#% ü"
+
+// mustInspect runs Inspect and fails the test on an error.
+func mustInspect(t *testing.T, name string, backends []Backend, opts ...Option) Info {
+	t.Helper()
+	info, err := Inspect(t.Context(), name, backends, opts...)
+	if err != nil {
+		t.Fatalf("Inspect(%q): %v", name, err)
+	}
+	if len(info.Nodes) != len(backends) {
+		t.Fatalf("Inspect(%q): %d nodes, want %d", name, len(info.Nodes), len(backends))
+	}
+	return info
+}
+
+// writes returns a fingerprint of everything written to e's server: on a
+// real server its count of changes since the last save (every write counts,
+// persistence or not); on miniredis every key with its value and TTL (which
+// moves only with FastForward).
+func (e *env) writes(t *testing.T) string {
+	t.Helper()
+	if e.mini == nil {
+		info, err := redis.String(e.do(t, "INFO", "persistence"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for line := range strings.SplitSeq(info, "\r\n") {
+			if strings.HasPrefix(line, "rdb_changes_since_last_save:") {
+				return line
+			}
+		}
+		t.Fatalf("no rdb_changes_since_last_save in INFO persistence:\n%s", info)
+	}
+	var b strings.Builder
+	b.WriteString(e.mini.Dump())
+	for _, k := range e.mini.Keys() {
+		fmt.Fprintf(&b, "%s ttl %v\n", k, e.mini.TTL(k))
+	}
+	return b.String()
+}
+
+// granted reports whether a hold's value is one a release made: "<nonce>.<n>"
+// (an attempt's own value, rand.Text, has no dot).
+func grantedValue(h *hold) bool { return h != nil && strings.Contains(h.value, ".") }
+
+// listening reports whether a client listens on channel.
+func listening(srv *miniredis.Miniredis, channel string) bool {
+	return srv.PubSubNumSub(channel)[channel] > 0
+}
+
+// localWaiters returns how many goroutines wait in m's local queue, and
+// how many of them are shared.
+func (m *engine) localWaiters() (all, shared int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, w := range m.waiters {
+		if w.shared {
+			shared++
+		}
+	}
+	return len(m.waiters), shared
+}
+
+// resendingTo reports whether m's reaper has something to send to node i,
+// or is sending it.
+func (m *engine) resendingTo(i int) bool {
+	return m.reaper.any(func(d redelivery) bool {
+		switch d := d.(type) {
+		case *pendingRelease:
+			return d.node == i
+		case *pendingLeave:
+			return d.node == i
+		}
+		return false
+	})
+}
+
+// Semaphores.
+
+// semOut returns the permits out in Redis, by the leases' counts and
+// grants.
+func semOut(t testing.TB, e *env, name string) int64 {
+	t.Helper()
+	leases, err := redis.Strings(e.do(t, "ZRANGE", "netlock:{"+name+"}:sem", 0, -1), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out int64
+	for _, v := range leases {
+		n, _ := redis.Int64(e.do(t, "HGET", "netlock:{"+name+"}:sem:permits", v), nil)
+		out += n
+		// A grant not yet folded into the count: "<nonce>:<n>".
+		if g, err := redis.String(e.do(t, "HGET", "netlock:{"+name+"}:sem:permits", v+"#g"), nil); err == nil {
+			_, c, _ := strings.Cut(g, ":")
+			n, _ := strconv.ParseInt(c, 10, 64)
+			out += n
+		}
+	}
+	return out
+}
+
+func semKeysOf(name string) []string {
+	k := keyspace.Sem(DefaultPrefix, name)
+	return []string{k.Leases, k.Permits, k.Queue, k.Places, k.Wants}
+}
+
+// semCallKeys returns the keys of a call of lua/sem_acquire.lua or
+// sem_release.lua with argument arg: keys, and the tombstone of the lease
+// value arg begins with.
+func semCallKeys(keys []string, arg string) []string {
+	value, _, _ := strings.Cut(arg, ":")
+	return append(keys[:len(keys):len(keys)], keyspace.Tomb(keys[0], value))
+}
+
+// line returns s's local line of waiters, in order: the first (the owner
+// of s.m, which talks to Redis), then those queued behind it. The caller
+// holds s.m.mu.
+func (s *Semaphore) line() []*localWaiter {
+	m := s.m
+	if !m.owned || m.first == nil {
+		return slices.Clone(m.waiters)
+	}
+	return append([]*localWaiter{m.first}, m.waiters...)
+}
+
+// semNext returns the arrival of the next waiter of its process that
+// waiter id's entry in Redis names (0: none; -1: no entry).
+func semNext(srv *miniredis.Miniredis, name, id string) int64 {
+	// "<n>:<grant to>:<nonce>:<g>:<next arrival>:<seq>" (lua/sem_acquire.lua)
+	f := strings.Split(srv.HGet("netlock:{"+name+"}:sem:wants", id), ":")
+	if len(f) < 5 {
+		return -1
+	}
+	next, _ := strconv.ParseInt(f[4], 10, 64)
+	return next
+}
+
+// semQueued returns how many waiters of semaphore name are queued in Redis.
+func semQueued(t *testing.T, srv *miniredis.Miniredis, name string) int {
+	t.Helper()
+	m, _ := srv.ZMembers("netlock:{" + name + "}:sem:queue")
+	return len(m)
+}
+
+// semDump describes the semaphore's keys on srv, for a failure's message.
+func semDump(srv *miniredis.Miniredis, keys []string) string {
+	var b strings.Builder
+	for i, k := range keys {
+		switch i {
+		case 1, 4:
+			fmt.Fprintf(&b, "%s=%v ", k, hashOf(srv, k))
+		default:
+			ms, _ := srv.ZMembers(k)
+			fmt.Fprintf(&b, "%s=[", k)
+			for _, m := range ms {
+				sc, _ := srv.ZScore(k, m)
+				fmt.Fprintf(&b, "%s:%d ", m, int64(sc))
+			}
+			b.WriteString("] ")
+		}
+	}
+	return b.String()
+}
+
+func hashOf(srv *miniredis.Miniredis, k string) map[string]string {
+	fs, _ := srv.HKeys(k)
+	m := map[string]string{}
+	for _, f := range fs {
+		m[f] = srv.HGet(k, f)
+	}
+	return m
+}
+
+// newFaultSem returns a Semaphore on a semFaultBackend of its own, as
+// another process would have.
+func newFaultSem(t *testing.T, srv *miniredis.Miniredis, name string, size int64, opts ...Option) (*Semaphore, *semFaultBackend) {
+	t.Helper()
+	b := &semFaultBackend{inner: newBackend(t, "redigo", srv.Addr()),
+		entered: make(chan struct{}), lateGo: make(chan struct{}), lateDone: make(chan struct{})}
+	s, err := NewSemaphore(name, size, []Backend{b}, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, b
+}
+
+// Property tests.
+
+// propStats counts the outcomes TestProperty met, by kind.
+type propStats struct {
+	mu sync.Mutex
+	m  map[string]int
+}
+
+func (s *propStats) add(name string) {
+	s.mu.Lock()
+	s.m[name]++
+	s.mu.Unlock()
+}
+
+func (s *propStats) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var b strings.Builder
+	for i, k := range slices.Sorted(maps.Keys(s.m)) {
+		if i > 0 {
+			b.WriteString(" ")
+		}
+		fmt.Fprintf(&b, "%s:%d", k, s.m[k])
+	}
+	return b.String()
+}
+
+// rapidReproducing reports whether rapid was given a seed or a fail file:
+// then one Check replays it, and repeating it would replay it again.
+func rapidReproducing() bool {
+	for _, name := range []string{"rapid.seed", "rapid.failfile"} {
+		if f := flag.Lookup(name); f != nil && f.Value.String() != f.DefValue {
+			return true
+		}
+	}
+	return false
+}
+
+// documented reports whether err matches one of netlock's sentinel errors or
+// a context error, as every error netlock returns must.
+func documented(err error) bool {
+	for _, s := range []error{ErrNotObtained, ErrNotHeld, ErrLockLost, ErrQuorum, context.Canceled, context.DeadlineExceeded} {
+		if errors.Is(err, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// modelNode is the model of one miniredis node of TestProperty, and the node
+// itself.
+//
+// A node goes down in one of two ways, both with srv.Close (miniredis keeps
+// its data: no write is lost, as with AOF and fsync), chosen so that what the
+// reaper does is deterministic:
+//   - crashed: nothing listens; every call is refused, a final error, so
+//     nothing is queued for the reaper. Pooled connections are dropped (see
+//     gen), so none gives a non-final EOF instead.
+//   - partitioned: every call fails with a non-final error (EOF on a pooled
+//     connection, an i/o timeout for a new one), so every release sent to the
+//     node is queued and the reaper retries it until the node is back, then
+//     delivers it.
+type modelNode struct {
+	srv     *miniredis.Miniredis
+	addr    string // srv.Addr, which panics while srv is closed
+	up      bool
+	key     modelKey // the lock key; value "" when absent
+	counter uint64   // the fence counter (no TTL: survives everything)
+
+	// queued holds the values of the holds unlocked while the node was
+	// partitioned: the reaper delivers their release when it is back.
+	queued map[string]bool
+
+	partitioned atomic.Bool // read by the pool's dial
+	// gen is bumped when the node crashes and when it comes back. Pooled
+	// connections carry the generation they were dialled in, and one from an
+	// earlier generation is dropped when borrowed: so a node that is up
+	// always answers (no connection broken by the outage), and a crashed one
+	// always refuses.
+	gen   atomic.Int64
+	conns sync.Map // redis.Conn -> generation it was dialled in
+}
+
+// errPartitioned is what dialling a partitioned node gives: a timeout, not
+// a final error.
+var errPartitioned = &net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded}
+
+// modelKey is what the model says one node's lock key holds.
+type modelKey struct {
+	value  string        // lock value of the hold that set it; "" when absent
+	token  uint64        // its fencing token: the key holds "<value>:<token>"
+	client int           // the client that acquired it
+	exp    time.Duration // model time at which it expires
+}
+
+// newPool returns a redigo pool on node n (see modelNode).
+func (n *modelNode) newPool() *redis.Pool {
+	return &redis.Pool{
+		MaxIdle: 4,
+		DialContext: func(ctx context.Context) (redis.Conn, error) {
+			if n.partitioned.Load() {
+				return nil, errPartitioned
+			}
+			// The generation is read before dialling: a connection that
+			// a restart or crash may have cut is never tagged with a later one.
+			gen := n.gen.Load()
+			c, err := redis.DialContext(ctx, "tcp", n.addr)
+			if err == nil {
+				n.conns.Store(c, gen)
+			}
+			return c, err
+		},
+		TestOnBorrow: func(c redis.Conn, _ time.Time) error {
+			if gen, _ := n.conns.Load(c); gen != n.gen.Load() {
+				n.conns.Delete(c)
+				return errors.New("dialled before a restart")
+			}
+			return nil
+		},
+	}
+}
+
+// rwPropNode is a node of TestRWProperty: a modelNode (for its server,
+// crashes, partitions and pools) with a clock of its own.
+type rwPropNode struct {
+	*modelNode
+	mu  sync.Mutex
+	now time.Time // the server's clock (SetTime, with ClockTTL)
+}
+
+// tick moves the node's clock a microsecond: called before every call to
+// the node.
+func (n *rwPropNode) tick() {
+	n.mu.Lock()
+	n.now = n.now.Add(time.Microsecond)
+	n.srv.SetTime(n.now)
+	n.mu.Unlock()
+}
+
+func (n *rwPropNode) advance(d time.Duration) {
+	n.mu.Lock()
+	n.now = n.now.Add(d)
+	n.srv.SetTime(n.now)
+	n.mu.Unlock()
+}
+
+// nowMS is the node's TIME in milliseconds, as the scripts compute it.
+func (n *rwPropNode) nowMS() int64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.now.UnixMicro() / 1000
 }

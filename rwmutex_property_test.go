@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -138,37 +137,6 @@ func TestRWProperty(t *testing.T) {
 		})
 	}
 	redistest.Report(t, "RW: %d steps explored in all", total)
-}
-
-// rwPropNode is a node of TestRWProperty: a modelNode (for its server,
-// crashes, partitions and pools) with a clock of its own.
-type rwPropNode struct {
-	*modelNode
-	mu  sync.Mutex
-	now time.Time // the server's clock (SetTime, with ClockTTL)
-}
-
-// tick moves the node's clock a microsecond: called before every call to
-// the node.
-func (n *rwPropNode) tick() {
-	n.mu.Lock()
-	n.now = n.now.Add(time.Microsecond)
-	n.srv.SetTime(n.now)
-	n.mu.Unlock()
-}
-
-func (n *rwPropNode) advance(d time.Duration) {
-	n.mu.Lock()
-	n.now = n.now.Add(d)
-	n.srv.SetTime(n.now)
-	n.mu.Unlock()
-}
-
-// nowMS is the node's TIME in milliseconds, as the scripts compute it.
-func (n *rwPropNode) nowMS() int64 {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.now.UnixMicro() / 1000
 }
 
 // rwPropOp is a lock call running on a goroutine of its own: another

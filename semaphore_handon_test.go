@@ -3,7 +3,6 @@ package netlock
 import (
 	"context"
 	"errors"
-	"slices"
 	"testing"
 	"time"
 
@@ -345,15 +344,4 @@ func TestSemaphoreHandOnWaitsForCall(t *testing.T) {
 		t.Errorf("Held: got %d, want 1", s.Held())
 	}
 	s.Release(1)
-}
-
-// line returns s's local line of waiters, in order: the first (the owner
-// of s.m, which talks to Redis), then those queued behind it. The caller
-// holds s.m.mu.
-func (s *Semaphore) line() []*localWaiter {
-	m := s.m
-	if !m.owned || m.first == nil {
-		return slices.Clone(m.waiters)
-	}
-	return append([]*localWaiter{m.first}, m.waiters...)
 }

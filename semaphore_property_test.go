@@ -1170,32 +1170,3 @@ func heldOf(ps []*semPropProc) []int64 {
 	}
 	return hs
 }
-
-// semDump describes the semaphore's keys on srv, for a failure's message.
-func semDump(srv *miniredis.Miniredis, keys []string) string {
-	var b strings.Builder
-	for i, k := range keys {
-		switch i {
-		case 1, 4:
-			fmt.Fprintf(&b, "%s=%v ", k, hashOf(srv, k))
-		default:
-			ms, _ := srv.ZMembers(k)
-			fmt.Fprintf(&b, "%s=[", k)
-			for _, m := range ms {
-				sc, _ := srv.ZScore(k, m)
-				fmt.Fprintf(&b, "%s:%d ", m, int64(sc))
-			}
-			b.WriteString("] ")
-		}
-	}
-	return b.String()
-}
-
-func hashOf(srv *miniredis.Miniredis, k string) map[string]string {
-	fs, _ := srv.HKeys(k)
-	m := map[string]string{}
-	for _, f := range fs {
-		m[f] = srv.HGet(k, f)
-	}
-	return m
-}

@@ -14,28 +14,6 @@ import (
 	"github.com/gomodule/redigo/redis"
 )
 
-// semOut returns the permits out in Redis, by the leases' counts and
-// grants.
-func semOut(t testing.TB, e *env, name string) int64 {
-	t.Helper()
-	leases, err := redis.Strings(e.do(t, "ZRANGE", "netlock:{"+name+"}:sem", 0, -1), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out int64
-	for _, v := range leases {
-		n, _ := redis.Int64(e.do(t, "HGET", "netlock:{"+name+"}:sem:permits", v), nil)
-		out += n
-		// A grant not yet folded into the count: "<nonce>:<n>".
-		if g, err := redis.String(e.do(t, "HGET", "netlock:{"+name+"}:sem:permits", v+"#g"), nil); err == nil {
-			_, c, _ := strings.Cut(g, ":")
-			n, _ := strconv.ParseInt(c, 10, 64)
-			out += n
-		}
-	}
-	return out
-}
-
 // Permits are counted across processes: TryAcquire succeeds while they fit,
 // Release gives them back, and the last one leaves nothing in Redis.
 func TestSemaphoreBasic(t *testing.T) {

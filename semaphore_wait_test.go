@@ -3,7 +3,6 @@ package netlock
 import (
 	"context"
 	"errors"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -15,38 +14,6 @@ import (
 // Tests of a Semaphore's waiters across processes: the order in which they
 // get in, and what a waiter that gives up leaves behind (nothing). The
 // basic cases (FIFO, a cancelled head, batches) are in semaphore_test.go.
-
-// newFaultSem returns a Semaphore on a semFaultBackend of its own, as
-// another process would have.
-func newFaultSem(t *testing.T, srv *miniredis.Miniredis, name string, size int64, opts ...Option) (*Semaphore, *semFaultBackend) {
-	t.Helper()
-	b := &semFaultBackend{inner: newBackend(t, "redigo", srv.Addr()),
-		entered: make(chan struct{}), lateGo: make(chan struct{}), lateDone: make(chan struct{})}
-	s, err := NewSemaphore(name, size, []Backend{b}, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s, b
-}
-
-// semNext returns the arrival of the next waiter of its process that
-// waiter id's entry in Redis names (0: none; -1: no entry).
-func semNext(srv *miniredis.Miniredis, name, id string) int64 {
-	// "<n>:<grant to>:<nonce>:<g>:<next arrival>:<seq>" (lua/sem_acquire.lua)
-	f := strings.Split(srv.HGet("netlock:{"+name+"}:sem:wants", id), ":")
-	if len(f) < 5 {
-		return -1
-	}
-	next, _ := strconv.ParseInt(f[4], 10, 64)
-	return next
-}
-
-// semQueued returns how many waiters of semaphore name are queued in Redis.
-func semQueued(t *testing.T, srv *miniredis.Miniredis, name string) int {
-	t.Helper()
-	m, _ := srv.ZMembers("netlock:{" + name + "}:sem:queue")
-	return len(m)
-}
 
 // Waiters get in in order of arrival across processes, a process's second
 // waiter included: when its first waiter gets in, the second takes its
