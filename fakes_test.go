@@ -20,11 +20,11 @@ func innerFinal(b Backend, err error) bool {
 	return ok && f.Final(err)
 }
 
-// evalOnly is a Backend with nothing but Eval: not a ReplicaWaiter.
+// evalOnly is a Backend with nothing but Eval, the wrapped Backend's: not
+// a Subscriber, an ErrorClassifier nor a ReplicaWaiter. Wrapping none, it
+// is a Backend never called, for what New and its kin check without
+// contacting Redis.
 type evalOnly struct{ Backend }
-
-// fuzzBackend is a Backend that is never called: New does not contact Redis.
-type fuzzBackend struct{ Backend }
 
 // hubBackend is a Subscriber with the given Hub; its Eval is never run.
 type hubBackend struct {

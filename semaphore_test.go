@@ -186,7 +186,7 @@ func TestSemaphoreBoundConcurrent(t *testing.T) {
 
 // Every bad input gets an error naming what was wrong, before any work.
 func TestSemaphoreBadInput(t *testing.T) {
-	b := &fuzzBackend{}
+	b := &evalOnly{}
 	for _, tc := range []struct {
 		size     int64
 		backends []Backend
@@ -194,7 +194,7 @@ func TestSemaphoreBadInput(t *testing.T) {
 	}{
 		{0, []Backend{b}, "size 0, want at least 1"},
 		{-1, []Backend{b}, "size -1, want at least 1"},
-		{2, []Backend{b, &fuzzBackend{}, &fuzzBackend{}}, "3 backends; a Semaphore runs on one"},
+		{2, []Backend{b, &evalOnly{}, &evalOnly{}}, "3 backends; a Semaphore runs on one"},
 		{2, nil, "netlock: "},
 	} {
 		s, err := NewSemaphore("bad", tc.size, tc.backends)
