@@ -26,7 +26,10 @@ func innerFinal(b Backend, err error) bool {
 // contacting Redis.
 type evalOnly struct{ Backend }
 
-// hubBackend is a Subscriber with the given Hub; its Eval is never run.
+// hubBackend is a Subscriber with the Hub a test gives it (one that says
+// it is a Redis Cluster, one lacking what New needs, one that listens on
+// another Hub's connections), over a Backend whose Eval it passes on; with
+// none, its Eval must never run.
 type hubBackend struct {
 	Backend
 	hub *Hub
@@ -34,25 +37,13 @@ type hubBackend struct {
 
 func (b hubBackend) Hub() *Hub { return b.hub }
 
-// clusterHubBackend is a Backend whose Hub says it is a Redis Cluster
-// (HubConfig.Cluster), over a miniredis that never sees a call.
-type clusterHubBackend struct {
-	Backend
-	hub *Hub
-}
-
-func (b clusterHubBackend) Hub() *Hub { return b.hub }
-
 // slotsBackend is a Backend whose Hub says it is a Redis Cluster, listening
 // on the connections of its Backend's own Hub; while crashed is set, every
 // call is refused, as a dead process's would be.
 type slotsBackend struct {
-	Backend
-	hub     *Hub
+	hubBackend
 	crashed *atomic.Bool
 }
-
-func (b slotsBackend) Hub() *Hub { return b.hub }
 
 func (b slotsBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
 	if b.crashed.Load() {
@@ -393,8 +384,7 @@ func (b *cancelBackend) Final(err error) bool { return innerFinal(b.Backend, err
 // receives, of which it can drop the next one as if it were lost in flight.
 // It has a hub of its own, dialing with the wrapped Backend's hub's dial.
 type probeBackend struct {
-	Backend
-	hub *Hub
+	hubBackend
 
 	rounds atomic.Int64 // acquire script calls
 	msgs   atomic.Int64 // messages received and passed on to the hub
@@ -406,7 +396,7 @@ type probeBackend struct {
 }
 
 func newProbe(b Backend) *probeBackend {
-	p := &probeBackend{Backend: b, mine: map[string]bool{}}
+	p := &probeBackend{hubBackend: hubBackend{Backend: b}, mine: map[string]bool{}}
 	inner := b.(Subscriber).Hub()
 	p.hub = NewHub(HubConfig{Listen: func(ctx context.Context, onMessage func(channel, payload string)) (Listener, error) {
 		return inner.listen(ctx, func(channel, payload string) {
@@ -439,8 +429,6 @@ func (p *probeBackend) Eval(ctx context.Context, s *Script, keys, args []string)
 	}
 	return p.Backend.Eval(ctx, s, keys, args)
 }
-
-func (p *probeBackend) Hub() *Hub { return p.hub }
 
 func (p *probeBackend) Final(err error) bool { return innerFinal(p.Backend, err) }
 

@@ -14,7 +14,7 @@ import (
 
 func TestNewMultiRejectsBadInput(t *testing.T) {
 	b := newBackend(t, "redigo", miniredis.RunT(t).Addr())
-	cluster := clusterHubBackend{Backend: b, hub: NewHub(HubConfig{
+	cluster := hubBackend{Backend: b, hub: NewHub(HubConfig{
 		Listen:  func(context.Context, func(string, string)) (Listener, error) { return nil, errors.New("unused") },
 		Cluster: true,
 	})}

@@ -153,7 +153,7 @@ func (mc *slotsMachine) newLock(rt *rapid.T, names []string) *slotsPropLock {
 		pool := &redis.Pool{MaxIdle: 4, DialContext: func(ctx context.Context) (redis.Conn, error) { return redis.DialContext(ctx, "tcp", addr) }}
 		mc.pools = append(mc.pools, pool)
 		b := NewRedigo(pool)
-		backends[j] = slotsBackend{Backend: b, hub: NewHub(HubConfig{Listen: b.(Subscriber).Hub().listen, Cluster: true}), crashed: l.crashed}
+		backends[j] = slotsBackend{hubBackend: hubBackend{Backend: b, hub: NewHub(HubConfig{Listen: b.(Subscriber).Hub().listen, Cluster: true})}, crashed: l.crashed}
 	}
 	// A crashed process's releases are refused, and reported at Warn.
 	opts := []Option{WithLogger(slog.New(slog.DiscardHandler))}
