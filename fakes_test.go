@@ -20,6 +20,23 @@ func innerFinal(b Backend, err error) bool {
 	return ok && f.Final(err)
 }
 
+// A wrapper is a Backend over another that keeps the other's Hub, unless
+// polling is set: waiters on it listen, and its calls go through that
+// Hub's limiter, as on the other. It has nothing else of the other's but
+// Eval: no Final (see innerFinal), no EvalWait. The fakes that change what
+// a Subscriber's Eval does build on it.
+type wrapper struct {
+	Backend
+	polling bool // no Hub: waiters poll
+}
+
+func (w wrapper) Hub() *Hub {
+	if s, ok := w.Backend.(Subscriber); ok && !w.polling {
+		return s.Hub()
+	}
+	return nil
+}
+
 // evalOnly is a Backend with nothing but Eval, the wrapped Backend's: not
 // a Subscriber, an ErrorClassifier nor a ReplicaWaiter. Wrapping none, it
 // is a Backend never called, for what New and its kin check without
@@ -56,15 +73,14 @@ func (b slotsBackend) Eval(ctx context.Context, s *Script, keys, args []string) 
 // once they have returned.
 // It keeps the wrapped Backend's pub/sub hub, unless polling is set.
 type countingBackend struct {
-	Backend
-	polling bool
+	wrapper
 
 	mu    sync.Mutex
 	calls map[string]int
 }
 
 func counting(b Backend) *countingBackend {
-	return &countingBackend{Backend: b, calls: make(map[string]int)}
+	return &countingBackend{wrapper: wrapper{Backend: b}, calls: make(map[string]int)}
 }
 
 // Eval counts a call once it has returned, so that a count says what
@@ -76,13 +92,6 @@ func (c *countingBackend) Eval(ctx context.Context, s *Script, keys, args []stri
 		c.mu.Unlock()
 	}()
 	return c.Backend.Eval(ctx, s, keys, args)
-}
-
-func (c *countingBackend) Hub() *Hub {
-	if s, ok := c.Backend.(Subscriber); ok && !c.polling {
-		return s.Hub()
-	}
-	return nil
 }
 
 func (c *countingBackend) count(script string) int {
@@ -106,7 +115,7 @@ func (c *countingBackend) scripts() int {
 // gated, and counts the calls in flight and the releases. It keeps the
 // wrapped Backend's Hub, and so its limiter.
 type gatedBackend struct {
-	Backend
+	wrapper
 	gated    atomic.Bool
 	gate     chan struct{} // closed to let the held acquires through
 	inFlight atomic.Int64
@@ -127,8 +136,6 @@ func (g *gatedBackend) Eval(ctx context.Context, s *Script, keys, args []string)
 	}
 	return g.Backend.Eval(ctx, s, keys, args)
 }
-
-func (g *gatedBackend) Hub() *Hub { return g.Backend.(Subscriber).Hub() }
 
 // gateBackend wraps a redigo Backend on miniredis, counting its calls by
 // script name; closed, its gate holds every call of the Semaphore but a
@@ -228,7 +235,7 @@ func (b *ctxSeenBackend) Eval(ctx context.Context, s *Script, keys, args []strin
 // is told the node did not answer, and the call reaches the server only when
 // arrive is closed (as bytes held up on a link the client gave up on).
 type heldBackBackend struct {
-	Backend
+	wrapper
 	script   string
 	hold     atomic.Bool
 	heldBack atomic.Int64  // the calls held back so far
@@ -256,19 +263,17 @@ func (b *heldBackBackend) Eval(ctx context.Context, s *Script, keys, args []stri
 	return nil, errors.New("i/o timeout (held back)")
 }
 
-// lateSubBackend is heldBackBackend with the Backend's Hub and error
-// classes, so that a Semaphore on it waits by message and is granted by
-// releases (see Semaphore.grants).
+// lateSubBackend is heldBackBackend, not polling, with the Backend's error
+// classes too, so that a Semaphore on it waits by message and is granted
+// by releases (see Semaphore.grants).
 type lateSubBackend struct{ heldBackBackend }
-
-func (b *lateSubBackend) Hub() *Hub { return b.Backend.(Subscriber).Hub() }
 
 func (b *lateSubBackend) Final(err error) bool { return innerFinal(b.Backend, err) }
 
 // semFaultBackend wraps a redigo Backend on miniredis: its calls can be
 // made to lose their reply, to reach Redis late, or to be slow.
 type semFaultBackend struct {
-	inner Backend
+	wrapper
 	// fail: 1 makes the next call fail with a non-final error (its reply
 	// lost) and every later one with a final error (the client closed).
 	fail atomic.Int32
@@ -300,7 +305,7 @@ func (b *semFaultBackend) Eval(ctx context.Context, s *Script, keys, args []stri
 			case <-ctx.Done():
 				go func() {
 					<-b.lateGo
-					b.inner.Eval(context.Background(), s, keys, args)
+					b.Backend.Eval(context.Background(), s, keys, args)
 					close(b.lateDone)
 				}()
 				return nil, ctx.Err()
@@ -309,13 +314,11 @@ func (b *semFaultBackend) Eval(ctx context.Context, s *Script, keys, args []stri
 			}
 		}
 	}
-	return b.inner.Eval(ctx, s, keys, args)
+	return b.Backend.Eval(ctx, s, keys, args)
 }
 
-func (b *semFaultBackend) Hub() *Hub { return b.inner.(Subscriber).Hub() }
-
 func (b *semFaultBackend) Final(err error) bool {
-	return errors.Is(err, errCrashed) || innerFinal(b.inner, err)
+	return errors.Is(err, errCrashed) || innerFinal(b.Backend, err)
 }
 
 // errCrashed is what every call of a crashed client gets: a final error, so
@@ -327,9 +330,9 @@ var errCrashed = errors.New("rwprop: client crashed")
 // crashed, and forwards Hub and Final to the redigo Backend it wraps, so
 // that waiters wait by message.
 type rwPropBackend struct {
-	inner Backend
-	node  *rwPropNode
-	dead  *atomic.Bool
+	wrapper
+	node *rwPropNode
+	dead *atomic.Bool
 }
 
 func (b *rwPropBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
@@ -337,13 +340,11 @@ func (b *rwPropBackend) Eval(ctx context.Context, s *Script, keys, args []string
 		return nil, errCrashed
 	}
 	b.node.tick()
-	return b.inner.Eval(ctx, s, keys, args)
+	return b.Backend.Eval(ctx, s, keys, args)
 }
 
-func (b *rwPropBackend) Hub() *Hub { return b.inner.(Subscriber).Hub() }
-
 func (b *rwPropBackend) Final(err error) bool {
-	return errors.Is(err, errCrashed) || innerFinal(b.inner, err)
+	return errors.Is(err, errCrashed) || innerFinal(b.Backend, err)
 }
 
 // cancelBackend is a Backend that can cancel its caller's acquire midway: once

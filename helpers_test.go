@@ -1213,7 +1213,7 @@ func hashOf(srv *miniredis.Miniredis, k string) map[string]string {
 // another process would have.
 func newFaultSem(t *testing.T, srv *miniredis.Miniredis, name string, size int64, opts ...Option) (*Semaphore, *semFaultBackend) {
 	t.Helper()
-	b := &semFaultBackend{inner: newBackend(t, "redigo", srv.Addr()),
+	b := &semFaultBackend{wrapper: wrapper{Backend: newBackend(t, "redigo", srv.Addr())},
 		entered: make(chan struct{}), lateGo: make(chan struct{}), lateDone: make(chan struct{})}
 	s, err := NewSemaphore(name, size, []Backend{b}, opts...)
 	if err != nil {

@@ -18,7 +18,7 @@ import (
 // without a release to undo it), and that the calls that waited go through
 // once slots come free.
 func TestLimiterBoundsCallsInFlight(t *testing.T) {
-	g := &gatedBackend{Backend: newBackend(t, "redigo", miniredis.RunT(t).Addr()), gate: make(chan struct{})}
+	g := &gatedBackend{wrapper: wrapper{Backend: newBackend(t, "redigo", miniredis.RunT(t).Addr())}, gate: make(chan struct{})}
 	ctx := context.Background()
 	held, err := New("held", []Backend{g})
 	if err != nil {

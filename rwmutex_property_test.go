@@ -686,7 +686,7 @@ func (mc *rwMachine) newClient() *rwPropClient {
 	for k, n := range mc.nodes {
 		p := n.newPool()
 		c.pools = append(c.pools, p)
-		backends[k] = &rwPropBackend{inner: NewRedigo(p), node: n, dead: &c.dead}
+		backends[k] = &rwPropBackend{wrapper: wrapper{Backend: NewRedigo(p)}, node: n, dead: &c.dead}
 	}
 	rw, err := NewRW("rwprop", backends, WithExpiry(rwPropExpiry),
 		// A node timeout well above any stall of a loaded machine, as

@@ -128,7 +128,7 @@ func TestSemaphoreLateAcquireAfterRelease(t *testing.T) {
 	for _, how := range []string{"TryAcquireCtx", "Acquire"} {
 		t.Run(how, func(t *testing.T) {
 			s := redistest.Start(t)
-			late := &heldBackBackend{Backend: newBackend(t, "redigo", s.Addr()), script: "sem_acquire", arrive: make(chan struct{})}
+			late := &heldBackBackend{wrapper: wrapper{Backend: newBackend(t, "redigo", s.Addr()), polling: true}, script: "sem_acquire", arrive: make(chan struct{})}
 			a, err := NewSemaphore("lateacq", 2, []Backend{late}, WithExpiry(2*time.Second),
 				WithNodeTimeout(100*time.Millisecond), WithRetryDelay(time.Millisecond, 20*time.Millisecond))
 			if err != nil {
@@ -173,7 +173,7 @@ func TestSemaphoreLateAcquireAfterRelease(t *testing.T) {
 func lateSemPair(t *testing.T) (a, b *Semaphore, late *heldBackBackend) {
 	t.Helper()
 	s := redistest.Start(t)
-	late = &heldBackBackend{Backend: newBackend(t, "redigo", s.Addr()), script: "sem_release", arrive: make(chan struct{})}
+	late = &heldBackBackend{wrapper: wrapper{Backend: newBackend(t, "redigo", s.Addr()), polling: true}, script: "sem_release", arrive: make(chan struct{})}
 	a, err := NewSemaphore("late", 2, []Backend{late}, WithExpiry(2*time.Second),
 		WithNodeTimeout(100*time.Millisecond), WithRetryDelay(time.Millisecond, 20*time.Millisecond))
 	if err != nil {
@@ -198,7 +198,7 @@ func TestSemaphoreLateReleaseAfterAdoptedGrant(t *testing.T) {
 	for _, client := range []string{"redigo", "rueidis"} {
 		t.Run(client, func(t *testing.T) {
 			s := redistest.Start(t)
-			late := &lateSubBackend{heldBackBackend{Backend: newBackend(t, client, s.Addr()), script: "sem_release", arrive: make(chan struct{})}}
+			late := &lateSubBackend{heldBackBackend{wrapper: wrapper{Backend: newBackend(t, client, s.Addr())}, script: "sem_release", arrive: make(chan struct{})}}
 			a, err := NewSemaphore("adopted", 2, []Backend{late}, WithExpiry(5*time.Second),
 				WithNodeTimeout(100*time.Millisecond), WithRetryDelay(time.Millisecond, 20*time.Millisecond))
 			if err != nil {

@@ -591,7 +591,7 @@ func (mc *semMachine) newProc() *semPropProc {
 	p := &semPropProc{id: mc.nextID}
 	mc.nextID++
 	p.pool = mc.node.newPool()
-	s, err := NewSemaphore("semprop", mc.size, []Backend{&rwPropBackend{inner: NewRedigo(p.pool), node: mc.node, dead: &p.dead}},
+	s, err := NewSemaphore("semprop", mc.size, []Backend{&rwPropBackend{wrapper: wrapper{Backend: NewRedigo(p.pool)}, node: mc.node, dead: &p.dead}},
 		WithExpiry(semPropExpiry), WithAutoExtend(false), WithNodeTimeout(5*time.Second),
 		WithRetryDelay(time.Millisecond, 2*time.Millisecond))
 	if err != nil {
