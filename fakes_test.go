@@ -111,68 +111,62 @@ func (c *countingBackend) scripts() int {
 	return n
 }
 
-// gatedBackend holds every acquire call it is given, in flight, while
-// gated, and counts the calls in flight and the releases. It keeps the
-// wrapped Backend's Hub, and so its limiter.
-type gatedBackend struct {
-	wrapper
-	gated    atomic.Bool
-	gate     chan struct{} // closed to let the held acquires through
-	inFlight atomic.Int64
-	peak     atomic.Int64 // most acquire calls in flight at once
+// gateBackend counts the calls made through it by script name
+// (countingBackend) and, while its gate is closed, holds in flight the
+// calls the gate was closed for, until it opens or, unless ignoreCtx is
+// set, until their ctx ends. It counts the calls held (inFlight, peak) and
+// the releases sent, held or not. It keeps the wrapped Backend's Hub, and
+// so its limiter.
+type gateBackend struct {
+	*countingBackend
+	// ignoreCtx: a held call waits for the gate even once its ctx has
+	// ended, as on a client library that does not honour ctx.
+	ignoreCtx bool
+
+	mu    sync.Mutex
+	gate  chan struct{}      // nil: open
+	holds func(*Script) bool // the calls a closed gate holds
+
+	inFlight atomic.Int64 // calls held, until they return
+	peak     atomic.Int64 // most calls held at once
 	releases atomic.Int64
 }
 
-func (g *gatedBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
-	if s == releaseScript {
-		g.releases.Add(1)
-	}
-	if s == acquireScript && g.gated.Load() {
-		n := g.inFlight.Add(1)
-		defer g.inFlight.Add(-1)
-		for p := g.peak.Load(); n > p && !g.peak.CompareAndSwap(p, n); p = g.peak.Load() {
-		}
-		<-g.gate
-	}
-	return g.Backend.Eval(ctx, s, keys, args)
-}
-
-// gateBackend wraps a redigo Backend on miniredis, counting its calls by
-// script name; closed, its gate holds every call of the Semaphore but a
-// waiter's attempt (sem_acquire) until opened.
-type gateBackend struct {
-	*countingBackend
-	mu       sync.Mutex
-	gate     chan struct{} // nil: open
-	attempts bool          // the gate holds attempts too
-}
-
 func (b *gateBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
+	if s == releaseScript {
+		b.releases.Add(1)
+	}
 	b.mu.Lock()
-	gate, attempts := b.gate, b.attempts
+	gate, holds := b.gate, b.holds
 	b.mu.Unlock()
-	// The ACL check of a waiter's first listen (lua/channels.lua) is not
-	// one of the Semaphore's calls: never held.
-	if gate != nil && s != channelsScript && (attempts || s != semAcquireScript) {
-		select {
-		case <-gate:
-		case <-ctx.Done():
-			return nil, ctx.Err()
+	if gate != nil && holds(s) {
+		n := b.inFlight.Add(1)
+		defer b.inFlight.Add(-1)
+		for p := b.peak.Load(); n > p && !b.peak.CompareAndSwap(p, n); p = b.peak.Load() {
+		}
+		if b.ignoreCtx {
+			<-gate
+		} else {
+			select {
+			case <-gate:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
 		}
 	}
 	return b.countingBackend.Eval(ctx, s, keys, args)
 }
 
-// close holds every call but attempts from now on; the returned func lets
-// them through.
-func (b *gateBackend) close() (open func()) {
+// close holds the calls that holds picks from now on; the returned func
+// lets them through.
+func (b *gateBackend) close(holds func(*Script) bool) (open func()) {
 	gate := make(chan struct{})
 	b.mu.Lock()
-	b.gate = gate
+	b.gate, b.holds = gate, holds
 	b.mu.Unlock()
 	return func() {
 		b.mu.Lock()
-		b.gate, b.attempts = nil, false
+		b.gate, b.holds = nil, nil
 		b.mu.Unlock()
 		close(gate)
 	}

@@ -18,7 +18,7 @@ import (
 // without a release to undo it), and that the calls that waited go through
 // once slots come free.
 func TestLimiterBoundsCallsInFlight(t *testing.T) {
-	g := &gatedBackend{wrapper: wrapper{Backend: newBackend(t, "redigo", miniredis.RunT(t).Addr())}, gate: make(chan struct{})}
+	g := &gateBackend{countingBackend: counting(newBackend(t, "redigo", miniredis.RunT(t).Addr())), ignoreCtx: true}
 	ctx := context.Background()
 	held, err := New("held", []Backend{g})
 	if err != nil {
@@ -27,11 +27,10 @@ func TestLimiterBoundsCallsInFlight(t *testing.T) {
 	mustLock(t, held)
 	defer mustUnlock(t, held)
 
-	g.gated.Store(true)
+	open := sync.OnceFunc(g.close(func(s *Script) bool { return s == acquireScript }))
 	others := maxCalls - extendCalls
 	n := others + 10 // 10 wait for a slot
 	var wg sync.WaitGroup
-	open := sync.OnceFunc(func() { close(g.gate) })
 	defer func() {
 		open()
 		wg.Wait()
