@@ -174,32 +174,19 @@ func (b *gateBackend) close(holds func(*Script) bool) (open func()) {
 
 // stuckExtends is a Backend whose extends return only after stuck, whatever
 // their context says: a client library slow to honour a deadline on a
-// frozen connection.
+// frozen connection. With first set, only the first extend is stuck: the
+// watchdog's, while a later one (ExtendCtx, or a reader's recheck of a
+// read lease, see NetRWMutex.recheck) goes through.
 type stuckExtends struct {
 	Backend
 	stuck time.Duration
+	first bool
+	calls atomic.Int32 // extends so far
 }
 
-func (b stuckExtends) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
-	if s.op == opExtend {
+func (b *stuckExtends) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
+	if s.op == opExtend && (b.calls.Add(1) == 1 || !b.first) {
 		time.Sleep(b.stuck) // a stall of that length, as a stuck link
-		return nil, context.DeadlineExceeded
-	}
-	return b.Backend.Eval(ctx, s, keys, args)
-}
-
-// firstExtendStuck is stuckExtends for the first extend only: the
-// watchdog's, stuck, while a later one (ExtendCtx, or a reader's recheck of
-// a read lease, see NetRWMutex.recheck) goes through.
-type firstExtendStuck struct {
-	Backend
-	stuck time.Duration
-	calls atomic.Int32
-}
-
-func (b *firstExtendStuck) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
-	if s.op == opExtend && b.calls.Add(1) == 1 {
-		time.Sleep(b.stuck)
 		return nil, context.DeadlineExceeded
 	}
 	return b.Backend.Eval(ctx, s, keys, args)

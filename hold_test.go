@@ -246,7 +246,7 @@ func holdMany(t *testing.T, b Backend, s *redistest.Server, n int, holdFor, expi
 func TestLostOnTimeWithExtendStuck(t *testing.T) {
 	forEachEnv(t, miniOnly, func(t *testing.T, e *env) {
 		const expiry = 300 * time.Millisecond
-		m, err := New("stuck", []Backend{stuckExtends{e.backend(t), 3 * time.Second}}, WithExpiry(expiry))
+		m, err := New("stuck", []Backend{&stuckExtends{Backend: e.backend(t), stuck: 3 * time.Second}}, WithExpiry(expiry))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -270,7 +270,7 @@ func TestLostOnTimeWithExtendStuck(t *testing.T) {
 func TestLostOnTimeWithExtendStuckAndMoved(t *testing.T) {
 	forEachEnv(t, miniOnly, func(t *testing.T, e *env) {
 		const expiry = 300 * time.Millisecond
-		b := &firstExtendStuck{Backend: e.backend(t), stuck: 3 * time.Second}
+		b := &stuckExtends{Backend: e.backend(t), stuck: 3 * time.Second, first: true}
 		m, err := New("stuckmoved", []Backend{b}, WithExpiry(expiry))
 		if err != nil {
 			t.Fatal(err)
