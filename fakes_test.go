@@ -13,6 +13,11 @@ import (
 	"time"
 )
 
+// The tests' fakes: Backends that wrap a real one to count, hold, delay or
+// fail its calls, or to give it a Hub of the test's making, and Listeners
+// of servers that do not answer as they should. Each keeps of the wrapped
+// Backend only what it says it does (see wrapper).
+
 // innerFinal is what b's ErrorClassifier says of err, false if b has
 // none: the Final of a test's wrapper around a Backend.
 func innerFinal(b Backend, err error) bool {
