@@ -411,17 +411,6 @@ func authBackend(t *testing.T, client, addr, user, password string) Backend {
 	return openRegistered(t, client, TestClientConfig{Addr: addr, Username: user, Password: password})
 }
 
-// lockWithin calls LockCtx, failing the test if it does not return within 5s.
-// hostileOutage is the outage window of the rows whose server never
-// answers: LockCtx rides it out, then reports the nodes' errors.
-const hostileOutage = 300 * time.Millisecond
-
-func lockWithin(t *testing.T, m *NetMutex) (err error) {
-	t.Helper()
-	redistest.Within(t, 5*time.Second, "LockCtx", func() { err = m.LockCtx(context.Background()) })
-	return err
-}
-
 // relock locks m after its connections were cut (a restart, a proxy's cut):
 // the first call may meet a cut connection and fail with a node error, but
 // a few calls lock it, and no error is other than a node error.
@@ -449,17 +438,6 @@ func reunlock(t *testing.T, s *redistest.Server, m *NetMutex) {
 		wantNodeErr(t, "UnlockCtx after the connections were cut", err, "")
 	}
 	eventuallyFree(t, s, m)
-}
-
-// wantNodeErr fails the test unless err is a node error, as an error must
-// be when a node cannot be asked: it matches ErrQuorum, names node 0, starts
-// "netlock: ", and contains want.
-func wantNodeErr(t *testing.T, what string, err error, want string) {
-	t.Helper()
-	if err == nil || !errors.Is(err, ErrQuorum) || !strings.HasPrefix(err.Error(), "netlock: ") ||
-		!strings.Contains(err.Error(), "node 0") || !strings.Contains(err.Error(), want) {
-		t.Errorf("%s: got %v, want an error matching ErrQuorum, naming node 0 and containing %q", what, err, want)
-	}
 }
 
 // wantUnlockPanic fails the test unless m.Unlock panics as sync.Mutex's
@@ -504,16 +482,6 @@ func eventuallyFree(t *testing.T, s *redistest.Server, m *NetMutex) {
 	}
 }
 
-// sdo runs a command on s and fails the test on error.
-func sdo(t *testing.T, s *redistest.Server, args ...string) string {
-	t.Helper()
-	v, err := s.Do(args...)
-	if err != nil {
-		t.Fatalf("%q: %v", args, err)
-	}
-	return v
-}
-
 // holdUntil returns the local deadline of m's current hold (zero if none).
 func holdUntil(m *NetMutex) time.Time {
 	if h := m.current(); h != nil {
@@ -521,14 +489,4 @@ func holdUntil(m *NetMutex) time.Time {
 		return until
 	}
 	return time.Time{}
-}
-
-// isOpen reports whether c is not closed.
-func isOpen(c <-chan struct{}) bool {
-	select {
-	case <-c:
-		return false
-	default:
-		return true
-	}
 }

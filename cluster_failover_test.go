@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -244,37 +243,6 @@ func soakDuration(t *testing.T) time.Duration {
 	return d
 }
 
-// ownerServer returns the master that serves lock name's keys.
-func ownerServer(t testing.TB, cluster *redistest.Cluster, name string) *redistest.Server {
-	t.Helper()
-	owner := ownerOf(t, cluster, "netlock:{"+name+"}")
-	for _, s := range cluster.Servers() {
-		if s.Addr() == owner {
-			return s
-		}
-	}
-	t.Fatalf("no server at %s", owner)
-	return nil
-}
-
-// replicaOf returns a replica of master whose replication link is up.
-func replicaOf(t testing.TB, cluster *redistest.Cluster, master *redistest.Server) *redistest.Server {
-	t.Helper()
-	_, port, _ := strings.Cut(master.Addr(), ":")
-	var found *redistest.Server
-	eventually(t, 10*time.Second, "a replica of "+master.Addr()+" in sync", func() bool {
-		for _, s := range cluster.Servers() {
-			info, err := s.Do("INFO", "replication")
-			if err == nil && infoField(info, "master_port") == port && infoField(info, "master_link_status") == "up" {
-				found = s
-				return true
-			}
-		}
-		return false
-	})
-	return found
-}
-
 // awaitTakeover waits until replica is the master serving lock name's keys
 // and the cluster is healthy in its view.
 func awaitTakeover(t testing.TB, cluster *redistest.Cluster, replica *redistest.Server, name string) {
@@ -287,14 +255,4 @@ func awaitTakeover(t testing.TB, cluster *redistest.Cluster, replica *redistest.
 		_, err = replica.Do("EXISTS", "netlock:{"+name+"}")
 		return err == nil // not MOVED: it serves the slot
 	})
-}
-
-// infoField returns the value of field in an INFO or CLUSTER INFO reply.
-func infoField(info, field string) string {
-	for line := range strings.SplitSeq(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
-			return v
-		}
-	}
-	return ""
 }

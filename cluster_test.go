@@ -3,8 +3,6 @@ package netlock
 import (
 	"context"
 	"fmt"
-	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,101 +24,6 @@ func TestCluster(t *testing.T) {
 	t.Run("Fencing", func(t *testing.T) { testClusterFencing(t, cluster) })
 	t.Run("MutualExclusion", func(t *testing.T) { testClusterMutualExclusion(t, cluster) })
 	t.Run("ShardedWakeups", func(t *testing.T) { testClusterShardedWakeups(t, cluster) })
-}
-
-// waitRueidisDelayedCloses waits (at most 10s) until goroutines that a
-// rueidis cluster client starts to close a superseded connection five seconds
-// later have ended, so that goleak in TestMain does not report them. NewClient
-// usually starts some: it dials every InitAddress concurrently, returns after
-// the first dial, and its topology refresh then supersedes the connections
-// the other dials add meanwhile (rueidis v1.0.79, cluster.go, _refresh).
-// It waits as well for the topology refresh a cluster client delays after
-// a node's error or a connection's close, by up to a second, which Close
-// leaves running (singleflight.go, DelayDo; cluster.go, lazyRefresh).
-func waitRueidisDelayedCloses(t testing.TB) {
-	t.Helper()
-	start := time.Now()
-	buf := make([]byte, 1<<16)
-	for {
-		n := runtime.Stack(buf, true)
-		if n == len(buf) {
-			buf = make([]byte, 2*len(buf))
-			continue
-		}
-		stacks := string(buf[:n])
-		if !strings.Contains(stacks, "created by github.com/redis/rueidis.(*clusterClient)._refresh") &&
-			!strings.Contains(stacks, "created by github.com/redis/rueidis.(*clusterClient).redirectOrNew") &&
-			!strings.Contains(stacks, "created by github.com/redis/rueidis.(*call).DelayDo") {
-			if d := time.Since(start); d > 100*time.Millisecond {
-				t.Logf("waited %v for rueidis's delayed connection closes", d.Round(time.Millisecond))
-			}
-			return
-		}
-		if time.Since(start) > 10*time.Second {
-			t.Logf("rueidis's delayed connection closes still pending after 10s; goleak will report them")
-			return
-		}
-		time.Sleep(50 * time.Millisecond) // between looks at the stacks
-	}
-}
-
-// newClusterClient returns a rueidis cluster client of its own, as another
-// process would have; it is closed when the test ends.
-func newClusterClient(t testing.TB, cluster *redistest.Cluster) rueidis.Client {
-	t.Helper()
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: cluster.Addrs(), DisableCache: true})
-	if err != nil {
-		t.Fatalf("rueidis.NewClient(%q): %v", cluster.Addrs(), err)
-	}
-	t.Cleanup(c.Close)
-	// Replicas too, once rueidis has refreshed its view (CLUSTER SHARDS).
-	for _, m := range masters(t, cluster) {
-		if _, ok := c.Nodes()[m.Addr()]; !ok {
-			t.Fatalf("rueidis client nodes %v, want every master's, %s among them", nodeAddrs(c), m.Addr())
-		}
-	}
-	return c
-}
-
-func nodeAddrs(c rueidis.Client) []string {
-	var addrs []string
-	for a := range c.Nodes() {
-		addrs = append(addrs, a)
-	}
-	return addrs
-}
-
-// clusterInt runs cmd on the cluster client, which routes it by key slot,
-// and returns its integer reply.
-func clusterInt(t testing.TB, c rueidis.Client, cmd rueidis.Completed) int64 {
-	t.Helper()
-	n, err := c.Do(context.Background(), cmd).AsInt64()
-	if err != nil {
-		t.Fatalf("%q: %v", cmd.Commands(), err)
-	}
-	return n
-}
-
-// ownerOf returns the address of the node that serves key: the other nodes
-// answer with a MOVED redirection.
-func ownerOf(t testing.TB, cluster *redistest.Cluster, key string) string {
-	t.Helper()
-	owner := ""
-	for _, s := range cluster.Servers() {
-		_, err := s.Do("EXISTS", key)
-		switch {
-		case err == nil && owner == "":
-			owner = s.Addr()
-		case err == nil:
-			t.Fatalf("both %s and %s serve %q", owner, s.Addr(), key)
-		case !strings.HasPrefix(err.Error(), "MOVED "):
-			t.Fatalf("EXISTS %q on %s: %v", key, s.Addr(), err)
-		}
-	}
-	if owner == "" {
-		t.Fatalf("no node serves %q", key)
-	}
-	return owner
 }
 
 // failOnCrossSlot names a CROSSSLOT error, which would mean a script's keys
@@ -279,85 +182,6 @@ func testClusterMutualExclusion(t *testing.T, cluster *redistest.Cluster) {
 	}
 }
 
-// namesOnEveryMaster returns lock names, prefix-0, prefix-1..., until one
-// lives on each master of cluster; the result holds one name per master.
-func namesOnEveryMaster(t testing.TB, cluster *redistest.Cluster, prefix string) []string {
-	t.Helper()
-	seen := map[string]bool{}
-	var names []string
-	for i := 0; len(names) < len(masters(t, cluster)); i++ {
-		if i == 1000 {
-			t.Fatalf("names %s-0..%d: owners %v, want every master", prefix, i, seen)
-		}
-		name := fmt.Sprintf("%s-%d", prefix, i)
-		if owner := ownerOf(t, cluster, "netlock:{"+name+"}"); !seen[owner] {
-			seen[owner] = true
-			names = append(names, name)
-		}
-	}
-	return names
-}
-
-// masters returns the nodes of cluster that ROLE says are masters.
-func masters(t testing.TB, cluster *redistest.Cluster) []*redistest.Server {
-	t.Helper()
-	var ms []*redistest.Server
-	for _, s := range cluster.Servers() {
-		if role, err := s.Do("ROLE"); err == nil && strings.HasPrefix(role, "master\n") {
-			ms = append(ms, s)
-		}
-	}
-	return ms
-}
-
-// publishCalls returns the PUBLISH and SPUBLISH calls (INFO commandstats,
-// scripts' included) summed over the running nodes of cluster.
-func publishCalls(t testing.TB, cluster *redistest.Cluster) (publish, spublish int64) {
-	t.Helper()
-	for _, s := range cluster.Servers() {
-		info, err := s.Do("INFO", "commandstats")
-		if err != nil {
-			continue // a node killed by the test
-		}
-		for line := range strings.SplitSeq(info, "\n") {
-			rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_")
-			if !ok {
-				continue
-			}
-			name, rest, _ := strings.Cut(rest, ":calls=")
-			n, _, _ := strings.Cut(rest, ",")
-			v, err := strconv.ParseInt(n, 10, 64)
-			if err != nil {
-				t.Fatalf("commandstats line %q on %s: %v", line, s.Addr(), err)
-			}
-			switch name {
-			case "publish":
-				publish += v
-			case "spublish":
-				spublish += v
-			}
-		}
-	}
-	return publish, spublish
-}
-
-// clusterBackend returns a Backend of client library kind ("rueidis" or a
-// registered one) on a cluster client of its own, as another process would
-// have; it is closed when the test ends.
-func clusterBackend(t testing.TB, kind string, cluster *redistest.Cluster) Backend {
-	t.Helper()
-	if kind == "rueidis" {
-		return NewRueidis(newClusterClient(t, cluster))
-	}
-	return openRegistered(t, kind, TestClientConfig{Cluster: cluster.Addrs()})
-}
-
-// clusterKinds are the client libraries with a cluster client: redigo has
-// none.
-func clusterKinds() []string {
-	return slices.DeleteFunc(testClients(), func(c string) bool { return c == "redigo" })
-}
-
 // Waiters of locks on every shard, on cluster clients of their own of each
 // library, are woken by sharded messages: each Backend's Hub keeps one
 // connection per master, subscribed (SSUBSCRIBE) to the channels of that
@@ -459,15 +283,4 @@ func testClusterShardedWakeups(t *testing.T, cluster *redistest.Cluster) {
 	if publish != 0 || spublish-spublish0 < int64(len(ws)) {
 		t.Errorf("PUBLISH %d since the cluster started, SPUBLISH %d while %d waiters were woken; want none, at least one each", publish, spublish-spublish0, len(ws))
 	}
-}
-
-// newTestMutex returns New(name, []Backend{b}, opts...), failing the test
-// on error.
-func newTestMutex(t testing.TB, name string, b Backend, opts ...Option) *NetMutex {
-	t.Helper()
-	m, err := New(name, []Backend{b}, opts...)
-	if err != nil {
-		t.Fatalf("New(%q): %v", name, err)
-	}
-	return m
 }

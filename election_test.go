@@ -16,44 +16,6 @@ import (
 	"github.com/netlock-go/netlock/internal/redistest"
 )
 
-// newElection returns an Election on a backend of its own, as another
-// process would have.
-func (e *env) newElection(t testing.TB, name string, opts ...Option) *Election {
-	t.Helper()
-	el, err := NewElection(name, []Backend{e.backend(t)}, opts...)
-	if err != nil {
-		t.Fatalf("NewElection(%q): %v", name, err)
-	}
-	return el
-}
-
-// mustCampaign campaigns with a bound, failing the test rather than hanging.
-func mustCampaign(t testing.TB, el *Election, value string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := el.Campaign(ctx, value); err != nil {
-		t.Fatalf("Campaign(%q): %v", value, err)
-	}
-}
-
-// mustLeader returns who leads, failing the test on an error.
-func mustLeader(t testing.TB, el *Election) Leader {
-	t.Helper()
-	l, err := el.Leader(context.Background())
-	if err != nil {
-		t.Fatalf("Leader: %v", err)
-	}
-	return l
-}
-
-// campaign starts Campaign on a goroutine; its error comes on the channel.
-func campaign(ctx context.Context, el *Election, value string) <-chan error {
-	done := make(chan error, 1)
-	go func() { done <- el.Campaign(ctx, value) }()
-	return done
-}
-
 // A campaigner leads until it resigns; the next, waiting, leads then with a
 // higher term; Proclaim changes the value, not the term; Leader tells it
 // all, and ErrNoLeader when nobody leads.
@@ -328,22 +290,6 @@ func trim(s string) string {
 		return s[:20] + "…"
 	}
 	return s
-}
-
-// recv returns the next Leader Observe delivers, failing the test if none
-// comes within d or the channel is closed.
-func recv(t testing.TB, ch <-chan Leader, d time.Duration, what string) Leader {
-	t.Helper()
-	select {
-	case l, ok := <-ch:
-		if !ok {
-			t.Fatalf("%s: Observe's channel closed", what)
-		}
-		return l
-	case <-time.After(d):
-		t.Fatalf("%s: nothing delivered within %v", what, d)
-	}
-	return Leader{}
 }
 
 // Observe delivers the leader now first (nobody: the zero Leader), then

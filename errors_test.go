@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"strings"
 	"testing"
 	"time"
 
@@ -88,28 +87,6 @@ func lockFor(m *NetMutex, d time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	return m.LockCtx(ctx)
-}
-
-// wantErrs checks that err matches every error of want and none of
-// unwanted, and that its message is one line.
-func wantErrs(t *testing.T, what string, err error, want, unwanted []error) {
-	t.Helper()
-	if err == nil {
-		t.Fatalf("%s: got nil, want an error matching %v", what, want)
-	}
-	for _, w := range want {
-		if !errors.Is(err, w) {
-			t.Errorf("%s: got %q, want it to match %v", what, err, w)
-		}
-	}
-	for _, u := range unwanted {
-		if errors.Is(err, u) {
-			t.Errorf("%s: got %q, which matches %v: want it not to", what, err, u)
-		}
-	}
-	if strings.Contains(err.Error(), "\n") {
-		t.Errorf("%s: got %q, want one line", what, err)
-	}
 }
 
 // TestFailedAcquireQuiet: an acquire that no node granted logs nothing at

@@ -62,24 +62,3 @@ func registeredClient(name string) func(TestClientConfig) (Backend, func(), erro
 	defer testClientsMu.Unlock()
 	return registeredClients[name]
 }
-
-// innerFinal is what b's ErrorClassifier says of err, false if b has
-// none: the Final of a test's wrapper around a Backend.
-func innerFinal(b Backend, err error) bool {
-	f, ok := b.(ErrorClassifier)
-	return ok && f.Final(err)
-}
-
-// resendingTo reports whether m's reaper has something to send to node i,
-// or is sending it.
-func (m *engine) resendingTo(i int) bool {
-	return m.reaper.any(func(d redelivery) bool {
-		switch d := d.(type) {
-		case *pendingRelease:
-			return d.node == i
-		case *pendingLeave:
-			return d.node == i
-		}
-		return false
-	})
-}

@@ -12,9 +12,6 @@ import (
 	"github.com/netlock-go/netlock/internal/keyspace"
 )
 
-// fuzzBackend is a Backend that is never called: New does not contact Redis.
-type fuzzBackend struct{ Backend }
-
 // FuzzName checks that any byte string given to New as a lock name is either
 // rejected with a clear error or mapped to keys (lock, release channel,
 // waiters' queue, fence counter, tombstone) in one Redis Cluster slot, computed here by a
@@ -28,8 +25,8 @@ func FuzzName(f *testing.F) {
 	f.Add("orders:42", "orders:43")
 	f.Add("a", "a}")
 	f.Fuzz(func(t *testing.T, a, b string) {
-		ma, erra := New(a, []Backend{&fuzzBackend{}})
-		mb, errb := New(b, []Backend{&fuzzBackend{}})
+		ma, erra := New(a, []Backend{&evalOnly{}})
+		mb, errb := New(b, []Backend{&evalOnly{}})
 		for _, c := range []struct {
 			name string
 			m    *NetMutex
@@ -136,7 +133,7 @@ func FuzzOptions(f *testing.F) {
 			opts = append(opts, WithHolderInfo(prefix))
 		}
 		opts = append(opts, WithAutoExtend(set&32 != 0), WithFencing(set&64 == 0))
-		m, err := New("n", []Backend{&fuzzBackend{}}, opts...)
+		m, err := New("n", []Backend{&evalOnly{}}, opts...)
 		if err != nil {
 			if m != nil || !strings.HasPrefix(err.Error(), "netlock: ") {
 				t.Fatalf("New: got %v, %v; want nil and an error starting \"netlock: \"", m, err)

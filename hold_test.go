@@ -9,7 +9,6 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -242,43 +241,12 @@ func holdMany(t *testing.T, b Backend, s *redistest.Server, n int, holdFor, expi
 	return r
 }
 
-// connectedClients returns the server's connected_clients, or -1.
-func connectedClients(s *redistest.Server) int64 {
-	info, err := s.Do("INFO", "clients")
-	if err != nil {
-		return -1
-	}
-	for line := range strings.SplitSeq(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "connected_clients:"); ok {
-			n, _ := strconv.ParseInt(v, 10, 64)
-			return n
-		}
-	}
-	return -1
-}
-
-// stuckExtends is a Backend whose extends return only after stuck, whatever
-// their context says: a client library slow to honour a deadline on a
-// frozen connection.
-type stuckExtends struct {
-	Backend
-	stuck time.Duration
-}
-
-func (b stuckExtends) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
-	if s.op == opExtend {
-		time.Sleep(b.stuck) // a stall of that length, as a stuck link
-		return nil, context.DeadlineExceeded
-	}
-	return b.Backend.Eval(ctx, s, keys, args)
-}
-
 // TestLostOnTimeWithExtendStuck: Lost() closes at the hold's local
 // deadline even while an extend is stuck past it.
 func TestLostOnTimeWithExtendStuck(t *testing.T) {
 	forEachEnv(t, miniOnly, func(t *testing.T, e *env) {
 		const expiry = 300 * time.Millisecond
-		m, err := New("stuck", []Backend{stuckExtends{e.backend(t), 3 * time.Second}}, WithExpiry(expiry))
+		m, err := New("stuck", []Backend{&stuckExtends{Backend: e.backend(t), stuck: 3 * time.Second}}, WithExpiry(expiry))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -296,30 +264,13 @@ func TestLostOnTimeWithExtendStuck(t *testing.T) {
 	})
 }
 
-// firstExtendStuck is stuckExtends for the first extend only: the
-// watchdog's, stuck, while a later one (ExtendCtx, or a reader's recheck of
-// a read lease, see NetRWMutex.recheck) goes through.
-type firstExtendStuck struct {
-	Backend
-	stuck time.Duration
-	calls atomic.Int32
-}
-
-func (b *firstExtendStuck) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
-	if s.op == opExtend && b.calls.Add(1) == 1 {
-		time.Sleep(b.stuck)
-		return nil, context.DeadlineExceeded
-	}
-	return b.Backend.Eval(ctx, s, keys, args)
-}
-
 // TestLostOnTimeWithExtendStuckAndMoved: while the watchdog's extend is
 // stuck past the hold's deadline, another extend moves the deadline later;
 // Lost() closes at the new deadline, not when the stuck extend comes back.
 func TestLostOnTimeWithExtendStuckAndMoved(t *testing.T) {
 	forEachEnv(t, miniOnly, func(t *testing.T, e *env) {
 		const expiry = 300 * time.Millisecond
-		b := &firstExtendStuck{Backend: e.backend(t), stuck: 3 * time.Second}
+		b := &stuckExtends{Backend: e.backend(t), stuck: 3 * time.Second, first: true}
 		m, err := New("stuckmoved", []Backend{b}, WithExpiry(expiry))
 		if err != nil {
 			t.Fatal(err)

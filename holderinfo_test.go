@@ -2,9 +2,7 @@ package netlock
 
 import (
 	"context"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,32 +12,6 @@ import (
 
 	"github.com/netlock-go/netlock/internal/keyspace"
 )
-
-// keyValue is what a lock or writer key holds for the hold of value with
-// token, taken with the default holder identity: "<value>:<token>:<holder>"
-// (see lua/acquire.lua).
-func keyValue(value string, token uint64) string {
-	return value + ":" + strconv.FormatUint(token, 10) + ":" + keyspace.HolderEncode(defaultHolderInfo())
-}
-
-// unmarked returns a lock key's value v without the '+' that ends it when
-// the waiters' queue may exist (see lua/acquire.lua), to compare with
-// keyValue.
-func unmarked(v string) string { return strings.TrimSuffix(v, "+") }
-
-// selfHolder is the default holder identity: "<hostname>/<pid>" of this
-// process, as the test works it out.
-func selfHolder(t *testing.T) string {
-	t.Helper()
-	host, err := os.Hostname()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return host + "/" + strconv.Itoa(os.Getpid())
-}
-
-// An identity with every byte the scripts split values and members on.
-const oddHolder = "worker-2: pid 7 +#% ü"
 
 // wantHolder checks that Inspect reports the lock name held by holder
 // ("": free) on nodes, as a whole and on each node.
@@ -53,13 +25,6 @@ func wantHolder(t *testing.T, name string, nodes []Backend, holder string, what 
 		if n.HolderInfo != holder {
 			t.Errorf("%s: node %d HolderInfo %q, want %q", what, i, n.HolderInfo, holder)
 		}
-	}
-}
-
-func mustGet(t *testing.T, errc <-chan error) {
-	t.Helper()
-	if err := <-errc; err != nil {
-		t.Fatal(err)
 	}
 }
 
@@ -283,11 +248,4 @@ func TestHolderInfoMultiElection(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
-}
-
-// sorted returns a sorted copy of s.
-func sorted(s []string) []string {
-	s = slices.Clone(s)
-	slices.Sort(s)
-	return s
 }

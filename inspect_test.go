@@ -15,51 +15,12 @@ import (
 	"github.com/netlock-go/netlock/internal/redistest"
 )
 
-// mustInspect runs Inspect and fails the test on an error.
-func mustInspect(t *testing.T, name string, backends []Backend, opts ...Option) Info {
-	t.Helper()
-	info, err := Inspect(t.Context(), name, backends, opts...)
-	if err != nil {
-		t.Fatalf("Inspect(%q): %v", name, err)
-	}
-	if len(info.Nodes) != len(backends) {
-		t.Fatalf("Inspect(%q): %d nodes, want %d", name, len(info.Nodes), len(backends))
-	}
-	return info
-}
-
 // checkFree checks that info says the lock is free.
 func checkFree(t *testing.T, info Info) {
 	t.Helper()
 	if info.Held || info.Token != 0 || info.TTL != 0 {
 		t.Errorf("got Held %v, Token %d, TTL %v; want a free lock: false, 0, 0", info.Held, info.Token, info.TTL)
 	}
-}
-
-// writes returns a fingerprint of everything written to e's server: on a
-// real server its count of changes since the last save (every write counts,
-// persistence or not); on miniredis every key with its value and TTL (which
-// moves only with FastForward).
-func (e *env) writes(t *testing.T) string {
-	t.Helper()
-	if e.mini == nil {
-		info, err := redis.String(e.do(t, "INFO", "persistence"), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for line := range strings.SplitSeq(info, "\r\n") {
-			if strings.HasPrefix(line, "rdb_changes_since_last_save:") {
-				return line
-			}
-		}
-		t.Fatalf("no rdb_changes_since_last_save in INFO persistence:\n%s", info)
-	}
-	var b strings.Builder
-	b.WriteString(e.mini.Dump())
-	for _, k := range e.mini.Keys() {
-		fmt.Fprintf(&b, "%s ttl %v\n", k, e.mini.TTL(k))
-	}
-	return b.String()
 }
 
 // TestInspectOneNode follows one lock through its life on one node: free,

@@ -5,40 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
 )
-
-// gatedBackend holds every acquire call it is given, in flight, while
-// gated, and counts the calls in flight and the releases. It keeps the
-// wrapped Backend's Hub, and so its limiter.
-type gatedBackend struct {
-	Backend
-	gated    atomic.Bool
-	gate     chan struct{} // closed to let the held acquires through
-	inFlight atomic.Int64
-	peak     atomic.Int64 // most acquire calls in flight at once
-	releases atomic.Int64
-}
-
-func (g *gatedBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
-	if s == releaseScript {
-		g.releases.Add(1)
-	}
-	if s == acquireScript && g.gated.Load() {
-		n := g.inFlight.Add(1)
-		defer g.inFlight.Add(-1)
-		for p := g.peak.Load(); n > p && !g.peak.CompareAndSwap(p, n); p = g.peak.Load() {
-		}
-		<-g.gate
-	}
-	return g.Backend.Eval(ctx, s, keys, args)
-}
-
-func (g *gatedBackend) Hub() *Hub { return g.Backend.(Subscriber).Hub() }
 
 // TestLimiterBoundsCallsInFlight fills a Backend's budget of calls with
 // acquires that do not return, and checks that no more are sent, that the
@@ -47,7 +18,7 @@ func (g *gatedBackend) Hub() *Hub { return g.Backend.(Subscriber).Hub() }
 // without a release to undo it), and that the calls that waited go through
 // once slots come free.
 func TestLimiterBoundsCallsInFlight(t *testing.T) {
-	g := &gatedBackend{Backend: newBackend(t, "redigo", miniredis.RunT(t).Addr()), gate: make(chan struct{})}
+	g := &gateBackend{countingBackend: counting(newBackend(t, "redigo", miniredis.RunT(t).Addr())), ignoreCtx: true}
 	ctx := context.Background()
 	held, err := New("held", []Backend{g})
 	if err != nil {
@@ -56,11 +27,10 @@ func TestLimiterBoundsCallsInFlight(t *testing.T) {
 	mustLock(t, held)
 	defer mustUnlock(t, held)
 
-	g.gated.Store(true)
+	open := sync.OnceFunc(g.close(func(s *Script) bool { return s == acquireScript }))
 	others := maxCalls - extendCalls
 	n := others + 10 // 10 wait for a slot
 	var wg sync.WaitGroup
-	open := sync.OnceFunc(func() { close(g.gate) })
 	defer func() {
 		open()
 		wg.Wait()

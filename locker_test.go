@@ -1,41 +1,10 @@
 package netlock
 
 import (
-	"errors"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 )
-
-// section is a critical section that notices overlap: inside counts the
-// goroutines in it at once, and count is updated without synchronisation of
-// its own, as code guarded by a mutex would be.
-type section struct {
-	inside   atomic.Int32
-	overlaps atomic.Int32
-	count    int
-}
-
-func (s *section) run(pause time.Duration) {
-	if s.inside.Add(1) != 1 {
-		s.overlaps.Add(1)
-	}
-	c := s.count
-	time.Sleep(pause) // the section's length: a lost update shows if another enters
-	s.count = c + 1
-	s.inside.Add(-1)
-}
-
-func (s *section) check(t *testing.T, want int) {
-	t.Helper()
-	if n := s.overlaps.Load(); n != 0 {
-		t.Errorf("overlapping critical sections: got %d, want 0", n)
-	}
-	if s.count != want {
-		t.Errorf("count: got %d, want %d", s.count, want)
-	}
-}
 
 func TestSharedLockerExcludes(t *testing.T) {
 	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
@@ -113,19 +82,4 @@ func TestTryLock(t *testing.T) {
 		}
 		b.Unlock()
 	})
-}
-
-// recoverErr runs fn and returns the error it panicked with (nil if it did
-// not panic).
-func recoverErr(fn func()) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			var ok bool
-			if err, ok = r.(error); !ok {
-				err = errors.New("panic with a non-error value")
-			}
-		}
-	}()
-	fn()
-	return nil
 }

@@ -107,16 +107,6 @@ func slotNames(t *testing.T, cluster *redistest.Cluster, prefix string) []string
 	return append(namesOnEveryMaster(t, cluster, prefix), "{"+prefix+"}:a", "{"+prefix+"}:b")
 }
 
-// groupsOf returns mm's names by slot group, in the order the groups are
-// taken.
-func groupsOf(mm *MultiMutex) [][]string {
-	var groups [][]string
-	for _, g := range mm.m.(*slotGroups).groups {
-		groups = append(groups, g.kind.(*multiKind).names)
-	}
-	return groups
-}
-
 // newSlotsMulti returns NewMulti(names, []Backend{b}, opts...), checking
 // that its names are taken one slot at a time.
 func newSlotsMulti(t *testing.T, names []string, b Backend, opts ...Option) *MultiMutex {

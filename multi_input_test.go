@@ -12,18 +12,9 @@ import (
 	"github.com/alicebob/miniredis/v2"
 )
 
-// clusterHubBackend is a Backend whose Hub says it is a Redis Cluster
-// (HubConfig.Cluster), over a miniredis that never sees a call.
-type clusterHubBackend struct {
-	Backend
-	hub *Hub
-}
-
-func (b clusterHubBackend) Hub() *Hub { return b.hub }
-
 func TestNewMultiRejectsBadInput(t *testing.T) {
 	b := newBackend(t, "redigo", miniredis.RunT(t).Addr())
-	cluster := clusterHubBackend{Backend: b, hub: NewHub(HubConfig{
+	cluster := hubBackend{Backend: b, hub: NewHub(HubConfig{
 		Listen:  func(context.Context, func(string, string)) (Listener, error) { return nil, errors.New("unused") },
 		Cluster: true,
 	})}
@@ -90,35 +81,6 @@ func TestMultiZeroAndMisuse(t *testing.T) {
 		t.Errorf("Names(): got %q, want [b a]", got)
 	}
 	checkNotHeld(t, mm)
-}
-
-// checkNotHeld checks that mm, not locked, answers as a NetMutex does:
-// ErrNotHeld, a panic on Unlock, a closed Lost, no Tokens.
-func checkNotHeld(t *testing.T, mm *MultiMutex) {
-	t.Helper()
-	ctx := context.Background()
-	if err := mm.UnlockCtx(ctx); !errors.Is(err, ErrNotHeld) {
-		t.Errorf("UnlockCtx not locked: got %v, want ErrNotHeld", err)
-	}
-	if err := mm.ExtendCtx(ctx); !errors.Is(err, ErrNotHeld) {
-		t.Errorf("ExtendCtx not locked: got %v, want ErrNotHeld", err)
-	}
-	select {
-	case <-mm.Lost():
-	default:
-		t.Error("Lost not locked: not closed")
-	}
-	if toks := mm.Tokens(); toks != nil {
-		t.Errorf("Tokens not locked: got %v, want nil", toks)
-	}
-	func() {
-		defer func() {
-			if err, _ := recover().(error); !errors.Is(err, ErrNotHeld) {
-				t.Errorf("Unlock not locked: panic %v, want one matching ErrNotHeld", err)
-			}
-		}()
-		mm.Unlock()
-	}()
 }
 
 func TestClientMulti(t *testing.T) {

@@ -5,13 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -110,24 +108,6 @@ type slotsPropLock struct {
 	cut     bool // a LockCtx of it was cut short by its ctx
 }
 
-// slotsBackend is a Backend whose Hub says it is a Redis Cluster, listening
-// on the connections of its Backend's own Hub; while crashed is set, every
-// call is refused, as a dead process's would be.
-type slotsBackend struct {
-	Backend
-	hub     *Hub
-	crashed *atomic.Bool
-}
-
-func (b slotsBackend) Hub() *Hub { return b.hub }
-
-func (b slotsBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
-	if b.crashed.Load() {
-		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
-	}
-	return b.Backend.Eval(ctx, s, keys, args)
-}
-
 func newSlotsMachine(rt *rapid.T, n int, stats *propStats, steps *atomic.Int64) *slotsMachine {
 	if slot("a") == slot("b") || slot("a") == slot("c") || slot("b") == slot("c") || slot("{t}:x") != slot("{t}:y") || slices.Contains([]uint16{slot("a"), slot("b"), slot("c")}, slot("{t}:x")) {
 		rt.Fatalf("slots of %q: want a, b, c and {t}:* each in its own", slotsPropNames)
@@ -173,7 +153,7 @@ func (mc *slotsMachine) newLock(rt *rapid.T, names []string) *slotsPropLock {
 		pool := &redis.Pool{MaxIdle: 4, DialContext: func(ctx context.Context) (redis.Conn, error) { return redis.DialContext(ctx, "tcp", addr) }}
 		mc.pools = append(mc.pools, pool)
 		b := NewRedigo(pool)
-		backends[j] = slotsBackend{Backend: b, hub: NewHub(HubConfig{Listen: b.(Subscriber).Hub().listen, Cluster: true}), crashed: l.crashed}
+		backends[j] = slotsBackend{hubBackend: hubBackend{Backend: b, hub: NewHub(HubConfig{Listen: b.(Subscriber).Hub().listen, Cluster: true})}, crashed: l.crashed}
 	}
 	// A crashed process's releases are refused, and reported at Warn.
 	opts := []Option{WithLogger(slog.New(slog.DiscardHandler))}

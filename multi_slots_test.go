@@ -19,7 +19,7 @@ func fakeCluster(t *testing.T) (*miniredis.Miniredis, Backend, Backend) {
 	t.Helper()
 	mr := miniredis.RunT(t)
 	b := newBackend(t, "redigo", mr.Addr())
-	return mr, b, clusterHubBackend{Backend: b, hub: NewHub(HubConfig{
+	return mr, b, hubBackend{Backend: b, hub: NewHub(HubConfig{
 		Listen:  func(context.Context, func(string, string)) (Listener, error) { return nil, errors.New("unused") },
 		Cluster: true,
 	})}

@@ -6,39 +6,7 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/gomodule/redigo/redis"
 )
-
-// newMulti returns a MultiMutex of names on a backend of its own.
-func (e *env) newMulti(t testing.TB, names []string, opts ...Option) *MultiMutex {
-	t.Helper()
-	mm, err := NewMulti(names, []Backend{e.backend(t)}, opts...)
-	if err != nil {
-		t.Fatalf("NewMulti(%q): %v", names, err)
-	}
-	return mm
-}
-
-// mustLockMulti locks mm with a bound, failing the test rather than hanging.
-func mustLockMulti(t testing.TB, mm *MultiMutex) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := mm.LockCtx(ctx); err != nil {
-		t.Fatalf("LockCtx(%q): %v", mm.Names(), err)
-	}
-}
-
-// queued returns the members of name's waiters' queue.
-func (e *env) queued(t testing.TB, name string) []string {
-	t.Helper()
-	members, err := redis.Strings(e.do(t, "ZRANGE", "netlock:{"+name+"}:waiters", 0, -1), nil)
-	if err != nil {
-		t.Fatalf("ZRANGE: %v", err)
-	}
-	return members
-}
 
 func TestMultiExcludesNetMutex(t *testing.T) {
 	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {

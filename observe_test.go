@@ -6,66 +6,11 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/netlock-go/netlock/internal/redistest"
 )
-
-// logRecords is a slog.Handler that keeps every record, with its
-// attributes flattened to strings.
-type logRecords struct {
-	level slog.Level
-	mu    sync.Mutex
-	recs  []logRecord
-}
-
-type logRecord struct {
-	level slog.Level
-	msg   string
-	attrs map[string]string
-}
-
-func (l *logRecords) Enabled(_ context.Context, level slog.Level) bool { return level >= l.level }
-func (l *logRecords) WithAttrs([]slog.Attr) slog.Handler               { return l }
-func (l *logRecords) WithGroup(string) slog.Handler                    { return l }
-func (l *logRecords) Handle(_ context.Context, r slog.Record) error {
-	rec := logRecord{level: r.Level, msg: r.Message, attrs: map[string]string{}}
-	r.Attrs(func(a slog.Attr) bool {
-		rec.attrs[a.Key] = a.Value.String()
-		return true
-	})
-	l.mu.Lock()
-	l.recs = append(l.recs, rec)
-	l.mu.Unlock()
-	return nil
-}
-
-// find returns the records at level whose message contains msg.
-func (l *logRecords) find(level slog.Level, msg string) []logRecord {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []logRecord
-	for _, r := range l.recs {
-		if r.level == level && strings.Contains(r.msg, msg) {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
-func (l *logRecords) count(level slog.Level) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-	for _, r := range l.recs {
-		if r.level == level {
-			n++
-		}
-	}
-	return n
-}
 
 // Unlock panics only on misuse: a hold lost (the case: Redis stalled
 // for 1s under a 500ms expiry), a key deleted behind our back, or Redis not
@@ -318,26 +263,6 @@ func TestObserverHandOffAndLost(t *testing.T) {
 			t.Errorf("lost holds: got %+v, want one of token %d, reason LostExtend", losts, token)
 		}
 	})
-}
-
-// ctxSeenBackend records whether its Eval calls carried a context value.
-type ctxSeenBackend struct {
-	Backend
-	seen, unseen atomic.Int64
-}
-
-type observerKey struct{}
-
-func (b *ctxSeenBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
-	if s != acquireScript {
-		return b.Backend.Eval(ctx, s, keys, args)
-	}
-	if ctx.Value(observerKey{}) != nil {
-		b.seen.Add(1)
-	} else {
-		b.unseen.Add(1)
-	}
-	return b.Backend.Eval(ctx, s, keys, args)
 }
 
 // The context Observer.Acquire returns is the one the acquire's calls to

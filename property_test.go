@@ -3,14 +3,8 @@ package netlock
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"maps"
-	"net"
-	"os"
-	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -83,88 +77,6 @@ func TestProperty(t *testing.T) {
 	redistest.Report(t, "%d steps explored in all", total)
 }
 
-// rapidReproducing reports whether rapid was given a seed or a fail file:
-// then one Check replays it, and repeating it would replay it again.
-func rapidReproducing() bool {
-	for _, name := range []string{"rapid.seed", "rapid.failfile"} {
-		if f := flag.Lookup(name); f != nil && f.Value.String() != f.DefValue {
-			return true
-		}
-	}
-	return false
-}
-
-// propStats counts the outcomes TestProperty met, by kind.
-type propStats struct {
-	mu sync.Mutex
-	m  map[string]int
-}
-
-func (s *propStats) add(name string) {
-	s.mu.Lock()
-	s.m[name]++
-	s.mu.Unlock()
-}
-
-func (s *propStats) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var b strings.Builder
-	for i, k := range slices.Sorted(maps.Keys(s.m)) {
-		if i > 0 {
-			b.WriteString(" ")
-		}
-		fmt.Fprintf(&b, "%s:%d", k, s.m[k])
-	}
-	return b.String()
-}
-
-// modelNode is the model of one miniredis node of TestProperty, and the node
-// itself.
-//
-// A node goes down in one of two ways, both with srv.Close (miniredis keeps
-// its data: no write is lost, as with AOF and fsync), chosen so that what the
-// reaper does is deterministic:
-//   - crashed: nothing listens; every call is refused, a final error, so
-//     nothing is queued for the reaper. Pooled connections are dropped (see
-//     gen), so none gives a non-final EOF instead.
-//   - partitioned: every call fails with a non-final error (EOF on a pooled
-//     connection, an i/o timeout for a new one), so every release sent to the
-//     node is queued and the reaper retries it until the node is back, then
-//     delivers it.
-type modelNode struct {
-	srv     *miniredis.Miniredis
-	addr    string // srv.Addr, which panics while srv is closed
-	up      bool
-	key     modelKey // the lock key; value "" when absent
-	counter uint64   // the fence counter (no TTL: survives everything)
-
-	// queued holds the values of the holds unlocked while the node was
-	// partitioned: the reaper delivers their release when it is back.
-	queued map[string]bool
-
-	partitioned atomic.Bool // read by the pool's dial
-	// gen is bumped when the node crashes and when it comes back. Pooled
-	// connections carry the generation they were dialled in, and one from an
-	// earlier generation is dropped when borrowed: so a node that is up
-	// always answers (no connection broken by the outage), and a crashed one
-	// always refuses.
-	gen   atomic.Int64
-	conns sync.Map // redis.Conn -> generation it was dialled in
-}
-
-// errPartitioned is what dialling a partitioned node gives: a timeout, not
-// a final error.
-var errPartitioned = &net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded}
-
-// modelKey is what the model says one node's lock key holds.
-type modelKey struct {
-	value  string        // lock value of the hold that set it; "" when absent
-	token  uint64        // its fencing token: the key holds "<value>:<token>"
-	client int           // the client that acquired it
-	exp    time.Duration // model time at which it expires
-}
-
 // modelClient is the model of one client (one NetMutex).
 type modelClient struct {
 	m          *NetMutex
@@ -178,65 +90,6 @@ type modelClient struct {
 	// next ExtendCtx or UnlockCtx must not succeed.
 	overtaken bool
 }
-
-// newPool returns a redigo pool on node n (see modelNode).
-func (n *modelNode) newPool() *redis.Pool {
-	return &redis.Pool{
-		MaxIdle: 4,
-		DialContext: func(ctx context.Context) (redis.Conn, error) {
-			if n.partitioned.Load() {
-				return nil, errPartitioned
-			}
-			// The generation is read before dialling: a connection that
-			// a restart or crash may have cut is never tagged with a later one.
-			gen := n.gen.Load()
-			c, err := redis.DialContext(ctx, "tcp", n.addr)
-			if err == nil {
-				n.conns.Store(c, gen)
-			}
-			return c, err
-		},
-		TestOnBorrow: func(c redis.Conn, _ time.Time) error {
-			if gen, _ := n.conns.Load(c); gen != n.gen.Load() {
-				n.conns.Delete(c)
-				return errors.New("dialled before a restart")
-			}
-			return nil
-		},
-	}
-}
-
-// cancelBackend is a Backend that can cancel its caller's acquire midway: once
-// armed, its next acquire call runs fn (a context's cancel) just before or
-// just after passing the call on, while the other nodes' calls of the same
-// round are in flight.
-type cancelBackend struct {
-	Backend
-	fn    atomic.Pointer[func()]
-	after bool // set with fn, read after fn is taken
-}
-
-func (b *cancelBackend) arm(fn func(), after bool) {
-	b.after = after
-	b.fn.Store(&fn)
-}
-
-func (b *cancelBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
-	if s != acquireScript {
-		return b.Backend.Eval(ctx, s, keys, args)
-	}
-	fn := b.fn.Swap(nil)
-	if fn != nil && !b.after {
-		(*fn)()
-	}
-	vals, err := b.Backend.Eval(ctx, s, keys, args)
-	if fn != nil && b.after {
-		(*fn)()
-	}
-	return vals, err
-}
-
-func (b *cancelBackend) Final(err error) bool { return innerFinal(b.Backend, err) }
 
 // The model's constants.
 const (
@@ -1121,17 +974,6 @@ func (mc *propMachine) cleanedUp(m *NetMutex) {
 		}
 		return true
 	})
-}
-
-// documented reports whether err matches one of netlock's sentinel errors or
-// a context error, as every error netlock returns must.
-func documented(err error) bool {
-	for _, s := range []error{ErrNotObtained, ErrNotHeld, ErrLockLost, ErrQuorum, context.Canceled, context.DeadlineExceeded} {
-		if errors.Is(err, s) {
-			return true
-		}
-	}
-	return false
 }
 
 // serverCounter reads a node's fence counter (0 when absent).

@@ -2,38 +2,10 @@ package netlock
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"testing"
 	"time"
 )
-
-// shardListener is a Listener of a fake shard: the server confirms each
-// SSUBSCRIBE at once, and fail makes Confirmed return an error, as a lost
-// connection, a MOVED reply or a server's own sunsubscribe do.
-type shardListener struct {
-	node      string
-	onMessage func(channel, payload string)
-	confirms  chan string
-	failed    chan struct{}
-	once      sync.Once
-}
-
-func (l *shardListener) Subscribe(_ context.Context, channel string) error {
-	l.confirms <- channel
-	return nil
-}
-func (l *shardListener) Unsubscribe(context.Context, string) error { return nil }
-func (l *shardListener) Confirmed() (string, error) {
-	select {
-	case ch := <-l.confirms:
-		return ch, nil
-	case <-l.failed:
-		return "", errors.New("shard " + l.node + " failed")
-	}
-}
-func (l *shardListener) Close() { l.fail() }
-func (l *shardListener) fail()  { l.once.Do(func() { close(l.failed) }) }
 
 // A sharded Hub keeps one link per node that Shard names, and a link that
 // fails wakes the waiters of its channels only: the other links, and their
@@ -132,14 +104,6 @@ func TestHubShardLinks(t *testing.T) {
 		return len(h.links) == 0
 	})
 }
-
-// hubBackend is a Subscriber with the given Hub; its Eval is never run.
-type hubBackend struct {
-	Backend
-	hub *Hub
-}
-
-func (b hubBackend) Hub() *Hub { return b.hub }
 
 // New names what a Hub lacks to open a connection.
 func TestNewIncompleteHub(t *testing.T) {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,68 +12,6 @@ import (
 
 	"github.com/netlock-go/netlock/internal/redistest"
 )
-
-// countingBackend counts the script calls made through it, by script name,
-// once they have returned.
-// It keeps the wrapped Backend's pub/sub hub, unless polling is set.
-type countingBackend struct {
-	Backend
-	polling bool
-
-	mu    sync.Mutex
-	calls map[string]int
-}
-
-func counting(b Backend) *countingBackend {
-	return &countingBackend{Backend: b, calls: make(map[string]int)}
-}
-
-// Eval counts a call once it has returned, so that a count says what
-// Redis has run (a waiter counted twice has queued).
-func (c *countingBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
-	defer func() {
-		c.mu.Lock()
-		c.calls[s.Name()]++
-		c.mu.Unlock()
-	}()
-	return c.Backend.Eval(ctx, s, keys, args)
-}
-
-func (c *countingBackend) Hub() *Hub {
-	if s, ok := c.Backend.(Subscriber); ok && !c.polling {
-		return s.Hub()
-	}
-	return nil
-}
-
-func (c *countingBackend) count(script string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.calls[script]
-}
-
-// waitingMutex returns a NetMutex for name on a counting backend of its own,
-// with a retry delay so long that only a wake-up explains a prompt attempt.
-func waitingMutex(t *testing.T, e *env, name string) (*NetMutex, *countingBackend) {
-	t.Helper()
-	cb := counting(e.backend(t))
-	m, err := New(name, []Backend{cb}, WithRetryDelay(time.Millisecond, 10*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return m, cb
-}
-
-// lockInBackground starts m.LockCtx and waits until it has made its second
-// attempt (the one after subscribing): it is then waiting. Its result comes
-// on the returned channel.
-func lockInBackground(t *testing.T, m *NetMutex, cb *countingBackend) <-chan error {
-	t.Helper()
-	locked := make(chan error, 1)
-	go func() { locked <- m.LockCtx(context.Background()) }()
-	eventually(t, 5*time.Second, "the waiter's second attempt", func() bool { return cb.count("acquire") >= 2 })
-	return locked
-}
 
 // A waiter subscribed to the release channel makes no attempt while the
 // holder holds, however long that is, and one as soon as it releases. The
@@ -310,17 +247,6 @@ func pubsubClients(t testing.TB, e *env) int {
 		t.Fatal(err)
 	}
 	return strings.Count(list, "\n")
-}
-
-// numsub returns the number of subscribers of channel.
-func numsub(t testing.TB, e *env, channel string) int {
-	t.Helper()
-	v, err := redis.Values(e.do(t, "PUBSUB", "NUMSUB", channel), nil)
-	if err != nil || len(v) != 2 {
-		t.Fatalf("PUBSUB NUMSUB: %v %v", v, err)
-	}
-	n, _ := redis.Int(v[1], nil)
-	return n
 }
 
 // A release wakes only the waiter that has waited longest (the waiters'

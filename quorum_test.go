@@ -13,42 +13,6 @@ import (
 	"github.com/netlock-go/netlock/internal/redistest"
 )
 
-// startServers starts n independent redis-servers.
-func startServers(t *testing.T, n int, args ...string) []*redistest.Server {
-	t.Helper()
-	servers := make([]*redistest.Server, n)
-	for i := range servers {
-		servers[i] = redistest.Start(t, args...)
-	}
-	return servers
-}
-
-// quorumMutex returns a NetMutex over servers, with clients of its own (as
-// another process would have).
-func quorumMutex(t *testing.T, client string, servers []*redistest.Server, name string, opts ...Option) *NetMutex {
-	t.Helper()
-	backends := make([]Backend, len(servers))
-	for i, s := range servers {
-		backends[i] = newBackend(t, client, s.Addr())
-	}
-	m, err := New(name, backends, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return m
-}
-
-// holders counts the servers whose lock key for name exists.
-func holders(t *testing.T, servers []*redistest.Server, name string) (n int) {
-	t.Helper()
-	for _, s := range servers {
-		if got, err := s.Do("EXISTS", "netlock:{"+name+"}"); err == nil && got == "1" {
-			n++
-		}
-	}
-	return n
-}
-
 // settlesFree fails the test unless, soon after a stalled server resumed,
 // the lock key for name is gone from every server and stays gone. A resumed
 // server runs what was sent to it while it was stopped, in some order: our

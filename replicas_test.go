@@ -11,13 +11,9 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
-	"github.com/gomodule/redigo/redis"
 
 	"github.com/netlock-go/netlock/internal/redistest"
 )
-
-// evalOnly is a Backend with nothing but Eval: not a ReplicaWaiter.
-type evalOnly struct{ Backend }
 
 func TestSyncReplicasNew(t *testing.T) {
 	mini := miniredis.RunT(t)
@@ -71,30 +67,6 @@ func TestWaitTimeout(t *testing.T) {
 	}
 }
 
-// startReplicated starts a primary and a replica of it, linked.
-func startReplicated(t *testing.T) (primary, replica *redistest.Server) {
-	t.Helper()
-	primary = redistest.Start(t)
-	return primary, redistest.StartReplica(t, primary.Addr())
-}
-
-// caughtUp waits until n replicas of the primary at addr have caught up
-// with it: they acknowledged a write made after everything before it.
-func caughtUp(t *testing.T, addr string, n int) {
-	t.Helper()
-	c, err := redis.Dial("tcp", addr, redis.DialReadTimeout(15*time.Second))
-	if err != nil {
-		t.Fatalf("dial %s: %v", addr, err)
-	}
-	defer c.Close()
-	if _, err := c.Do("INCR", "netlock-test:caught-up"); err != nil {
-		t.Fatalf("INCR: %v", err)
-	}
-	if acked, err := redis.Int(c.Do("WAIT", n, 10_000)); acked < n {
-		t.Fatalf("WAIT %d: %d replicas acknowledged within 10s (%v)", n, acked, err)
-	}
-}
-
 // commandCalls returns how many times s has run cmd (INFO commandstats).
 func commandCalls(t *testing.T, s *redistest.Server, cmd string) int {
 	t.Helper()
@@ -108,13 +80,6 @@ func commandCalls(t *testing.T, s *redistest.Server, cmd string) int {
 	}
 	n, _ := strconv.Atoi(m[1])
 	return n
-}
-
-// heldValue returns what m's lock key holds while m is held:
-// "<value>:<token>:<holder>" (see lua/acquire.lua).
-func heldValue(m *NetMutex) string {
-	h := m.current()
-	return keyValue(h.value, h.token)
 }
 
 // With a healthy replica, every acquire waits for it: the lock is on the

@@ -48,10 +48,6 @@ func rwGrantPair(t *testing.T, srv *miniredis.Miniredis, name string) (a, b gran
 	return newRW(), newRW()
 }
 
-// granted reports whether a hold's value is one a release made: "<nonce>.<n>"
-// (an attempt's own value, rand.Text, has no dot).
-func grantedValue(h *hold) bool { return h != nil && strings.Contains(h.value, ".") }
-
 // checkGrantHolder checks that the hold a release granted m is written with
 // m's holder identity (not the releaser's): in the writer key, or in the
 // read lease's value.
@@ -167,11 +163,6 @@ func TestRWGrantReaders(t *testing.T) {
 	}
 	checkGrantHolder(t, srv, d.w)
 	d.Unlock()
-}
-
-// listening reports whether a client listens on channel.
-func listening(srv *miniredis.Miniredis, channel string) bool {
-	return srv.PubSubNumSub(channel)[channel] > 0
 }
 
 // fakeWaiter queues a waiter of the NetRWMutex keys k of kind 'r' or 'w' in

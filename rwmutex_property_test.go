@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -138,65 +137,6 @@ func TestRWProperty(t *testing.T) {
 		})
 	}
 	redistest.Report(t, "RW: %d steps explored in all", total)
-}
-
-// rwPropNode is a node of TestRWProperty: a modelNode (for its server,
-// crashes, partitions and pools) with a clock of its own.
-type rwPropNode struct {
-	*modelNode
-	mu  sync.Mutex
-	now time.Time // the server's clock (SetTime, with ClockTTL)
-}
-
-// tick moves the node's clock a microsecond: called before every call to
-// the node.
-func (n *rwPropNode) tick() {
-	n.mu.Lock()
-	n.now = n.now.Add(time.Microsecond)
-	n.srv.SetTime(n.now)
-	n.mu.Unlock()
-}
-
-func (n *rwPropNode) advance(d time.Duration) {
-	n.mu.Lock()
-	n.now = n.now.Add(d)
-	n.srv.SetTime(n.now)
-	n.mu.Unlock()
-}
-
-// nowMS is the node's TIME in milliseconds, as the scripts compute it.
-func (n *rwPropNode) nowMS() int64 {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.now.UnixMicro() / 1000
-}
-
-// errCrashed is what every call of a crashed client gets: a final error, so
-// that nothing is left to its reaper.
-var errCrashed = errors.New("rwprop: client crashed")
-
-// rwPropBackend is a client's Backend to one node of TestRWProperty: it
-// moves the node's clock before each call, fails every call once its client
-// crashed, and forwards Hub and Final to the redigo Backend it wraps, so
-// that waiters wait by message.
-type rwPropBackend struct {
-	inner Backend
-	node  *rwPropNode
-	dead  *atomic.Bool
-}
-
-func (b *rwPropBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
-	if b.dead.Load() {
-		return nil, errCrashed
-	}
-	b.node.tick()
-	return b.inner.Eval(ctx, s, keys, args)
-}
-
-func (b *rwPropBackend) Hub() *Hub { return b.inner.(Subscriber).Hub() }
-
-func (b *rwPropBackend) Final(err error) bool {
-	return errors.Is(err, errCrashed) || innerFinal(b.inner, err)
 }
 
 // rwPropOp is a lock call running on a goroutine of its own: another
@@ -746,7 +686,7 @@ func (mc *rwMachine) newClient() *rwPropClient {
 	for k, n := range mc.nodes {
 		p := n.newPool()
 		c.pools = append(c.pools, p)
-		backends[k] = &rwPropBackend{inner: NewRedigo(p), node: n, dead: &c.dead}
+		backends[k] = &rwPropBackend{wrapper: wrapper{Backend: NewRedigo(p)}, node: n, dead: &c.dead}
 	}
 	rw, err := NewRW("rwprop", backends, WithExpiry(rwPropExpiry),
 		// A node timeout well above any stall of a loaded machine, as

@@ -24,30 +24,6 @@ func countedRW(t *testing.T, e *env, name string, opts ...Option) (*NetRWMutex, 
 	return rw, cb
 }
 
-// scripts returns how many script calls cb made, of any script.
-func (c *countingBackend) scripts() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := 0
-	for _, k := range c.calls {
-		n += k
-	}
-	return n
-}
-
-// localWaiters returns how many goroutines wait in m's local queue, and
-// how many of them are shared.
-func (m *engine) localWaiters() (all, shared int) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for _, w := range m.waiters {
-		if w.shared {
-			shared++
-		}
-	}
-	return len(m.waiters), shared
-}
-
 // rlockAsync calls rw.RLockCtx in a goroutine and returns where its error
 // arrives.
 func rlockAsync(rw *NetRWMutex) <-chan error { return async(rw.RLockCtx) }

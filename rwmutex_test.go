@@ -13,51 +13,6 @@ import (
 	"github.com/alicebob/miniredis/v2"
 )
 
-// newRW returns a NetRWMutex on a Backend of its own, as another process
-// would have.
-func (e *env) newRW(t testing.TB, name string, opts ...Option) *NetRWMutex {
-	t.Helper()
-	rw, err := NewRW(name, []Backend{e.backend(t)}, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return rw
-}
-
-// rwChecker counts the readers and writers inside their sections, across
-// every process of a test, and records any overlap a NetRWMutex must
-// exclude.
-type rwChecker struct {
-	readers, writers atomic.Int64
-	violations       atomic.Int64
-	reads, writes    atomic.Int64
-}
-
-func (c *rwChecker) read(pause time.Duration) {
-	c.readers.Add(1)
-	if c.writers.Load() != 0 {
-		c.violations.Add(1)
-	}
-	time.Sleep(pause) // the section's length
-	if c.writers.Load() != 0 {
-		c.violations.Add(1)
-	}
-	c.readers.Add(-1)
-	c.reads.Add(1)
-}
-
-func (c *rwChecker) write(pause time.Duration) {
-	if c.writers.Add(1) != 1 || c.readers.Load() != 0 {
-		c.violations.Add(1)
-	}
-	time.Sleep(pause) // the section's length
-	if c.writers.Load() != 1 || c.readers.Load() != 0 {
-		c.violations.Add(1)
-	}
-	c.writers.Add(-1)
-	c.writes.Add(1)
-}
-
 func TestRWReadersShareWritersExclude(t *testing.T) {
 	forEachEnv(t, allEnvs, func(t *testing.T, e *env) {
 		ctx := context.Background()

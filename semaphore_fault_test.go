@@ -10,22 +10,10 @@ import (
 	"time"
 
 	"github.com/gomodule/redigo/redis"
+
 	"github.com/netlock-go/netlock/internal/keyspace"
 	"github.com/netlock-go/netlock/internal/redistest"
 )
-
-func semKeysOf(name string) []string {
-	k := keyspace.Sem(DefaultPrefix, name)
-	return []string{k.Leases, k.Permits, k.Queue, k.Places, k.Wants}
-}
-
-// semCallKeys returns the keys of a call of lua/sem_acquire.lua or
-// sem_release.lua with argument arg: keys, and the tombstone of the lease
-// value arg begins with.
-func semCallKeys(keys []string, arg string) []string {
-	value, _, _ := strings.Cut(arg, ":")
-	return append(keys[:len(keys):len(keys)], keyspace.Tomb(keys[0], value))
-}
 
 // TestSemBadInputServer: keys of another type (each of the five), scripts
 // flushed, a stalled server: a clear error, nothing changed, nothing

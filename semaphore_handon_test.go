@@ -3,8 +3,6 @@ package netlock
 import (
 	"context"
 	"errors"
-	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,46 +14,12 @@ import (
 // Semaphore.handOnLocked), in their order, within WithLocalHandoffs' bound
 // and while the lease is well within its validity.
 
-// gateBackend wraps a redigo Backend on miniredis, counting its calls by
-// script name; closed, its gate holds every call of the Semaphore but a
-// waiter's attempt (sem_acquire) until opened.
-type gateBackend struct {
-	*countingBackend
-	mu       sync.Mutex
-	gate     chan struct{} // nil: open
-	attempts bool          // the gate holds attempts too
-}
-
-func (b *gateBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
-	b.mu.Lock()
-	gate, attempts := b.gate, b.attempts
-	b.mu.Unlock()
-	// The ACL check of a waiter's first listen (lua/channels.lua) is not
-	// one of the Semaphore's calls: never held.
-	if gate != nil && s != channelsScript && (attempts || s != semAcquireScript) {
-		select {
-		case <-gate:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
-	return b.countingBackend.Eval(ctx, s, keys, args)
-}
-
-// close holds every call but attempts from now on; the returned func lets
-// them through.
-func (b *gateBackend) close() (open func()) {
-	gate := make(chan struct{})
-	b.mu.Lock()
-	b.gate = gate
-	b.mu.Unlock()
-	return func() {
-		b.mu.Lock()
-		b.gate, b.attempts = nil, false
-		b.mu.Unlock()
-		close(gate)
-	}
-}
+// What a gate holds in these tests: every call of the Semaphore but the
+// waiters' attempts (sem_acquire), or every call. The ACL check of a
+// waiter's first listen (lua/channels.lua) is not one of the Semaphore's
+// calls: never held.
+func butAttempts(s *Script) bool { return s != channelsScript && s != semAcquireScript }
+func allCalls(s *Script) bool    { return s != channelsScript }
 
 // newGateSem returns a Semaphore on a gateBackend of its own, as another
 // process would have.
@@ -146,7 +110,7 @@ func TestSemaphoreHandOnNoRoundTrip(t *testing.T) {
 		return n
 	}
 	before := calls()
-	open := b.close()
+	open := b.close(butAttempts)
 	released := make(chan error, 1)
 	go func() { released <- s.ReleaseCtx(ctx, 1) }()
 	if err := received(t, released, 5*time.Second, "ReleaseCtx with sem_release and sem_leave held"); err != nil {
@@ -349,10 +313,7 @@ func TestSemaphoreHandOnWaitsForCall(t *testing.T) {
 	mustAcquire(t, s, 1)
 	ctx := context.Background()
 	first := acquireLater(t, ctx, srv, s, 1)
-	b.mu.Lock()
-	b.attempts = true
-	b.mu.Unlock()
-	open := b.close()
+	open := b.close(allCalls)
 	// A second waiter pokes the first, whose call to say so is held.
 	second := make(chan error, 1)
 	go func() { second <- s.Acquire(ctx, 1) }()
@@ -387,15 +348,4 @@ func TestSemaphoreHandOnWaitsForCall(t *testing.T) {
 		t.Errorf("Held: got %d, want 1", s.Held())
 	}
 	s.Release(1)
-}
-
-// line returns s's local line of waiters, in order: the first (the owner
-// of s.m, which talks to Redis), then those queued behind it. The caller
-// holds s.m.mu.
-func (s *Semaphore) line() []*localWaiter {
-	m := s.m
-	if !m.owned || m.first == nil {
-		return slices.Clone(m.waiters)
-	}
-	return append([]*localWaiter{m.first}, m.waiters...)
 }

@@ -591,7 +591,7 @@ func (mc *semMachine) newProc() *semPropProc {
 	p := &semPropProc{id: mc.nextID}
 	mc.nextID++
 	p.pool = mc.node.newPool()
-	s, err := NewSemaphore("semprop", mc.size, []Backend{&rwPropBackend{inner: NewRedigo(p.pool), node: mc.node, dead: &p.dead}},
+	s, err := NewSemaphore("semprop", mc.size, []Backend{&rwPropBackend{wrapper: wrapper{Backend: NewRedigo(p.pool)}, node: mc.node, dead: &p.dead}},
 		WithExpiry(semPropExpiry), WithAutoExtend(false), WithNodeTimeout(5*time.Second),
 		WithRetryDelay(time.Millisecond, 2*time.Millisecond))
 	if err != nil {
@@ -1169,33 +1169,4 @@ func heldOf(ps []*semPropProc) []int64 {
 		hs = append(hs, p.held)
 	}
 	return hs
-}
-
-// semDump describes the semaphore's keys on srv, for a failure's message.
-func semDump(srv *miniredis.Miniredis, keys []string) string {
-	var b strings.Builder
-	for i, k := range keys {
-		switch i {
-		case 1, 4:
-			fmt.Fprintf(&b, "%s=%v ", k, hashOf(srv, k))
-		default:
-			ms, _ := srv.ZMembers(k)
-			fmt.Fprintf(&b, "%s=[", k)
-			for _, m := range ms {
-				sc, _ := srv.ZScore(k, m)
-				fmt.Fprintf(&b, "%s:%d ", m, int64(sc))
-			}
-			b.WriteString("] ")
-		}
-	}
-	return b.String()
-}
-
-func hashOf(srv *miniredis.Miniredis, k string) map[string]string {
-	fs, _ := srv.HKeys(k)
-	m := map[string]string{}
-	for _, f := range fs {
-		m[f] = srv.HGet(k, f)
-	}
-	return m
 }

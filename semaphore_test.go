@@ -14,48 +14,6 @@ import (
 	"github.com/gomodule/redigo/redis"
 )
 
-// newSem returns a Semaphore on a backend of its own, as another process
-// would have.
-func (e *env) newSem(t testing.TB, name string, size int64, opts ...Option) *Semaphore {
-	t.Helper()
-	s, err := NewSemaphore(name, size, []Backend{e.backend(t)}, opts...)
-	if err != nil {
-		t.Fatalf("NewSemaphore(%q, %d): %v", name, size, err)
-	}
-	return s
-}
-
-func mustAcquire(t testing.TB, s *Semaphore, n int64) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := s.Acquire(ctx, n); err != nil {
-		t.Fatalf("Acquire(%d): %v", n, err)
-	}
-}
-
-// semOut returns the permits out in Redis, by the leases' counts and
-// grants.
-func semOut(t testing.TB, e *env, name string) int64 {
-	t.Helper()
-	leases, err := redis.Strings(e.do(t, "ZRANGE", "netlock:{"+name+"}:sem", 0, -1), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out int64
-	for _, v := range leases {
-		n, _ := redis.Int64(e.do(t, "HGET", "netlock:{"+name+"}:sem:permits", v), nil)
-		out += n
-		// A grant not yet folded into the count: "<nonce>:<n>".
-		if g, err := redis.String(e.do(t, "HGET", "netlock:{"+name+"}:sem:permits", v+"#g"), nil); err == nil {
-			_, c, _ := strings.Cut(g, ":")
-			n, _ := strconv.ParseInt(c, 10, 64)
-			out += n
-		}
-	}
-	return out
-}
-
 // Permits are counted across processes: TryAcquire succeeds while they fit,
 // Release gives them back, and the last one leaves nothing in Redis.
 func TestSemaphoreBasic(t *testing.T) {
@@ -228,7 +186,7 @@ func TestSemaphoreBoundConcurrent(t *testing.T) {
 
 // Every bad input gets an error naming what was wrong, before any work.
 func TestSemaphoreBadInput(t *testing.T) {
-	b := &fuzzBackend{}
+	b := &evalOnly{}
 	for _, tc := range []struct {
 		size     int64
 		backends []Backend
@@ -236,7 +194,7 @@ func TestSemaphoreBadInput(t *testing.T) {
 	}{
 		{0, []Backend{b}, "size 0, want at least 1"},
 		{-1, []Backend{b}, "size -1, want at least 1"},
-		{2, []Backend{b, &fuzzBackend{}, &fuzzBackend{}}, "3 backends; a Semaphore runs on one"},
+		{2, []Backend{b, &evalOnly{}, &evalOnly{}}, "3 backends; a Semaphore runs on one"},
 		{2, nil, "netlock: "},
 	} {
 		s, err := NewSemaphore("bad", tc.size, tc.backends)

@@ -3,11 +3,7 @@ package netlock
 import (
 	"context"
 	"errors"
-	"net"
-	"os"
-	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,91 +14,6 @@ import (
 // Tests of a Semaphore's waiters across processes: the order in which they
 // get in, and what a waiter that gives up leaves behind (nothing). The
 // basic cases (FIFO, a cancelled head, batches) are in semaphore_test.go.
-
-// semFaultBackend wraps a redigo Backend on miniredis: its calls can be
-// made to lose their reply, to reach Redis late, or to be slow.
-type semFaultBackend struct {
-	inner Backend
-	// fail: 1 makes the next call fail with a non-final error (its reply
-	// lost) and every later one with a final error (the client closed).
-	fail atomic.Int32
-	// late: armed, the next sem_acquire call waits for its ctx to end,
-	// reports the ctx's error, and reaches Redis only when go is closed.
-	late     atomic.Bool
-	entered  chan struct{}
-	lateGo   chan struct{}
-	lateDone chan struct{}
-	// slow: sem_acquire calls of the waiter with this arrival are delayed.
-	slow atomic.Int64
-}
-
-func (b *semFaultBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
-	switch b.fail.Load() {
-	case 1:
-		b.fail.Store(2)
-		return nil, &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}
-	case 2:
-		return nil, errCrashed
-	}
-	if s == semAcquireScript {
-		if a := b.slow.Load(); a != 0 && strings.Split(args[0], ":")[8] == strconv.FormatInt(a, 10) {
-			time.Sleep(300 * time.Millisecond) // a slow attempt, on purpose
-		}
-		if b.late.CompareAndSwap(true, false) {
-			close(b.entered)
-			select {
-			case <-ctx.Done():
-				go func() {
-					<-b.lateGo
-					b.inner.Eval(context.Background(), s, keys, args)
-					close(b.lateDone)
-				}()
-				return nil, ctx.Err()
-			case <-time.After(300 * time.Millisecond):
-				close(b.lateDone) // not cut short: sent as usual
-			}
-		}
-	}
-	return b.inner.Eval(ctx, s, keys, args)
-}
-
-func (b *semFaultBackend) Hub() *Hub { return b.inner.(Subscriber).Hub() }
-
-func (b *semFaultBackend) Final(err error) bool {
-	return errors.Is(err, errCrashed) || innerFinal(b.inner, err)
-}
-
-// newFaultSem returns a Semaphore on a semFaultBackend of its own, as
-// another process would have.
-func newFaultSem(t *testing.T, srv *miniredis.Miniredis, name string, size int64, opts ...Option) (*Semaphore, *semFaultBackend) {
-	t.Helper()
-	b := &semFaultBackend{inner: newBackend(t, "redigo", srv.Addr()),
-		entered: make(chan struct{}), lateGo: make(chan struct{}), lateDone: make(chan struct{})}
-	s, err := NewSemaphore(name, size, []Backend{b}, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s, b
-}
-
-// semNext returns the arrival of the next waiter of its process that
-// waiter id's entry in Redis names (0: none; -1: no entry).
-func semNext(srv *miniredis.Miniredis, name, id string) int64 {
-	// "<n>:<grant to>:<nonce>:<g>:<next arrival>:<seq>" (lua/sem_acquire.lua)
-	f := strings.Split(srv.HGet("netlock:{"+name+"}:sem:wants", id), ":")
-	if len(f) < 5 {
-		return -1
-	}
-	next, _ := strconv.ParseInt(f[4], 10, 64)
-	return next
-}
-
-// semQueued returns how many waiters of semaphore name are queued in Redis.
-func semQueued(t *testing.T, srv *miniredis.Miniredis, name string) int {
-	t.Helper()
-	m, _ := srv.ZMembers("netlock:{" + name + "}:sem:queue")
-	return len(m)
-}
 
 // Waiters get in in order of arrival across processes, a process's second
 // waiter included: when its first waiter gets in, the second takes its

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -184,72 +183,6 @@ type waitResult struct {
 	err  error
 	at   time.Time // when it returned
 	kind string    // with err nil, how the turn came: "free", "message" or "ttl"
-}
-
-// probeBackend wraps a process's Backend to see what netlock does through
-// it: the acquire rounds it makes, the lock values and nonces they propose
-// (to tell whose a lock key is), and the messages its pub/sub connection
-// receives, of which it can drop the next one as if it were lost in flight.
-// It has a hub of its own, dialing with the wrapped Backend's hub's dial.
-type probeBackend struct {
-	Backend
-	hub *Hub
-
-	rounds atomic.Int64 // acquire script calls
-	msgs   atomic.Int64 // messages received and passed on to the hub
-	mute   atomic.Bool  // drop the next message
-	muted  atomic.Int64 // messages dropped
-
-	mu   sync.Mutex
-	mine map[string]bool // lock values and nonces proposed by acquire rounds
-}
-
-func newProbe(b Backend) *probeBackend {
-	p := &probeBackend{Backend: b, mine: map[string]bool{}}
-	inner := b.(Subscriber).Hub()
-	p.hub = NewHub(HubConfig{Listen: func(ctx context.Context, onMessage func(channel, payload string)) (Listener, error) {
-		return inner.listen(ctx, func(channel, payload string) {
-			if p.mute.CompareAndSwap(true, false) {
-				p.muted.Add(1)
-				return
-			}
-			p.msgs.Add(1)
-			onMessage(channel, payload)
-		})
-	}, Cluster: !inner.counted})
-	return p
-}
-
-func (p *probeBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
-	if s == acquireScript && len(args) > 2 {
-		p.rounds.Add(1)
-		p.mu.Lock()
-		p.mine[args[0]] = true
-		// ARGV[3] is "<proposal>:<member>:<flags>", a member
-		// "<waiter id>+<expiry ms>+<nonce>" when a release may grant the
-		// lock, as "<nonce>.<n>" (see lua/acquire.lua).
-		if _, member, ok := strings.Cut(args[2], ":"); ok {
-			member, _, _ = strings.Cut(member, ":")
-			if parts := strings.Split(member, "+"); len(parts) == 3 && parts[2] != "" {
-				p.mine[parts[2]] = true
-			}
-		}
-		p.mu.Unlock()
-	}
-	return p.Backend.Eval(ctx, s, keys, args)
-}
-
-func (p *probeBackend) Hub() *Hub { return p.hub }
-
-func (p *probeBackend) Final(err error) bool { return innerFinal(p.Backend, err) }
-
-// owns reports whether the lock value v (the key's "<value>:<token>:<holder>"
-// without the token and holder) was proposed through p, or granted to one of its nonces.
-func (p *probeBackend) owns(v string) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	nonce, _, _ := strings.Cut(v, ".")
-	return p.mine[v] || p.mine[nonce]
 }
 
 // waitStats are the figures TestPropertyWaiting reports.

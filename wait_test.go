@@ -16,44 +16,6 @@ import (
 	"github.com/netlock-go/netlock/internal/redistest"
 )
 
-// commandCounts returns, summed over servers, total_commands_processed
-// (INFO stats), which counts the commands scripts run too, and the commands
-// among them that the client library sends of its own accord: rueidis PINGs
-// every idle connection each second (its Dialer.KeepAlive) and a cluster
-// client asks for the topology (CLUSTER, READONLY...). The INFO that reads
-// them counts itself: callers subtract one per call and server.
-func commandCounts(t testing.TB, servers []*redistest.Server) (total, library int64) {
-	t.Helper()
-	for _, s := range servers {
-		info, err := s.Do("INFO", "all")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for line := range strings.SplitSeq(info, "\n") {
-			line = strings.TrimSpace(line)
-			if v, ok := strings.CutPrefix(line, "total_commands_processed:"); ok {
-				n, err := strconv.ParseInt(v, 10, 64)
-				if err != nil {
-					t.Fatal(err)
-				}
-				total += n
-			}
-			for _, cmd := range []string{"ping", "cluster|", "readonly", "hello", "client|"} {
-				if v, ok := strings.CutPrefix(line, "cmdstat_"+cmd); ok {
-					_, v, _ = strings.Cut(v, "calls=")
-					v, _, _ = strings.Cut(v, ",")
-					n, err := strconv.ParseInt(v, 10, 64)
-					if err != nil {
-						t.Fatalf("%s: %v", line, err)
-					}
-					library += n
-				}
-			}
-		}
-	}
-	return total, library
-}
-
 // Waiting costs Redis (almost) nothing: 40 clients, each with a client of
 // its own as 40 processes would have, wait behind a holder with the default
 // options, and netlock makes each Redis server run at most one command per

@@ -3,46 +3,9 @@ package netlock
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 )
-
-// stuckListener is a Listener whose SUBSCRIBE of channel stuck blocks until
-// its context ends (a server that does not answer), and whose other
-// SUBSCRIBEs are confirmed at once.
-type stuckListener struct {
-	stuck     string
-	confirmed chan string
-	closeOnce sync.Once
-	closed    chan struct{}
-}
-
-func newStuckListener(stuck string) *stuckListener {
-	return &stuckListener{stuck: stuck, confirmed: make(chan string, 16), closed: make(chan struct{})}
-}
-
-func (l *stuckListener) Subscribe(ctx context.Context, channel string) error {
-	if channel == l.stuck {
-		<-ctx.Done()
-		return ctx.Err()
-	}
-	l.confirmed <- channel
-	return nil
-}
-
-func (l *stuckListener) Unsubscribe(context.Context, string) error { return nil }
-
-func (l *stuckListener) Confirmed() (string, error) {
-	select {
-	case ch := <-l.confirmed:
-		return ch, nil
-	case <-l.closed:
-		return "", errors.New("closed")
-	}
-}
-
-func (l *stuckListener) Close() { l.closeOnce.Do(func() { close(l.closed) }) }
 
 // TestWatchStopDoesNotWaitForIO: stopping a watch (as an unlock does) does
 // not wait for another waiter's subscription that a server does not answer:

@@ -133,23 +133,3 @@ wait:
 	}
 	return held
 }
-
-// windowCtx is a waiter's ctx that holds the waiter where it has queued and
-// is about to wait for its turn (in missingPeersRound and TestProperty's
-// "cancel while a hand-off is in flight"): the first call of Done, made by
-// the select that waits, reports the waiter on arrived and blocks until goOn
-// is closed. Everything else is the embedded Context's.
-type windowCtx struct {
-	context.Context
-	once    sync.Once
-	arrived chan<- struct{}
-	goOn    <-chan struct{}
-}
-
-func (c *windowCtx) Done() <-chan struct{} {
-	c.once.Do(func() {
-		c.arrived <- struct{}{}
-		<-c.goOn
-	})
-	return c.Context.Done()
-}

@@ -3,8 +3,6 @@ package netlock
 import (
 	"context"
 	"errors"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -130,7 +128,7 @@ func TestSemaphoreLateAcquireAfterRelease(t *testing.T) {
 	for _, how := range []string{"TryAcquireCtx", "Acquire"} {
 		t.Run(how, func(t *testing.T) {
 			s := redistest.Start(t)
-			late := &heldBackBackend{Backend: newBackend(t, "redigo", s.Addr()), script: "sem_acquire", arrive: make(chan struct{})}
+			late := &heldBackBackend{wrapper: wrapper{Backend: newBackend(t, "redigo", s.Addr()), polling: true}, script: "sem_acquire", arrive: make(chan struct{})}
 			a, err := NewSemaphore("lateacq", 2, []Backend{late}, WithExpiry(2*time.Second),
 				WithNodeTimeout(100*time.Millisecond), WithRetryDelay(time.Millisecond, 20*time.Millisecond))
 			if err != nil {
@@ -175,7 +173,7 @@ func TestSemaphoreLateAcquireAfterRelease(t *testing.T) {
 func lateSemPair(t *testing.T) (a, b *Semaphore, late *heldBackBackend) {
 	t.Helper()
 	s := redistest.Start(t)
-	late = &heldBackBackend{Backend: newBackend(t, "redigo", s.Addr()), script: "sem_release", arrive: make(chan struct{})}
+	late = &heldBackBackend{wrapper: wrapper{Backend: newBackend(t, "redigo", s.Addr()), polling: true}, script: "sem_release", arrive: make(chan struct{})}
 	a, err := NewSemaphore("late", 2, []Backend{late}, WithExpiry(2*time.Second),
 		WithNodeTimeout(100*time.Millisecond), WithRetryDelay(time.Millisecond, 20*time.Millisecond))
 	if err != nil {
@@ -189,38 +187,6 @@ func lateSemPair(t *testing.T) (a, b *Semaphore, late *heldBackBackend) {
 	return a, b, late
 }
 
-// heldBackBackend holds back, while hold is set, the calls of script: the caller
-// is told the node did not answer, and the call reaches the server only when
-// arrive is closed (as bytes held up on a link the client gave up on).
-type heldBackBackend struct {
-	Backend
-	script   string
-	hold     atomic.Bool
-	heldBack atomic.Int64  // the calls held back so far
-	arrive   chan struct{} // closed: the held-back calls go on
-	wg       sync.WaitGroup
-}
-
-// deliver stops holding calls back and lets the held-back ones reach the
-// server, returning once they have.
-func (b *heldBackBackend) deliver() {
-	b.hold.Store(false)
-	close(b.arrive)
-	b.wg.Wait()
-}
-
-func (b *heldBackBackend) Eval(ctx context.Context, s *Script, keys, args []string) ([]int64, error) {
-	if s.Name() != b.script || !b.hold.Load() {
-		return b.Backend.Eval(ctx, s, keys, args)
-	}
-	b.heldBack.Add(1)
-	b.wg.Go(func() {
-		<-b.arrive
-		b.Backend.Eval(context.Background(), s, keys, args)
-	})
-	return nil, errors.New("i/o timeout (held back)")
-}
-
 // A lease that a release's grant made (lua/sem_wake.lua) carries a
 // sequence number, so a call of the process sent before the grant's
 // waiter wrote its entry, whose reply was lost and which reaches Redis
@@ -232,7 +198,7 @@ func TestSemaphoreLateReleaseAfterAdoptedGrant(t *testing.T) {
 	for _, client := range []string{"redigo", "rueidis"} {
 		t.Run(client, func(t *testing.T) {
 			s := redistest.Start(t)
-			late := &lateSubBackend{heldBackBackend{Backend: newBackend(t, client, s.Addr()), script: "sem_release", arrive: make(chan struct{})}}
+			late := &lateSubBackend{heldBackBackend{wrapper: wrapper{Backend: newBackend(t, client, s.Addr())}, script: "sem_release", arrive: make(chan struct{})}}
 			a, err := NewSemaphore("adopted", 2, []Backend{late}, WithExpiry(5*time.Second),
 				WithNodeTimeout(100*time.Millisecond), WithRetryDelay(time.Millisecond, 20*time.Millisecond))
 			if err != nil {
@@ -274,15 +240,6 @@ func TestSemaphoreLateReleaseAfterAdoptedGrant(t *testing.T) {
 		})
 	}
 }
-
-// lateSubBackend is heldBackBackend with the Backend's Hub and error
-// classes, so that a Semaphore on it waits by message and is granted by
-// releases (see Semaphore.grants).
-type lateSubBackend struct{ heldBackBackend }
-
-func (b *lateSubBackend) Hub() *Hub { return b.Backend.(Subscriber).Hub() }
-
-func (b *lateSubBackend) Final(err error) bool { return innerFinal(b.Backend, err) }
 
 // TestSemaphoreLateCallAfterAdoptedGrant is TestSemaphoreLateReleaseAfterAdoptedGrant
 // at the scripts, for both kinds of late call: a release's grant to a

@@ -3,8 +3,6 @@ package netlock
 import (
 	"context"
 	"errors"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -34,32 +32,6 @@ func lateBackend(t *testing.T, client, addr string) Backend {
 	}
 	t.Cleanup(c.Close)
 	return NewRueidis(c)
-}
-
-// scriptCalls returns how many EVALSHA and EVAL commands the server has run.
-func scriptCalls(t *testing.T, s *redistest.Server) int {
-	t.Helper()
-	info, err := s.Do("INFO", "commandstats")
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for line := range strings.SplitSeq(info, "\r\n") {
-		rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:calls=")
-		if !ok {
-			rest, ok = strings.CutPrefix(line, "cmdstat_eval:calls=")
-		}
-		if !ok {
-			continue
-		}
-		calls, _, _ := strings.Cut(rest, ",")
-		c, err := strconv.Atoi(calls)
-		if err != nil {
-			t.Fatalf("commandstats line %q: %v", line, err)
-		}
-		n += c
-	}
-	return n
 }
 
 // lateNeverHeld fails the test if the lock key for name exists on any of
