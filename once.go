@@ -66,7 +66,7 @@ func (onceKind) observed() Kind { return KindOnce }
 
 // onceConfig is the Option NewOnce adds to the caller's: it lets
 // WithRemember through, which every other constructor refuses.
-func onceConfig(c *config) { c.forOnce = true }
+func onceConfig(c *config) { c.once.forOnce = true }
 
 // NewOnce returns the Once called name on backends: one backend, or the
 // independent deployments of a quorum, on a majority of which a run holds
@@ -88,7 +88,7 @@ func NewOnce(name string, backends []Backend, opts ...Option) (*Once, error) {
 	if err != nil {
 		return nil, err
 	}
-	o := &Once{m: &NetMutex{m}, keys: k, rememberMS: strconv.FormatInt(cfg.remember.Milliseconds(), 10)}
+	o := &Once{m: &NetMutex{m}, keys: k, rememberMS: strconv.FormatInt(cfg.once.remember.Milliseconds(), 10)}
 	return o, nil
 }
 

@@ -85,8 +85,13 @@ type config struct {
 	maxHold       time.Duration // WithMaxHold; 0: no bound
 	minHold       time.Duration // WithMinHold; 0: none
 	holderInfo    string        // WithHolderInfo, as given
-	remember      time.Duration // WithRemember; 0: until Forget
-	rememberSet   bool
+	once          onceOptions
+}
+
+// onceOptions are the options of a Once.
+type onceOptions struct {
+	remember    time.Duration // WithRemember; 0: until Forget
+	rememberSet bool
 	// forOnce: the config of a Once, the one kind WithRemember applies to
 	// (NewOnce adds it; see onceConfig).
 	forOnce bool
@@ -176,7 +181,7 @@ func WithHolderInfo(s string) Option { return func(c *config) { c.holderInfo = s
 // NewClient, refuse it. d must not be negative, nor below Redis's
 // millisecond.
 func WithRemember(d time.Duration) Option {
-	return func(c *config) { c.remember, c.rememberSet = d, true }
+	return func(c *config) { c.once.remember, c.once.rememberSet = d, true }
 }
 
 // WithRetryDelay bounds the jittered wait between acquire attempts where a
@@ -349,10 +354,10 @@ func (c *config) checkTimes() (errs []string) {
 	if c.minHold < 0 {
 		errs = append(errs, fmt.Sprintf("minimum hold %v is negative", c.minHold))
 	}
-	if c.remember < 0 {
-		errs = append(errs, fmt.Sprintf("WithRemember(%v) is negative", c.remember))
-	} else if c.remember > 0 && c.remember < time.Millisecond {
-		errs = append(errs, fmt.Sprintf("WithRemember(%v) is below Redis's 1ms resolution", c.remember))
+	if c.once.remember < 0 {
+		errs = append(errs, fmt.Sprintf("WithRemember(%v) is negative", c.once.remember))
+	} else if c.once.remember > 0 && c.once.remember < time.Millisecond {
+		errs = append(errs, fmt.Sprintf("WithRemember(%v) is below Redis's 1ms resolution", c.once.remember))
 	}
 	if !c.outageSet {
 		c.outage = c.expiry
@@ -380,7 +385,7 @@ func (c *config) checkRest() (errs []string) {
 	if e := checkHolderInfo(c.holderInfo); e != "" {
 		errs = append(errs, e)
 	}
-	if c.rememberSet && !c.forOnce {
+	if c.once.rememberSet && !c.once.forOnce {
 		errs = append(errs, "WithRemember applies to a Once only: give it to NewOnce or Client.Once")
 	}
 	return errs
