@@ -370,7 +370,7 @@ func TestDispatch(t *testing.T) {
 		{[]string{"demo", "--help"}, 0, "64 for bad flags, 69 when Redis could not be reached", ""},
 		{[]string{"run", "-h"}, 0, "-conflict-exit-code code", ""},
 		{[]string{"help", "status"}, 0, "Usage: netlock status [flags] NAME", ""},
-		{[]string{"status", "--help"}, 0, "Exit status: 0 free, 1 held (a NetRWMutex by a writer or by readers, a\nSemaphore by any lease), 64 bad usage (or keys of several kinds without\n--kind), 69 too few nodes answered", ""},
+		{[]string{"status", "--help"}, 0, "Exit status: 0 free, 1 held (a NetRWMutex by a writer or by readers, a\nSemaphore by any lease, a Once by a run under way), 64 bad usage (or keys\nof several kinds without --kind), 69 too few nodes answered", ""},
 		{[]string{"status", "--help"}, 0, "\n  --kind kind\n", ""},
 		{[]string{"run", "--help"}, 0, "\n  --holder identity\n", ""},
 		{[]string{"status", "--help"}, 0, "\n  --json\n", ""},

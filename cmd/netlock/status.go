@@ -62,9 +62,9 @@ the recorded run's "token", "holder_info", "at" and "ttl_ms" (-1: until
 Forget), and "lock", its lock as a NetMutex's.
 
 Exit status: 0 free, 1 held (a NetRWMutex by a writer or by readers, a
-Semaphore by any lease, a Once by a run under way), 64 bad usage (or keys of several kinds without
---kind), 69 too few nodes answered to tell (not reachable, not answering,
-not a Redis server, or answering with an error).
+Semaphore by any lease, a Once by a run under way), 64 bad usage (or keys
+of several kinds without --kind), 69 too few nodes answered to tell (not
+reachable, not answering, not a Redis server, or answering with an error).
 
 ` + connHelp + `
 Flags:
