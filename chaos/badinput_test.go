@@ -12,7 +12,7 @@ import (
 	"github.com/netlock-go/netlock/internal/redistest"
 )
 
-// hostileRow is one hostile network of DESIGN §5 (or issue 5): what must
+// hostileRow is one hostile network and what must
 // happen, checked on a real redis-server reached through a toxiproxy, with
 // one client library. The other rows, which need no proxy, are the
 // library's TestBadInput.
@@ -38,7 +38,7 @@ func TestBadInput(t *testing.T) {
 }
 
 var hostileRows = []hostileRow{
-	{"§5 server slower than the node timeout", func(t *testing.T, client string) {
+	{"server slower than the node timeout", func(t *testing.T, client string) {
 		s := redistest.Start(t)
 		p := toxi.New(t).Proxy(s.Addr())
 		m := hostileMutex(t, client, p.Addr(), "slow", netlock.WithNodeTimeout(100*time.Millisecond), netlock.WithOutageWindow(hostileOutage))
@@ -57,7 +57,7 @@ var hostileRows = []hostileRow{
 		mustUnlock(t, m)
 	}},
 
-	{"§5 context cancelled mid-acquire", func(t *testing.T, client string) {
+	{"context cancelled mid-acquire", func(t *testing.T, client string) {
 		s := redistest.Start(t)
 		p := toxi.New(t).Proxy(s.Addr())
 		m := hostileMutex(t, client, p.Addr(), "midway", netlock.WithNodeTimeout(2*time.Second))
@@ -156,7 +156,7 @@ func reunlock(t *testing.T, s *redistest.Server, m *netlock.NetMutex) {
 	eventuallyFree(t, s, m)
 }
 
-// wantNodeErr fails the test unless err is a node error, as DESIGN §5 asks
+// wantNodeErr fails the test unless err is a node error, as it must be
 // when a node cannot be asked: it matches ErrQuorum, names node 0, starts
 // "netlock: ", and contains want.
 func wantNodeErr(t *testing.T, what string, err error, want string) {

@@ -471,9 +471,6 @@ func runFaults(t *testing.T, s chaosSetup, servers []*redistest.Server, links []
 		}
 		e := episode{kind: kind, from: from, cleared: time.Now()}
 		e.settled = e.cleared
-		if kind == "acl" {
-			e.settled = e.cleared.Add(permanentLapse)
-		}
 		episodes = append(episodes, e)
 		answered := answeredSince(before, errorStats(servers, victims))
 		maps.Copy(answered, did)
@@ -505,18 +502,9 @@ type episode struct {
 	kind          string
 	from, cleared time.Time
 	// settled is when what the fault left may have lasted until: when it
-	// cleared, or, after an acl fault, the expiry later (see
-	// permanentLapse).
+	// cleared, or later for a known defect (see knownDefects).
 	settled time.Time
 }
-
-// permanentLapse is how long after an acl fault cleared a lock key may
-// still be there that nobody holds: a release refused for want of the
-// right to publish (NOPERM) is not sent again, the refusal being one that
-// sending again cannot change, and its key stays until it
-// expires, at most the expiry after the round that set it began, which
-// ran by a node timeout (100ms) after the fault cleared.
-const permanentLapse = chaosExpiry + 100*time.Millisecond
 
 // checkStranded looks at the lock key on every server, every client
 // stopped and every fault over, and returns a violation for each server on

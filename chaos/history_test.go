@@ -12,7 +12,7 @@ import (
 	"github.com/netlock-go/netlock"
 )
 
-// fencedResource is the resource a lock protects, fenced as DESIGN §4 asks
+// fencedResource is the resource a lock protects, fenced as fencing asks
 // of it: it accepts a write only with a token at least the highest it has
 // accepted. It logs every write, accepted or not, for checkHistory, and
 // every call with its times, for checkLinearizable.

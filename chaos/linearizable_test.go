@@ -30,7 +30,7 @@ type fencedValue struct {
 }
 
 // fencedRegister is porcupine's model of a fencedResource, a register
-// fenced as DESIGN §4 asks of a resource: a write with a token is
+// fenced as fencing asks of a resource: a write with a token is
 // accepted iff the token is at least the highest accepted so far (the
 // token of the value it holds), and then holds the write; a read returns
 // the last accepted write.

@@ -38,7 +38,7 @@ const pauseSlack = 100 * time.Millisecond
 //   - asleep: auto-extend off and the holder sleeps past the expiry.
 //
 // The holder's local deadline is computed by a recorder from its calls
-// (DESIGN §4's start + validity), not read from the library.
+// (the round's start plus its validity), not read from the library.
 func TestClientPause(t *testing.T) {
 	const (
 		expiry = time.Second

@@ -27,7 +27,7 @@ func (p holdPath) String() string {
 // Redis: a Backend wrapper on each of its nodes (wrap) sees every script
 // call, and an Observer (observer) sees its extend rounds. From them it
 // tells how each hold came and where the hold's local deadline (its until)
-// lies, by DESIGN §4: the start of the round that made or extended the hold
+// lies: the start of the round that made or extended the hold
 // plus its validity, expiry − elapsed − (expiry·drift + 2ms). A round
 // starts before its calls do and ends after they return, so the deadline a
 // recorder computes for a hold that came by a round is never before the

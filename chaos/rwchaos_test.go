@@ -384,7 +384,9 @@ func runChaosRW(t *testing.T, s chaosSetup) {
 	// missed one included. So whenever nobody reads or writes, some client
 	// waits for the lock, whatever the writers' pauses between their holds.
 	// The clients' stalls are faults here (see stallEpisodes).
-	freed, freedMax := checkFreed(rwSpans(holds, reads, leases), 1, 1, stallEps.with(episodes), start, stopping, slack)
+	// A CLIENT PAUSE WRITE may leave a read lease nobody holds (a known
+	// defect: see knownDefects).
+	freed, freedMax := checkFreed(rwSpans(holds, reads, leases), 1, 1, knownDefects(stallEps.with(episodes), "pause-write"), start, stopping, slack)
 	violations = append(violations, freed...)
 	linearizable, notLinearizable := checkLinearizable("the RW lock's resource", rwOps(resource, reads))
 	violations = append(violations, notLinearizable...)

@@ -13,7 +13,7 @@ import (
 // wrapper on each of its nodes (wrap) sees every rw_acquire call, and an
 // Observer (observer) sees how each acquire ended and every extend round,
 // of the write lock (token above 0) and of the process's read lease (token
-// 0). From them it computes, by DESIGN §4, the local deadline of each write
+// 0). From them it computes the local deadline of each write
 // hold and of each read lease: the start of the round that made or
 // extended it plus its validity, expiry − elapsed − (expiry·drift + 2ms).
 //
