@@ -148,6 +148,13 @@ type sentCall interface {
 	receive() ([]int64, error)
 }
 
+// A pipelinedCall is a call fanoutPipelined sent to a node, and the script
+// it runs.
+type pipelinedCall struct {
+	sentCall
+	s *Script
+}
+
 // fanoutPipelined is fanout over nodes that are all pipeliners (see
 // engine.pipelined), with the replies in replies. redigo runs a call on
 // the calling goroutine, one at a time; a goroutine per node would cost a
@@ -161,8 +168,13 @@ type sentCall interface {
 // fanout, so that the others' calls are not held up.
 func (m *engine) fanoutPipelined(ctx, sent context.Context, s *Script, keys, args []string, targets []bool, replies []nodeReply) {
 	var wg sync.WaitGroup
-	calls := make([]sentCall, len(m.nodes))
-	sentScripts := make([]*Script, len(m.nodes))
+	// Per node, the call sent and the script it runs (m.script's: what
+	// the reply is read for), on the stack for a quorum of up to five.
+	var buf [5]pipelinedCall
+	calls := buf[:min(len(m.nodes), len(buf))]
+	if len(m.nodes) > len(buf) {
+		calls = make([]pipelinedCall, len(m.nodes))
+	}
 	slots := make([]chan struct{}, len(m.nodes))
 	for i := range m.nodes {
 		if targets != nil && !targets[i] {
@@ -178,14 +190,14 @@ func (m *engine) fanoutPipelined(ctx, sent context.Context, s *Script, keys, arg
 			wg.Go(func() { replies[i] = m.call(ctx, sent, i, s, keys, args) })
 			continue
 		}
-		sentScripts[i] = m.script(i, s)
-		calls[i] = b.send(sent, sentScripts[i], keys, args)
+		calls[i].s = m.script(i, s)
+		calls[i].sentCall = b.send(sent, calls[i].s, keys, args)
 	}
 	for i, c := range calls {
-		if c != nil {
+		if c.sentCall != nil {
 			vals, err := c.receive()
 			exit(slots[i])
-			replies[i] = m.reply(i, sentScripts[i], vals, err)
+			replies[i] = m.reply(i, c.s, vals, err)
 		}
 	}
 	wg.Wait()
